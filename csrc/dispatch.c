@@ -1,0 +1,84 @@
+/*
+ * dispatch.c -- CPU detection (CPUID + XGETBV) and the kernel table.
+ */
+#include "dispatch.h"
+
+#if defined(__x86_64__) || defined(__i386__) || defined(_M_X64)
+#define PA_X86 1
+#endif
+#if defined(PA_X86) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#define PA_HAVE_CPUID 1
+#endif
+
+pa_dispatch pa_kernels;
+
+const char *pa_isa_name(int isa)
+{
+    switch (isa) {
+    case PA_ISA_AVX512: return "avx512";
+    case PA_ISA_AVX2: return "avx2";
+    default: return "generic";
+    }
+}
+
+#ifdef PA_HAVE_CPUID
+static unsigned long long pa_xgetbv0(void)
+{
+    unsigned int lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((unsigned long long)hi << 32) | lo;
+}
+#endif
+
+/* Best family this CPU *and* the OS (saved register state) support. */
+static int pa_detect_isa(void)
+{
+#ifdef PA_HAVE_CPUID
+    unsigned int a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return PA_ISA_GENERIC;
+    int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, fma = (c >> 12) & 1;
+    if (!osxsave || !avx) return PA_ISA_GENERIC;
+    unsigned long long xcr0 = pa_xgetbv0();
+    if ((xcr0 & 0x6) != 0x6) return PA_ISA_GENERIC;            /* XMM + YMM state */
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return PA_ISA_GENERIC;
+    int avx2 = (b >> 5) & 1;
+    int avx512f = (b >> 16) & 1, avx512dq = (b >> 17) & 1;
+    int avx512bw = (b >> 30) & 1, avx512vl = (b >> 31) & 1;
+    if (!avx2 || !fma) return PA_ISA_GENERIC;
+    if (avx512f && avx512dq && avx512bw && avx512vl && (xcr0 & 0xe6) == 0xe6)
+        return PA_ISA_AVX512;                                  /* + opmask, ZMM state */
+    return PA_ISA_AVX2;
+#else
+    return PA_ISA_GENERIC;
+#endif
+}
+
+static void pa_fill_ref(void)
+{
+    pa_kernels.gemm[PA_F32] = (pa_gemm_kernel){pa_gemm_ukr_f32_ref_4x16, 4, 16, 256, 64, 2048,
+                                               "pyattn_gemm_f32_ref_4x16"};
+    pa_kernels.gemm[PA_F64] = (pa_gemm_kernel){pa_gemm_ukr_f64_ref_4x8, 4, 8, 256, 64, 1024,
+                                               "pyattn_gemm_f64_ref_4x8"};
+    pa_kernels.attn[PA_F32] = (pa_attn_kernel){pa_attn_f32_ref, pa_attn_ws_f32_ref, 16,
+                                               "pyattn_attn_f32_ref"};
+    pa_kernels.attn[PA_F64] = (pa_attn_kernel){pa_attn_f64_ref, pa_attn_ws_f64_ref, 16,
+                                               "pyattn_attn_f64_ref"};
+    pa_kernels.softmax[PA_F32] = pa_softmax_f32_ref;
+    pa_kernels.softmax[PA_F64] = pa_softmax_f64_ref;
+    pa_kernels.softmax_name[PA_F32] = "pyattn_softmax_f32_ref";
+    pa_kernels.softmax_name[PA_F64] = "pyattn_softmax_f64_ref";
+}
+
+int pa_dispatch_init(int requested)
+{
+    int machine = pa_detect_isa();
+    int isa = machine;
+    if (requested >= 0 && requested < isa) isa = requested;
+    pa_fill_ref();
+    pa_kernels.isa_machine = machine;
+    /* The SIMD families register themselves here as they are added; a family
+     * with no kernel of its own for an entry keeps the reference one. */
+    pa_kernels.isa = isa;
+    return isa;
+}

@@ -1,0 +1,72 @@
+/*
+ * dispatch.h -- the kernel table.
+ *
+ * pa_dispatch_init() fills the table with the portable reference kernels
+ * (kernels/ref), then overwrites entries with the best family the CPU and the
+ * PYATTN_ISA request allow. Ops call kernels only through pa_kernels.
+ */
+#ifndef PYATTN_DISPATCH_H
+#define PYATTN_DISPATCH_H
+
+#include "pyattn.h"
+
+enum { PA_ISA_GENERIC = 0, PA_ISA_AVX2 = 1, PA_ISA_AVX512 = 2 };
+
+/* GEMM micro-kernel.
+ *   Ap: packed A panel, kc x MR (element p*MR + i is A[i, p])
+ *   Bp: packed B panel, kc x NR (element p*NR + j is B[p, j])
+ *   C : (m, n) with element strides rs, cs; m <= MR, n <= NR
+ * Computes acc = Ap^T Bp over p = 0..kc-1 in order, then C = acc (accumulate
+ * == 0) or C += acc (accumulate != 0), writing only the m x n corner. */
+typedef void (*pa_gemm_ukr)(pa_ssize kc, const void *Ap, const void *Bp,
+                            void *C, pa_ssize rs, pa_ssize cs,
+                            int m, int n, int accumulate);
+
+typedef struct {
+    pa_gemm_ukr ukr;
+    int mr, nr;           /* register tile */
+    int kc, mc, nc;       /* cache blocking: K panel, A block rows, B block cols */
+    const char *name;
+} pa_gemm_kernel;
+
+/* Attention over query rows [i0, i1) of one head. ws: per-thread workspace of
+ * at least attn_ws(E, Ev) bytes, aligned to 64. */
+typedef void (*pa_attn_fn)(const pa_attn_args *a, pa_ssize i0, pa_ssize i1, void *ws);
+typedef size_t (*pa_attn_ws_fn)(pa_ssize E, pa_ssize Ev);
+
+typedef struct {
+    pa_attn_fn run;
+    pa_attn_ws_fn ws;
+    int bq;               /* query rows per task */
+    const char *name;
+} pa_attn_kernel;
+
+typedef void (*pa_softmax_fn)(const pa_softmax_row *r);
+
+typedef struct {
+    int isa;              /* family in use (PA_ISA_*) */
+    int isa_machine;      /* best family the CPU + OS support */
+    pa_gemm_kernel gemm[2];       /* [PA_F32], [PA_F64] */
+    pa_attn_kernel attn[2];
+    pa_softmax_fn softmax[2];
+    const char *softmax_name[2];
+} pa_dispatch;
+
+extern pa_dispatch pa_kernels;
+
+const char *pa_isa_name(int isa);
+/* requested: PA_ISA_* upper bound (or -1 for "best available"). Returns the
+ * family chosen. */
+int pa_dispatch_init(int requested);
+
+/* reference kernels (kernels/ref) */
+void pa_gemm_ukr_f32_ref_4x16(pa_ssize, const void *, const void *, void *, pa_ssize, pa_ssize, int, int, int);
+void pa_gemm_ukr_f64_ref_4x8(pa_ssize, const void *, const void *, void *, pa_ssize, pa_ssize, int, int, int);
+void pa_attn_f32_ref(const pa_attn_args *, pa_ssize, pa_ssize, void *);
+void pa_attn_f64_ref(const pa_attn_args *, pa_ssize, pa_ssize, void *);
+size_t pa_attn_ws_f32_ref(pa_ssize, pa_ssize);
+size_t pa_attn_ws_f64_ref(pa_ssize, pa_ssize);
+void pa_softmax_f32_ref(const pa_softmax_row *);
+void pa_softmax_f64_ref(const pa_softmax_row *);
+
+#endif

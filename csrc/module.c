@@ -1,0 +1,477 @@
+/*
+ * module.c -- the CPython / NumPy binding of pyattn._C.
+ *
+ * Each entry point: parse -> convert (dtype, ndim, byte strides -> element
+ * strides) -> validate shapes -> allocate the output -> release the GIL ->
+ * call an op -> one fail: label. No arithmetic here.
+ *
+ * pyattn/_api.py does the user-facing work first (array-likes, dtype
+ * promotion, broadcasting to stride-0 views, messages that name arguments);
+ * the checks here repeat what the C code relies on, so that a direct call of
+ * this private module can raise but never crash.
+ *
+ * Shape legend: B batch axes, L queries, S keys, E head dim, Ev value dim,
+ * M, N, K matmul.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <numpy/arrayobject.h>
+
+#include <math.h>
+#include <string.h>
+
+#include "pyattn.h"
+#include "dispatch.h"
+#include "threads.h"
+#include "ops/ops.h"
+
+#define PA_BOOL 2   /* view dtype code for bool masks */
+
+typedef struct {
+    PyArrayObject *arr;     /* borrowed */
+    int nd;
+    int dtype;              /* PA_F32, PA_F64 or PA_BOOL */
+    pa_ssize shape[PA_MAXDIMS];
+    pa_ssize st[PA_MAXDIMS];/* element strides */
+    char *data;
+} view;
+
+static const char *dtype_name(int d)
+{
+    return d == PA_F32 ? "float32" : d == PA_F64 ? "float64" : "bool";
+}
+
+/* Validate obj as an ndarray the kernels can read (or write) in place. */
+static int get_view(PyObject *obj, const char *name, int min_nd, int allow_bool,
+                    int writeable, view *v)
+{
+    if (!PyArray_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a numpy.ndarray, got %s", name,
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    PyArrayObject *a = (PyArrayObject *)obj;
+    int tn = PyArray_TYPE(a);
+    if (tn == NPY_FLOAT32) v->dtype = PA_F32;
+    else if (tn == NPY_FLOAT64) v->dtype = PA_F64;
+    else if (tn == NPY_BOOL && allow_bool) v->dtype = PA_BOOL;
+    else {
+        PyErr_Format(PyExc_TypeError, "%s must be float32 or float64%s", name,
+                     allow_bool ? " (or bool)" : "");
+        return -1;
+    }
+    if (!PyArray_ISNOTSWAPPED(a) || !PyArray_ISALIGNED(a)) {
+        PyErr_Format(PyExc_ValueError, "%s must be aligned and in native byte order", name);
+        return -1;
+    }
+    int nd = PyArray_NDIM(a);
+    if (nd < min_nd || nd > PA_MAXDIMS) {
+        PyErr_Format(PyExc_ValueError, "%s must have between %d and %d dimensions, got %d",
+                     name, min_nd, PA_MAXDIMS, nd);
+        return -1;
+    }
+    if (writeable && !PyArray_ISWRITEABLE(a)) {
+        PyErr_Format(PyExc_ValueError, "%s must be writeable", name);
+        return -1;
+    }
+    npy_intp is = PyArray_ITEMSIZE(a);
+    v->arr = a;
+    v->nd = nd;
+    v->data = PyArray_BYTES(a);
+    for (int d = 0; d < nd; d++) {
+        npy_intp s = PyArray_STRIDES(a)[d];
+        if (s % is != 0) {
+            PyErr_Format(PyExc_ValueError, "%s has a stride that is not a multiple of its item size", name);
+            return -1;
+        }
+        v->shape[d] = (pa_ssize)PyArray_DIMS(a)[d];
+        v->st[d] = (pa_ssize)(s / is);
+    }
+    return 0;
+}
+
+/* Shape as a Python string, for messages. New reference. */
+static PyObject *shape_str(const view *v)
+{
+    PyObject *t = PyTuple_New(v->nd);
+    if (!t) return NULL;
+    for (int d = 0; d < v->nd; d++) {
+        PyObject *n = PyLong_FromSsize_t(v->shape[d]);
+        if (!n) { Py_DECREF(t); return NULL; }
+        PyTuple_SET_ITEM(t, d, n);
+    }
+    PyObject *s = PyObject_Str(t);
+    Py_DECREF(t);
+    return s;
+}
+
+static int shape_error(const char *name, const view *a, const char *what, const view *b)
+{
+    PyObject *sa = shape_str(a), *sb = shape_str(b);
+    if (sa && sb)
+        PyErr_Format(PyExc_ValueError, "%s has shape %U, which does not match %s of shape %U",
+                     name, sa, what, sb);
+    Py_XDECREF(sa);
+    Py_XDECREF(sb);
+    return -1;
+}
+
+/* Leading nb axes of a and b must be equal (the Python layer broadcast them). */
+static int same_batch(const view *a, const char *an, const view *b, const char *bn, int nb)
+{
+    if (b->nd != a->nd) return shape_error(bn, b, an, a);
+    for (int d = 0; d < nb; d++)
+        if (a->shape[d] != b->shape[d]) return shape_error(bn, b, an, a);
+    return 0;
+}
+
+static void batch_of(const view *v, int nb, pa_batch *bt)
+{
+    bt->nb = nb;
+    bt->count = 1;
+    for (int d = 0; d < nb; d++) {
+        bt->shape[d] = v->shape[d];
+        bt->count *= v->shape[d];   /* fits: it is part of an existing array's size */
+    }
+}
+
+static void operand_of(const view *v, int nb, pa_operand *o)
+{
+    o->p = v->data;
+    for (int d = 0; d < nb; d++) o->bs[d] = v->st[d];
+    o->rs = v->nd >= nb + 2 ? v->st[nb] : 0;
+    o->cs = v->st[v->nd - 1];
+}
+
+/* New C-contiguous array of the given dtype; MemoryError when the byte size
+ * does not fit in memory arithmetic, instead of a silent overflow. */
+static PyArrayObject *new_array(int nd, const pa_ssize *shape, int dtype, const char *what)
+{
+    npy_intp dims[PA_MAXDIMS];
+    size_t n = dtype == PA_F32 ? sizeof(float) : sizeof(double);
+    for (int d = 0; d < nd; d++) {
+        dims[d] = (npy_intp)shape[d];
+        if (!pa_mul_ok(n, (size_t)shape[d], &n) || n > (size_t)PY_SSIZE_T_MAX) {
+            PyErr_Format(PyExc_MemoryError, "the %s would need more than %zd bytes", what,
+                         (Py_ssize_t)PY_SSIZE_T_MAX);
+            return NULL;
+        }
+    }
+    return (PyArrayObject *)PyArray_SimpleNew(nd, dims, dtype == PA_F32 ? NPY_FLOAT32 : NPY_FLOAT64);
+}
+
+/* out: given (checked for exact shape and dtype, writeable) or allocated. */
+static PyArrayObject *get_out(PyObject *out_obj, int nd, const pa_ssize *shape, int dtype,
+                              view *ov, const char *what)
+{
+    PyArrayObject *res;
+    if (out_obj == NULL || out_obj == Py_None) {
+        res = new_array(nd, shape, dtype, what);
+        if (!res) return NULL;
+    } else {
+        res = (PyArrayObject *)out_obj;
+        Py_INCREF(res);
+    }
+    if (get_view((PyObject *)res, "out", nd, 0, 1, ov) < 0) goto fail;
+    int ok = ov->nd == nd && ov->dtype == dtype;
+    for (int d = 0; ok && d < nd; d++) ok = ov->shape[d] == shape[d];
+    if (!ok) {
+        view want = *ov;
+        want.nd = nd;
+        for (int d = 0; d < nd; d++) want.shape[d] = shape[d];
+        PyObject *sw = shape_str(&want), *so = shape_str(ov);
+        if (sw && so)
+            PyErr_Format(PyExc_ValueError,
+                         "out has shape %U and dtype %s, but the result has shape %U and dtype %s",
+                         so, dtype_name(ov->dtype), sw, dtype_name(dtype));
+        Py_XDECREF(sw);
+        Py_XDECREF(so);
+        goto fail;
+    }
+    return res;
+fail:
+    Py_XDECREF(res);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+
+PyDoc_STRVAR(matmul_doc,
+"matmul(a, b, out=None, bias=None) -> out\n\n"
+"Private kernel entry: a (..., M, K) @ b (..., K, N) (+ bias (N,)) with equal\n"
+"batch axes and dtypes. Use pyattn.matmul.");
+
+static PyObject *py_matmul(PyObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"a", "b", "out", "bias", NULL};
+    PyObject *ao, *bo, *outo = Py_None, *biaso = Py_None;
+    PyArrayObject *res = NULL;
+    view a, b, o, bias;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OO:matmul", kwlist, &ao, &bo, &outo, &biaso))
+        return NULL;
+    if (get_view(ao, "a", 2, 0, 0, &a) < 0 || get_view(bo, "b", 2, 0, 0, &b) < 0) goto fail;
+    if (a.dtype != b.dtype) {
+        PyErr_Format(PyExc_TypeError, "a is %s but b is %s", dtype_name(a.dtype), dtype_name(b.dtype));
+        goto fail;
+    }
+    const int nd = a.nd, nb = nd - 2;
+    if (same_batch(&a, "a", &b, "b", nb) < 0) goto fail;
+    const pa_ssize M = a.shape[nd - 2], K = a.shape[nd - 1], N = b.shape[nd - 1];
+    if (b.shape[nd - 2] != K) { shape_error("b", &b, "a", &a); goto fail; }
+    const void *bias_p = NULL;
+    pa_ssize bias_s = 0;
+    if (biaso != Py_None) {
+        if (get_view(biaso, "bias", 1, 0, 0, &bias) < 0) goto fail;
+        if (bias.nd != 1 || bias.shape[0] != N || bias.dtype != a.dtype) {
+            PyErr_SetString(PyExc_ValueError, "bias must be 1-D with the dtype of a and length N");
+            goto fail;
+        }
+        bias_p = bias.data;
+        bias_s = bias.st[0];
+    }
+    pa_ssize oshape[PA_MAXDIMS];
+    memcpy(oshape, a.shape, sizeof(pa_ssize) * (size_t)nd);
+    oshape[nd - 1] = N;
+    res = get_out(outo, nd, oshape, a.dtype, &o, "matmul result");
+    if (!res) goto fail;
+    pa_batch bt;
+    pa_operand A, B, C;
+    batch_of(&a, nb, &bt);
+    operand_of(&a, nb, &A);
+    operand_of(&b, nb, &B);
+    operand_of(&o, nb, &C);
+    int rc, nt = pa_get_num_threads();
+    Py_BEGIN_ALLOW_THREADS
+    rc = pa_matmul(a.dtype, &bt, M, N, K, &A, &B, &C, bias_p, bias_s, nt);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) { PyErr_NoMemory(); goto fail; }
+    return (PyObject *)res;
+fail:
+    Py_XDECREF(res);
+    return NULL;
+}
+
+/* mask: None, or an array of the compute dtype (additive) or bool, whose
+ * shape equals want (the Python layer broadcast it). */
+static int get_mask(PyObject *mo, const view *like, int dtype, view *m, int *kind)
+{
+    *kind = PA_MASK_NONE;
+    if (mo == Py_None) return 0;
+    if (get_view(mo, "attn_mask", 1, 1, 0, m) < 0) return -1;
+    if (m->dtype != PA_BOOL && m->dtype != dtype) {
+        PyErr_Format(PyExc_TypeError, "attn_mask must be bool or %s, got %s",
+                     dtype_name(dtype), dtype_name(m->dtype));
+        return -1;
+    }
+    int ok = m->nd == like->nd;
+    for (int d = 0; ok && d < like->nd; d++) ok = m->shape[d] == like->shape[d];
+    if (!ok) return shape_error("attn_mask", m, "the scores", like);
+    *kind = m->dtype == PA_BOOL ? PA_MASK_BOOL : PA_MASK_ADD;
+    return 0;
+}
+
+static int check_causal(int causal)
+{
+    if (causal < PA_CAUSAL_NONE || causal > PA_CAUSAL_BOTTOM_RIGHT) {
+        PyErr_Format(PyExc_ValueError, "is_causal code must be 0, 1 or 2, got %d", causal);
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(softmax_doc,
+"softmax(x, out=None, mask=None, causal=0, scale=1.0) -> out\n\n"
+"Private kernel entry: softmax over the last axis of x, mask of x's shape.\n"
+"Use pyattn.softmax.");
+
+static PyObject *py_softmax(PyObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"x", "out", "mask", "causal", "scale", NULL};
+    PyObject *xo, *outo = Py_None, *mo = Py_None;
+    int causal = 0;
+    double scale = 1.0;
+    PyArrayObject *res = NULL;
+    view x, o, m;
+    int kind;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOid:softmax", kwlist, &xo, &outo, &mo, &causal, &scale))
+        return NULL;
+    if (get_view(xo, "x", 1, 0, 0, &x) < 0) goto fail;
+    if (check_causal(causal) < 0) goto fail;
+    if (causal && x.nd < 2) {
+        PyErr_SetString(PyExc_ValueError, "is_causal needs x with at least 2 dimensions");
+        goto fail;
+    }
+    if (get_mask(mo, &x, x.dtype, &m, &kind) < 0) goto fail;
+    res = get_out(outo, x.nd, x.shape, x.dtype, &o, "softmax result");
+    if (!res) goto fail;
+    pa_batch bt;
+    pa_operand X, Mk, O;
+    batch_of(&x, x.nd - 1, &bt);
+    operand_of(&x, x.nd - 1, &X);
+    operand_of(&o, x.nd - 1, &O);
+    if (kind) operand_of(&m, x.nd - 1, &Mk);
+    int rc, nt = pa_get_num_threads();
+    Py_BEGIN_ALLOW_THREADS
+    rc = pa_softmax(x.dtype, &bt, x.shape[x.nd - 1], &X, kind ? &Mk : NULL, kind, causal, scale, &O, nt);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) { PyErr_NoMemory(); goto fail; }
+    return (PyObject *)res;
+fail:
+    Py_XDECREF(res);
+    return NULL;
+}
+
+PyDoc_STRVAR(sdpa_doc,
+"sdpa(q, k, v, out=None, mask=None, causal=0, scale=1.0, dropout_p=0.0,\n"
+"     dropout_key=0, want_weights=False) -> (out, weights or None)\n\n"
+"Private kernel entry: fused attention, all operands with equal batch axes.\n"
+"Use pyattn.scaled_dot_product_attention.");
+
+static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"q", "k", "v", "out", "mask", "causal", "scale", "dropout_p",
+                             "dropout_key", "want_weights", NULL};
+    PyObject *qo, *ko, *vo, *outo = Py_None, *mo = Py_None;
+    int causal = 0, want_w = 0;
+    double scale = 1.0, dropout_p = 0.0;
+    unsigned long long key = 0;
+    PyArrayObject *res = NULL, *wres = NULL;
+    view q, k, v, o, m, w, scores;
+    int kind;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOiddKp:sdpa", kwlist, &qo, &ko, &vo, &outo, &mo,
+                                     &causal, &scale, &dropout_p, &key, &want_w))
+        return NULL;
+    if (get_view(qo, "query", 2, 0, 0, &q) < 0 || get_view(ko, "key", 2, 0, 0, &k) < 0 ||
+        get_view(vo, "value", 2, 0, 0, &v) < 0)
+        goto fail;
+    if (q.dtype != k.dtype || q.dtype != v.dtype) {
+        PyErr_SetString(PyExc_TypeError, "query, key and value must have one dtype");
+        goto fail;
+    }
+    if (check_causal(causal) < 0) goto fail;
+    if (!(dropout_p >= 0.0 && dropout_p < 1.0)) {
+        PyErr_SetString(PyExc_ValueError, "dropout_p must be in [0, 1)");
+        goto fail;
+    }
+    const int nd = q.nd, nb = nd - 2;
+    if (same_batch(&q, "query", &k, "key", nb) < 0 || same_batch(&q, "query", &v, "value", nb) < 0)
+        goto fail;
+    const pa_ssize L = q.shape[nd - 2], E = q.shape[nd - 1];
+    const pa_ssize S = k.shape[nd - 2], Ev = v.shape[nd - 1];
+    if (k.shape[nd - 1] != E) { shape_error("key", &k, "query", &q); goto fail; }
+    if (v.shape[nd - 2] != S) { shape_error("value", &v, "key", &k); goto fail; }
+    scores = q;
+    scores.shape[nd - 1] = S;
+    if (get_mask(mo, &scores, q.dtype, &m, &kind) < 0) goto fail;
+    pa_ssize oshape[PA_MAXDIMS];
+    memcpy(oshape, q.shape, sizeof(pa_ssize) * (size_t)nd);
+    oshape[nd - 1] = Ev;
+    res = get_out(outo, nd, oshape, q.dtype, &o, "attention output");
+    if (!res) goto fail;
+    if (want_w) {
+        wres = get_out(Py_None, nd, scores.shape, q.dtype, &w, "attention weights");
+        if (!wres) goto fail;
+    }
+    pa_batch bt;
+    pa_operand Q, Kk, V, Mk, O, W;
+    batch_of(&q, nb, &bt);
+    operand_of(&q, nb, &Q);
+    operand_of(&k, nb, &Kk);
+    operand_of(&v, nb, &V);
+    operand_of(&o, nb, &O);
+    if (kind) operand_of(&m, nb, &Mk);
+    if (want_w) operand_of(&w, nb, &W);
+    int rc, nt = pa_get_num_threads();
+    Py_BEGIN_ALLOW_THREADS
+    rc = pa_attention(q.dtype, &bt, L, S, E, Ev, &Q, &Kk, &V, kind ? &Mk : NULL, kind, causal,
+                      scale, dropout_p, (uint64_t)key, &O, want_w ? &W : NULL, nt);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) { PyErr_NoMemory(); goto fail; }
+    if (want_w) return Py_BuildValue("(NN)", res, wres);
+    return Py_BuildValue("(NO)", res, Py_None);
+fail:
+    Py_XDECREF(res);
+    Py_XDECREF(wres);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+
+static PyObject *py_set_num_threads(PyObject *self, PyObject *arg)
+{
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 1 || n > PA_MAX_THREADS) {
+        PyErr_Format(PyExc_ValueError, "n must be between 1 and %d, got %ld", PA_MAX_THREADS, n);
+        return NULL;
+    }
+    int rc;
+    Py_BEGIN_ALLOW_THREADS   /* may wait for a running call to finish */
+    rc = pa_set_num_threads((int)n);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "threads could not be started");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_get_num_threads(PyObject *self, PyObject *unused)
+{
+    return PyLong_FromLong(pa_get_num_threads());
+}
+
+static PyObject *py_select_isa(PyObject *self, PyObject *arg)
+{
+    long req = PyLong_AsLong(arg);
+    if (req == -1 && PyErr_Occurred()) return NULL;
+    if (req < -1 || req > PA_ISA_AVX512) {
+        PyErr_SetString(PyExc_ValueError, "isa code must be -1, 0, 1 or 2");
+        return NULL;
+    }
+    return PyLong_FromLong(pa_dispatch_init((int)req));
+}
+
+static PyObject *py_config(PyObject *self, PyObject *unused)
+{
+    const pa_dispatch *k = &pa_kernels;
+#if defined(__clang__)
+    const char *cc = "clang " __clang_version__;
+#elif defined(__GNUC__)
+    const char *cc = "gcc " __VERSION__;
+#elif defined(_MSC_VER)
+    const char *cc = "msvc";
+#else
+    const char *cc = "unknown";
+#endif
+    return Py_BuildValue(
+        "{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:i,s:i}",
+        "isa", pa_isa_name(k->isa), "isa_machine", pa_isa_name(k->isa_machine),
+        "gemm_f32", k->gemm[PA_F32].name, "gemm_f64", k->gemm[PA_F64].name,
+        "attn_f32", k->attn[PA_F32].name, "attn_f64", k->attn[PA_F64].name,
+        "softmax_f32", k->softmax_name[PA_F32], "compiler", cc,
+        "threads", pa_get_num_threads(), "max_threads", PA_MAX_THREADS);
+}
+
+static PyMethodDef methods[] = {
+    {"matmul", (PyCFunction)(void (*)(void))py_matmul, METH_VARARGS | METH_KEYWORDS, matmul_doc},
+    {"softmax", (PyCFunction)(void (*)(void))py_softmax, METH_VARARGS | METH_KEYWORDS, softmax_doc},
+    {"sdpa", (PyCFunction)(void (*)(void))py_sdpa, METH_VARARGS | METH_KEYWORDS, sdpa_doc},
+    {"set_num_threads", py_set_num_threads, METH_O, "set_num_threads(n): threads for the kernels"},
+    {"get_num_threads", py_get_num_threads, METH_NOARGS, "get_num_threads() -> int"},
+    {"select_isa", py_select_isa, METH_O, "select_isa(code) -> code chosen (-1: best)"},
+    {"config", py_config, METH_NOARGS, "config() -> dict of the kernels in use"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moddef = {
+    PyModuleDef_HEAD_INIT, "_C", "pyattn's C kernels (private; use the pyattn package).", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__C(void)
+{
+    import_array();
+    pa_dispatch_init(-1);
+    return PyModule_Create(&moddef);
+}

@@ -1,0 +1,70 @@
+/*
+ * ops.h -- the ops: loops over batch / heads / tiles, threading, masks.
+ * They call kernels only through the dispatch table and never touch Python.
+ *
+ * Batch axes: every operand of an op has the same leading batch shape
+ * bshape[0..nb-1] (the binding broadcast them with stride-0 views); each
+ * operand brings its own batch strides (elements). Flat batch index b runs
+ * over bshape in C order.
+ *
+ * Each op returns 0, or -1 when its workspace cannot be allocated (the
+ * binding then raises MemoryError). Call without the GIL.
+ */
+#ifndef PYATTN_OPS_H
+#define PYATTN_OPS_H
+
+#include "pyattn.h"
+
+#define PA_MAXDIMS 64
+
+typedef struct {
+    int nb;                         /* number of batch axes */
+    pa_ssize shape[PA_MAXDIMS];
+    pa_ssize count;                 /* product of shape */
+} pa_batch;
+
+/* element offset of flat batch index b in an operand with batch strides st */
+static inline pa_ssize pa_batch_offset(const pa_batch *bt, const pa_ssize *st, pa_ssize b)
+{
+    pa_ssize off = 0;
+    for (int d = bt->nb - 1; d >= 0; d--) {
+        pa_ssize n = bt->shape[d];
+        off += (b % n) * st[d];
+        b /= n;
+    }
+    return off;
+}
+
+/* A strided operand: base pointer, batch strides, row / column strides. */
+typedef struct {
+    const void *p;
+    pa_ssize bs[PA_MAXDIMS];
+    pa_ssize rs, cs;
+} pa_operand;
+
+/* Aligned scratch (64 bytes). */
+void *pa_alloc64(size_t bytes);
+void pa_free64(void *p);
+
+/* C[b] = A[b] @ B[b] (+ bias). A (M, K), B (K, N), C (M, N), bias (N,) with
+ * element stride bias_s, or NULL. */
+int pa_matmul(int dtype, const pa_batch *bt, pa_ssize M, pa_ssize N, pa_ssize K,
+              const pa_operand *A, const pa_operand *B, const pa_operand *C,
+              const void *bias, pa_ssize bias_s, int nthreads);
+
+/* Rows of x (bt = all axes but the last, the last of them being L when
+ * causal), each of length S. x, mask, out share bt; mask may be NULL. */
+int pa_softmax(int dtype, const pa_batch *bt, pa_ssize S,
+               const pa_operand *x, const pa_operand *mask, int mask_kind,
+               int causal, double scale, const pa_operand *out, int nthreads);
+
+/* Attention per flat batch index b (all axes but the last two).
+ * q (L, E), k (S, E), v (S, Ev), mask (L, S) or NULL, out (L, Ev),
+ * w (L, S) or NULL. */
+int pa_attention(int dtype, const pa_batch *bt, pa_ssize L, pa_ssize S, pa_ssize E, pa_ssize Ev,
+                 const pa_operand *q, const pa_operand *k, const pa_operand *v,
+                 const pa_operand *mask, int mask_kind, int causal, double scale,
+                 double dropout_p, uint64_t dropout_key,
+                 const pa_operand *out, const pa_operand *w, int nthreads);
+
+#endif

@@ -1,0 +1,67 @@
+/*
+ * softmax.c -- masked, scaled softmax over the last axis.
+ *
+ * Shapes: x (R..., S), mask broadcast to x's shape (stride-0 views), out like
+ * x. With causal masking the last batch axis is L (the rows of an (L, S)
+ * score matrix) and row i keeps columns j under pa_causal_limit.
+ * A task is a fixed chunk of rows; each row is computed alone, so results do
+ * not depend on the thread count.
+ */
+#include "ops.h"
+#include "dispatch.h"
+#include "threads.h"
+
+typedef struct {
+    int dtype;
+    const pa_batch *bt;
+    pa_ssize S, rows, chunk, L;
+    const pa_operand *x, *mask, *out;
+    int mask_kind, causal;
+    double scale;
+} softmax_ctx;
+
+static void softmax_task(void *ctx_, pa_ssize t, int tid)
+{
+    const softmax_ctx *c = (const softmax_ctx *)ctx_;
+    const pa_ssize es = c->dtype == PA_F32 ? (pa_ssize)sizeof(float) : (pa_ssize)sizeof(double);
+    const pa_ssize r0 = t * c->chunk;
+    const pa_ssize r1 = r0 + c->chunk < c->rows ? r0 + c->chunk : c->rows;
+    pa_softmax_fn fn = pa_kernels.softmax[c->dtype];
+    for (pa_ssize r = r0; r < r1; r++) {
+        pa_softmax_row row;
+        row.S = c->S;
+        row.x = (const char *)c->x->p + pa_batch_offset(c->bt, c->x->bs, r) * es;
+        row.x_cs = c->x->cs;
+        row.out = (char *)c->out->p + pa_batch_offset(c->bt, c->out->bs, r) * es;
+        row.o_cs = c->out->cs;
+        row.mask_kind = c->mask_kind;
+        if (c->mask_kind != PA_MASK_NONE) {
+            const pa_ssize ms = c->mask_kind == PA_MASK_BOOL ? 1 : es;
+            row.mask = (const char *)c->mask->p + pa_batch_offset(c->bt, c->mask->bs, r) * ms;
+            row.m_cs = c->mask->cs;
+        } else {
+            row.mask = NULL;
+            row.m_cs = 0;
+        }
+        row.limit = c->causal ? pa_causal_limit(c->causal, r % c->L, c->L, c->S) : c->S;
+        row.scale = c->scale;
+        fn(&row);
+    }
+}
+
+int pa_softmax(int dtype, const pa_batch *bt, pa_ssize S,
+               const pa_operand *x, const pa_operand *mask, int mask_kind,
+               int causal, double scale, const pa_operand *out, int nthreads)
+{
+    if (bt->count == 0 || S == 0) return 0;
+    softmax_ctx c;
+    c.dtype = dtype; c.bt = bt; c.S = S; c.rows = bt->count;
+    c.x = x; c.mask = mask; c.out = out; c.mask_kind = mask_kind;
+    c.causal = causal; c.scale = scale;
+    c.L = (causal && bt->nb > 0) ? bt->shape[bt->nb - 1] : 1;
+    /* about 16K elements per task, at least one row */
+    c.chunk = S >= 16384 ? 1 : 16384 / S;
+    const pa_ssize ntasks = (c.rows + c.chunk - 1) / c.chunk;
+    pa_parallel_for(ntasks, softmax_task, &c, nthreads);
+    return 0;
+}

@@ -1,0 +1,174 @@
+/*
+ * threads.c -- the process-wide worker pool (see threads.h).
+ *
+ * One job at a time owns the pool (run_lock). Workers sleep on a condition
+ * variable until the job generation changes, then pull task indices from an
+ * atomic counter. Which thread runs a task changes from run to run; what a
+ * task computes does not, which is what makes results thread-count invariant.
+ */
+#include "threads.h"
+
+#if defined(_WIN32) || defined(PYATTN_NO_THREADS)
+
+/* Portable fallback: no pool, everything runs on the caller. */
+static int pa_nthreads = 1;
+void pa_parallel_for(pa_ssize ntasks, pa_task_fn fn, void *ctx, int max_threads)
+{
+    for (pa_ssize t = 0; t < ntasks; t++) fn(ctx, t, 0);
+}
+int pa_get_num_threads(void) { return pa_nthreads; }
+int pa_set_num_threads(int n) { (void)n; pa_nthreads = 1; return n == 1 ? 0 : -1; }
+
+#else
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+static pthread_mutex_t run_lock = PTHREAD_MUTEX_INITIALIZER;  /* owns the pool */
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;        /* guards the job */
+static pthread_cond_t cv_work = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t cv_done = PTHREAD_COND_INITIALIZER;
+
+static int n_threads = 1;        /* requested count, caller included */
+static int n_workers = 0;        /* started workers (n_threads - 1 once started) */
+static pthread_t *workers = NULL;
+static int shutting_down = 0;
+
+/* the current job */
+static unsigned long generation = 0;
+static pa_task_fn job_fn;
+static void *job_ctx;
+static pa_ssize job_ntasks;
+static int job_nthreads;         /* participating threads, caller included */
+static atomic_llong job_next;
+static int job_pending;          /* workers that have not finished this job */
+static unsigned long spawn_generation;  /* generation when the workers started */
+
+static void run_tasks(int tid)
+{
+    for (;;) {
+        long long t = atomic_fetch_add(&job_next, 1);
+        if (t >= job_ntasks) break;
+        job_fn(job_ctx, (pa_ssize)t, tid);
+    }
+}
+
+static void *worker_main(void *arg)
+{
+    int tid = (int)(intptr_t)arg;        /* 1..n_workers */
+    pthread_mutex_lock(&mu);
+    unsigned long seen = spawn_generation;   /* jobs posted after the spawn */
+    for (;;) {
+        while (generation == seen && !shutting_down) pthread_cond_wait(&cv_work, &mu);
+        if (shutting_down) break;
+        seen = generation;
+        int take_part = tid < job_nthreads;
+        pthread_mutex_unlock(&mu);
+        if (take_part) run_tasks(tid);
+        pthread_mutex_lock(&mu);
+        if (take_part && --job_pending == 0) pthread_cond_signal(&cv_done);
+    }
+    pthread_mutex_unlock(&mu);
+    return NULL;
+}
+
+/* Called with run_lock held. */
+static void stop_workers(void)
+{
+    pthread_mutex_lock(&mu);
+    shutting_down = 1;
+    pthread_cond_broadcast(&cv_work);
+    pthread_mutex_unlock(&mu);
+    for (int i = 0; i < n_workers; i++) pthread_join(workers[i], NULL);
+    free(workers);
+    workers = NULL;
+    n_workers = 0;
+    shutting_down = 0;
+}
+
+/* Called with run_lock held: start n_threads - 1 workers. */
+static void start_workers(void)
+{
+    int want = n_threads - 1;
+    if (want <= 0 || n_workers == want) return;
+    if (n_workers) stop_workers();
+    workers = (pthread_t *)calloc((size_t)want, sizeof(pthread_t));
+    if (!workers) { n_threads = 1; return; }
+    int started = 0;
+    spawn_generation = generation;   /* stable: run_lock is held, no job runs */
+    for (int i = 0; i < want; i++) {
+        if (pthread_create(&workers[i], NULL, worker_main, (void *)(intptr_t)(i + 1)) != 0) break;
+        started++;
+    }
+    n_workers = started;
+    n_threads = started + 1;
+}
+
+void pa_parallel_for(pa_ssize ntasks, pa_task_fn fn, void *ctx, int max_threads)
+{
+    if (ntasks <= 0) return;
+    if (max_threads <= 1 || ntasks == 1 || pthread_mutex_trylock(&run_lock) != 0) {
+        for (pa_ssize t = 0; t < ntasks; t++) fn(ctx, t, 0);
+        return;
+    }
+    start_workers();
+    int nt = n_threads < max_threads ? n_threads : max_threads;
+    if ((pa_ssize)nt > ntasks) nt = (int)ntasks;
+    if (nt <= 1) {
+        pthread_mutex_unlock(&run_lock);
+        for (pa_ssize t = 0; t < ntasks; t++) fn(ctx, t, 0);
+        return;
+    }
+    pthread_mutex_lock(&mu);
+    job_fn = fn; job_ctx = ctx; job_ntasks = ntasks; job_nthreads = nt;
+    atomic_store(&job_next, 0);
+    job_pending = nt - 1;
+    generation++;
+    pthread_cond_broadcast(&cv_work);
+    pthread_mutex_unlock(&mu);
+
+    run_tasks(0);
+
+    pthread_mutex_lock(&mu);
+    while (job_pending > 0) pthread_cond_wait(&cv_done, &mu);
+    pthread_mutex_unlock(&mu);
+    pthread_mutex_unlock(&run_lock);
+}
+
+int pa_get_num_threads(void)
+{
+    return __atomic_load_n(&n_threads, __ATOMIC_RELAXED);
+}
+
+int pa_set_num_threads(int n)
+{
+    if (n < 1) n = 1;
+    if (n > PA_MAX_THREADS) n = PA_MAX_THREADS;
+    pthread_mutex_lock(&run_lock);
+    if (n_workers) stop_workers();
+    __atomic_store_n(&n_threads, n, __ATOMIC_RELAXED);
+    /* workers start lazily on the next parallel call */
+    pthread_mutex_unlock(&run_lock);
+    return 0;
+}
+
+/* After fork() only the forking thread exists in the child: forget the
+ * workers (they are not there) and reset the locks. */
+static void atfork_child(void)
+{
+    pthread_mutex_init(&run_lock, NULL);
+    pthread_mutex_init(&mu, NULL);
+    pthread_cond_init(&cv_work, NULL);
+    pthread_cond_init(&cv_done, NULL);
+    workers = NULL;   /* leaked in the child: the threads do not exist there */
+    n_workers = 0;
+    shutting_down = 0;
+}
+
+__attribute__((constructor)) static void pa_threads_init(void)
+{
+    pthread_atfork(NULL, NULL, atfork_child);
+}
+
+#endif
