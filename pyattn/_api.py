@@ -1,0 +1,375 @@
+"""The public functions of pyattn (argument handling; the arithmetic is in C)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import _C
+from ._checks import (
+    as_array, broadcast_shapes, causal_code, check_out, compute_dtype, dropout_key,
+    dropout_p_value, index_value, out_for_kernel, prep_mask, real_scalar, split_axis, to_dtype,
+)
+
+__all__ = ["matmul", "softmax", "scaled_dot_product_attention", "multi_head_attention"]
+
+
+def matmul(a, b, /, *, out=None):
+    """Matrix product with the semantics of ``np.matmul``, computed by pyattn's GEMM.
+
+    Shapes: ``a (..., M, K) @ b (..., K, N) -> (..., M, N)``. A 1-D ``a`` is
+    treated as ``(1, K)`` and a 1-D ``b`` as ``(K, 1)``, the added axis removed
+    from the result; leading (batch) axes broadcast. Any strides are read in
+    place (transposes, negative strides, broadcast views).
+
+    Parameters
+    ----------
+    a, b : array_like
+        Operands; float32 stays float32, float64 or a mix gives float64,
+        float16 computes and returns float32, integers and bools give float64.
+    out : ndarray, optional
+        Receives the result; exact result shape and dtype, writeable.
+
+    Returns
+    -------
+    ndarray (a NumPy scalar when both operands are 1-D, as ``np.matmul``).
+
+    Raises
+    ------
+    ValueError
+        Scalars, mismatched inner dimensions, batch axes that do not broadcast.
+    TypeError
+        Complex, object, string or datetime operands.
+
+    Examples
+    --------
+    >>> import numpy as np, pyattn
+    >>> pyattn.matmul(np.ones((2, 3)), np.ones((3, 4))).shape
+    (2, 4)
+    """
+    a = as_array(a, "a")
+    b = as_array(b, "b")
+    for x, n in ((a, "a"), (b, "b")):
+        if x.ndim == 0:
+            raise ValueError(f"matmul: {n} is a scalar (shape ()); use * to multiply by a scalar")
+    dt = compute_dtype((a, "a"), (b, "b"))
+    a2 = a[None, :] if a.ndim == 1 else a
+    b2 = b[:, None] if b.ndim == 1 else b
+    if a2.shape[-1] != b2.shape[-2]:
+        raise ValueError(
+            f"matmul: a has shape {a.shape} and b has shape {b.shape}; the last axis of a "
+            f"({a2.shape[-1]}) must equal the {'only' if b.ndim == 1 else 'second-to-last'} "
+            f"axis of b ({b2.shape[-2]})"
+        )
+    batch = broadcast_shapes([(a2.shape[:-2], "a"), (b2.shape[:-2], "b")], "batch axes of a and b")
+    shape = batch + ((a2.shape[-2],) if a.ndim > 1 else ()) + ((b2.shape[-1],) if b.ndim > 1 else ())
+    a3 = np.broadcast_to(to_dtype(a2, dt), batch + a2.shape[-2:])
+    b3 = np.broadcast_to(to_dtype(b2, dt), batch + b2.shape[-2:])
+    if out is not None:
+        check_out(out, shape, dt)
+        if out_for_kernel(out, (a, b)):
+            _C.matmul(a3, b3, _expand(out, a.ndim, b.ndim))
+        else:
+            out[...] = _squeeze(_C.matmul(a3, b3), a.ndim, b.ndim)
+        return out
+    return _squeeze(_C.matmul(a3, b3), a.ndim, b.ndim)
+
+
+def _expand(out, a_nd, b_nd):
+    """View of out with the axes that 1-D operands removed put back."""
+    if a_nd == 1:
+        out = out[..., None, :] if b_nd > 1 else out[..., None]
+    if b_nd == 1:
+        out = out[..., None]
+    return out
+
+
+def _squeeze(res, a_nd, b_nd):
+    if a_nd == 1 and b_nd == 1:
+        return res[..., 0, 0][()]
+    if a_nd == 1:
+        return res[..., 0, :]
+    if b_nd == 1:
+        return res[..., 0]
+    return res
+
+
+def softmax(x, /, axis=-1, *, attn_mask=None, is_causal=False, scale=None, out=None):
+    """Masked, scaled softmax: ``softmax(x * scale + additive_mask)`` along ``axis``.
+
+    Numerically stable for any finite input (the row maximum is subtracted).
+    Masks follow ``scaled_dot_product_attention``: a bool ``attn_mask`` keeps
+    the entries where it is True; a float ``attn_mask`` is added after
+    scaling (``-inf`` removes an entry); ``is_causal`` (True / ``"top_left"``
+    or ``"bottom_right"``) treats the last two axes as ``(L, S)``. Masks need
+    ``axis=-1`` and broadcast against ``x``. A float mask is cast to the
+    compute dtype of ``x``; it does not change the result dtype.
+
+    A row whose entries are all masked (or all ``-inf``) gives zeros, never
+    NaN; a NaN among a row's admissible entries makes that row NaN.
+
+    Parameters
+    ----------
+    x : array_like, at least 1-D
+    axis : int, default -1
+    attn_mask : array_like of bool or float, optional
+    is_causal : bool or {"top_left", "bottom_right"}, default False
+    scale : float, optional
+        Multiplies ``x`` before the mask is added; ``None`` means 1.
+    out : ndarray, optional
+        Exact shape of ``x`` and the result dtype, writeable.
+
+    Returns
+    -------
+    ndarray of x's shape; float32 for float16/float32 input, else float64.
+
+    Examples
+    --------
+    >>> import numpy as np, pyattn
+    >>> pyattn.softmax(np.zeros((3, 3)), is_causal=True)[2]
+    array([0.33333333, 0.33333333, 0.33333333])
+    """
+    x = as_array(x, "x")
+    if x.ndim == 0:
+        raise ValueError("softmax: x is a scalar (shape ()); it needs at least one axis")
+    axis = index_value(axis, "axis")
+    if not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"axis {axis} is out of bounds for x of shape {x.shape}")
+    axis %= x.ndim
+    causal = causal_code(is_causal)
+    if (causal or attn_mask is not None) and axis != x.ndim - 1:
+        raise ValueError(f"attn_mask and is_causal need axis=-1 (the key axis), got axis={axis}")
+    if causal and x.ndim < 2:
+        raise ValueError(f"is_causal needs x with at least 2 dimensions (L, S), got shape {x.shape}")
+    sc = 1.0 if scale is None else real_scalar(scale, "scale")
+    dt = compute_dtype((x, "x"))
+    xc = np.moveaxis(to_dtype(x, dt), axis, -1)
+    mask = None if attn_mask is None else prep_mask(attn_mask, xc.shape, dt)
+    if out is not None:
+        check_out(out, x.shape, dt)
+        if out_for_kernel(out, (x, attn_mask if isinstance(attn_mask, np.ndarray) else None)):
+            _C.softmax(xc, np.moveaxis(out, axis, -1), mask, causal, sc)
+        else:
+            out[...] = np.moveaxis(_C.softmax(xc, None, mask, causal, sc), -1, axis)
+        return out
+    res = _C.softmax(xc, None, mask, causal, sc)
+    return np.moveaxis(res, -1, axis) if axis != x.ndim - 1 else res
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                 is_causal=False, scale=None, enable_gqa=False, *,
+                                 rng=None, return_weights=False, out=None):
+    """Fused attention ``softmax(query @ key.T * scale + mask) @ value``, in one C kernel.
+
+    Argument names and defaults match ``torch.nn.functional.scaled_dot_product_attention``.
+
+    Shapes: ``query (..., L, E)``, ``key (..., S, E)``, ``value (..., S, Ev)``
+    -> ``(..., L, Ev)``; leading axes broadcast. The ``(L, S)`` score matrix is
+    never built unless ``return_weights=True``: the kernel streams key tiles
+    through an online softmax (FlashAttention-2 order).
+
+    Parameters
+    ----------
+    query, key, value : array_like, at least 2-D
+    attn_mask : array_like, optional
+        Broadcasts to ``(..., L, S)``. Bool: True means "may attend".
+        Float: added to the scaled scores (cast to the compute dtype).
+    dropout_p : float in [0, 1)
+        Inverted dropout on the weights (kept weights scaled by ``1/(1-p)``).
+        The keep/drop pattern comes from ``rng`` and the element's position
+        only, so a seed gives the same result on any thread count.
+    is_causal : bool or {"top_left", "bottom_right"}
+        True / "top_left": key j is kept for query i when ``j <= i``
+        (PyTorch's ``tril(ones(L, S))``). "bottom_right": ``j <= i + S - L``
+        (FlashAttention; decoding with a cache). Intersects with attn_mask.
+    scale : float, optional
+        ``None`` means ``1/sqrt(E)`` (1 when E = 0).
+    enable_gqa : bool
+        Axis -3 of key/value may hold ``Hkv`` heads with ``Hq % Hkv == 0``;
+        query head h uses key/value head ``h // (Hq // Hkv)``, read in place.
+    rng : None, int or numpy.random.Generator
+        Source of the dropout key (SPEC 7); used only when ``dropout_p > 0``.
+    return_weights : bool
+        Also return the ``(..., L, S)`` weights applied to value (after
+        masking and dropout).
+    out : ndarray, optional
+        Exact result shape and dtype, writeable.
+
+    Returns
+    -------
+    ndarray, or (output, weights) when ``return_weights``.
+
+    A query row with no admissible key gives weights 0 and an output row of 0.
+    NaN in query/key (or a float mask) spreads to the rows it touches; a key
+    whose weight is exactly 0 (masked or dropped) contributes nothing.
+
+    Examples
+    --------
+    >>> import numpy as np, pyattn
+    >>> q = k = v = np.random.default_rng(0).standard_normal((2, 4, 8, 16))
+    >>> pyattn.scaled_dot_product_attention(q, k, v, is_causal=True).shape
+    (2, 4, 8, 16)
+    """
+    q = as_array(query, "query")
+    k = as_array(key, "key")
+    v = as_array(value, "value")
+    for x, n in ((q, "query"), (k, "key"), (v, "value")):
+        if x.ndim < 2:
+            raise ValueError(f"{n} must have at least 2 dimensions (..., rows, features), got shape {x.shape}")
+    dt = compute_dtype((q, "query"), (k, "key"), (v, "value"))
+    if k.shape[-1] != q.shape[-1]:
+        raise ValueError(f"key has shape {k.shape} and query has shape {q.shape}: their last axes (E) must match")
+    if v.shape[-2] != k.shape[-2]:
+        raise ValueError(f"value has shape {v.shape} and key has shape {k.shape}: their axis -2 (S) must match")
+    p = dropout_p_value(dropout_p)
+    causal = causal_code(is_causal)
+    L, S, E, Ev = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
+    sc = (1.0 / math.sqrt(E) if E > 0 else 1.0) if scale is None else real_scalar(scale, "scale")
+    q, k, v = to_dtype(q, dt), to_dtype(k, dt), to_dtype(v, dt)
+
+    groups = 1
+    if enable_gqa:
+        for x, n in ((q, "query"), (k, "key"), (v, "value")):
+            if x.ndim < 3:
+                raise ValueError(f"enable_gqa needs {n} with a head axis (-3), got shape {x.shape}")
+        hq, hkv = q.shape[-3], k.shape[-3]
+        if v.shape[-3] != hkv:
+            raise ValueError(f"value has shape {v.shape} and key has shape {k.shape}: their head axes (-3) must match")
+        if hkv == 0 or hq % hkv:
+            raise ValueError(
+                f"enable_gqa needs the query heads ({hq}, query shape {q.shape}) to be a multiple "
+                f"of the key/value heads ({hkv}, key shape {k.shape})"
+            )
+        groups = hq // hkv
+    if groups > 1:
+        head_batch = broadcast_shapes([(q.shape[:-3], "query"), (k.shape[:-3], "key"),
+                                       (v.shape[:-3], "value")], "batch axes of query, key and value")
+        full_batch = head_batch + (q.shape[-3],)
+        q = split_axis(q, -3, hkv, groups)
+        k = k[..., None, :, :]
+        v = v[..., None, :, :]
+        batch = head_batch + (hkv, groups)
+    else:
+        batch = broadcast_shapes([(q.shape[:-2], "query"), (k.shape[:-2], "key"),
+                                  (v.shape[:-2], "value")], "batch axes of query, key and value")
+        full_batch = batch
+    mask = None
+    if attn_mask is not None:
+        mask = prep_mask(attn_mask, full_batch + (L, S), dt)
+        if groups > 1:
+            mask = split_axis(mask, -3, hkv, groups)
+    q = np.broadcast_to(q, batch + (L, E))
+    k = np.broadcast_to(k, batch + (S, E))
+    v = np.broadcast_to(v, batch + (S, Ev))
+    shape = full_batch + (L, Ev)
+
+    key_ = dropout_key(rng) if p > 0 else 0
+    kout = None
+    if out is not None:
+        check_out(out, shape, dt)
+        if out_for_kernel(out, (q, k, v, mask)):
+            kout = split_axis(out, -3, hkv, groups) if groups > 1 else out
+    res, w = _C.sdpa(q, k, v, kout, mask, causal, sc, p, key_, bool(return_weights))
+    if groups > 1:
+        res = res.reshape(shape) if kout is None else out
+        if w is not None:
+            w = w.reshape(full_batch + (L, S))
+    if out is not None:
+        if kout is None:
+            out[...] = res
+        res = out
+    return (res, w) if return_weights else res
+
+
+def _linear(x, w, b, dt):
+    """x (B, T, d_in) @ w.T (+ b) with w (d_out, d_in): torch.nn.Linear's layout,
+    read through strides (w.T is a view, broadcast over B with stride 0)."""
+    wt = np.broadcast_to(to_dtype(w, dt).T, x.shape[:-2] + (w.shape[1], w.shape[0]))
+    return _C.matmul(x, wt, None, None if b is None else to_dtype(b, dt))
+
+
+def multi_head_attention(query, key, value, num_heads, w_q, w_k, w_v, w_o=None,
+                         b_q=None, b_k=None, b_v=None, b_o=None, *, attn_mask=None,
+                         is_causal=False, dropout_p=0.0, scale=None, rng=None,
+                         return_weights=False):
+    """Multi-head attention, batch first, with ``torch.nn.Linear`` weight layout.
+
+    ``q = query @ w_q.T + b_q`` (likewise k, v); heads are split from the last
+    axis (``view(B, L, H, d/H).transpose(1, 2)``), attended with
+    :func:`scaled_dot_product_attention`, concatenated back and projected by
+    ``w_o``/``b_o`` when given. PyTorch state-dict tensors drop in unchanged.
+
+    Shapes: ``query (B, L, d_q)``, ``key (B, S, d_k)``, ``value (B, S, d_v)``
+    (the batch axis is optional); ``w_q (d_out, d_q)``, ``w_k (d_out, d_k)``,
+    ``w_v (d_vo, d_v)``, ``w_o (d_model, d_vo)``, biases 1-D. ``d_out`` and
+    ``d_vo`` must be multiples of ``num_heads``. Result ``(B, L, d_model)``
+    (``(B, L, d_vo)`` without ``w_o``); weights ``(B, H, L, S)`` when
+    ``return_weights``. Masks broadcast against ``(B, H, L, S)``; ``scale``
+    defaults to ``1/sqrt(d_out / num_heads)``.
+
+    Examples
+    --------
+    >>> import numpy as np, pyattn
+    >>> rng = np.random.default_rng(0)
+    >>> x = rng.standard_normal((2, 5, 8)); w = rng.standard_normal((4, 8, 8))
+    >>> pyattn.multi_head_attention(x, x, x, 2, w[0], w[1], w[2], w[3], is_causal=True).shape
+    (2, 5, 8)
+    """
+    names = ("query", "key", "value", "w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o")
+    vals = [None if a is None else as_array(a, n)
+            for a, n in zip((query, key, value, w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o), names)]
+    x_q, x_k, x_v, wq, wk, wv, wo, bq, bk, bv, bo = vals
+    h = index_value(num_heads, "num_heads")
+    if h < 1:
+        raise ValueError(f"num_heads must be positive, got {h}")
+    for x, n in ((x_q, "query"), (x_k, "key"), (x_v, "value")):
+        if x.ndim not in (2, 3):
+            raise ValueError(f"{n} must be (B, T, d) or (T, d), got shape {x.shape}")
+    if not x_q.ndim == x_k.ndim == x_v.ndim:
+        raise ValueError(f"query {x_q.shape}, key {x_k.shape} and value {x_v.shape} must all have a batch axis or none")
+    for w, n in ((wq, "w_q"), (wk, "w_k"), (wv, "w_v"), (wo, "w_o")):
+        if w is not None and w.ndim != 2:
+            raise ValueError(f"{n} must be 2-D (d_out, d_in), got shape {w.shape}")
+    for w, x, n, xn in ((wq, x_q, "w_q", "query"), (wk, x_k, "w_k", "key"), (wv, x_v, "w_v", "value")):
+        if w.shape[1] != x.shape[-1]:
+            raise ValueError(f"{n} has shape {w.shape} but {xn} has shape {x.shape}: {n}.shape[1] must equal {xn}.shape[-1]")
+    if wk.shape[0] != wq.shape[0]:
+        raise ValueError(f"w_k has shape {wk.shape} but w_q has shape {wq.shape}: their d_out must match")
+    d_out, d_vo = wq.shape[0], wv.shape[0]
+    if d_out % h or d_vo % h:
+        raise ValueError(f"num_heads ({h}) must divide d_out (w_q shape {wq.shape}, w_v shape {wv.shape})")
+    if x_k.shape[-2] != x_v.shape[-2]:
+        raise ValueError(f"key has shape {x_k.shape} and value has shape {x_v.shape}: their lengths S must match")
+    if wo is not None and wo.shape[1] != d_vo:
+        raise ValueError(f"w_o has shape {wo.shape} but the heads concatenate to {d_vo}: w_o.shape[1] must be {d_vo}")
+    if wo is None and bo is not None:
+        raise ValueError("b_o was given without w_o")
+    for b, w, n in ((bq, wq, "b_q"), (bk, wk, "b_k"), (bv, wv, "b_v"), (bo, wo, "b_o")):
+        if b is not None and b.shape != (w.shape[0],):
+            raise ValueError(f"{n} has shape {b.shape}, expected ({w.shape[0]},)")
+    dt = compute_dtype(*[(a, n) for a, n in zip(vals, names) if a is not None])
+
+    unbatched = x_q.ndim == 2
+    if unbatched:
+        x_q, x_k, x_v = x_q[None], x_k[None], x_v[None]
+    B = broadcast_shapes([(x_q.shape[:1], "query"), (x_k.shape[:1], "key"), (x_v.shape[:1], "value")],
+                         "batch axes of query, key and value")
+    x_q = np.broadcast_to(to_dtype(x_q, dt), B + x_q.shape[1:])
+    x_k = np.broadcast_to(to_dtype(x_k, dt), B + x_k.shape[1:])
+    x_v = np.broadcast_to(to_dtype(x_v, dt), B + x_v.shape[1:])
+    L, S = x_q.shape[1], x_k.shape[1]
+    hd, hdv = d_out // h, d_vo // h
+    qh = _linear(x_q, wq, bq, dt).reshape(B + (L, h, hd)).transpose(0, 2, 1, 3)
+    kh = _linear(x_k, wk, bk, dt).reshape(B + (S, h, hd)).transpose(0, 2, 1, 3)
+    vh = _linear(x_v, wv, bv, dt).reshape(B + (S, h, hdv)).transpose(0, 2, 1, 3)
+    ctx = np.empty(B + (L, h, hdv), dtype=dt)
+    r = scaled_dot_product_attention(qh, kh, vh, attn_mask, dropout_p, is_causal, scale, rng=rng,
+                                     return_weights=return_weights, out=ctx.transpose(0, 2, 1, 3))
+    ctx = ctx.reshape(B + (L, d_vo))
+    res = ctx if wo is None else _linear(ctx, wo, bo, dt)
+    if unbatched:
+        res = res[0]
+    if return_weights:
+        w = r[1][0] if unbatched else r[1]
+        return res, w
+    return res

@@ -1,0 +1,174 @@
+"""Argument handling shared by the public functions (no arithmetic here).
+
+Everything here turns user input into arrays the C kernels can read in
+place: dtype resolution by NumPy promotion, alignment and byte order,
+broadcasting through stride-0 views (never copies), and the error messages
+that name the argument.
+"""
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+
+__all__ = []  # private
+
+
+def as_array(x, name):
+    """np.asarray(x) with a TypeError naming the argument when that fails."""
+    if isinstance(x, np.ndarray):
+        return x
+    try:
+        return np.asarray(x)
+    except Exception as exc:  # objects whose __array__ raises, ragged lists
+        raise TypeError(f"{name} could not be converted to a numpy array: {exc}") from exc
+
+
+def check_numeric(a, name):
+    """Raise TypeError unless a's dtype is bool, integer or a float pyattn computes."""
+    k = a.dtype.kind
+    if k in "biu":
+        return
+    if k == "f" and a.dtype.itemsize <= 8:
+        return
+    raise TypeError(
+        f"{name} has dtype {a.dtype}; pyattn computes in float32 or float64 and accepts "
+        "float16/32/64, integer and bool inputs (not complex, object, string, datetime "
+        "or extended precision)"
+    )
+
+
+def compute_dtype(*named):
+    """Result dtype by NumPy promotion of (array, name) pairs, mapped to what the
+    kernels compute in: float16 -> float32, integers/bools -> float64."""
+    for a, name in named:
+        check_numeric(a, name)
+    dt = np.result_type(*[a.dtype for a, _ in named])
+    if dt.kind != "f":
+        return np.dtype(np.float64)
+    return np.dtype(np.float32) if dt.itemsize <= 4 else np.dtype(np.float64)
+
+
+def to_dtype(a, dt):
+    """a in dtype dt, native byte order and aligned; a view when it already is."""
+    if a.dtype != dt:
+        a = a.astype(dt)
+    if not a.flags.aligned:
+        a = a.copy()
+    return a
+
+
+def broadcast_shapes(named, what="batch axes"):
+    """np.broadcast_shapes over (shape, name) pairs with a message naming them."""
+    try:
+        return np.broadcast_shapes(*[s for s, _ in named])
+    except ValueError:
+        desc = ", ".join(f"{n} {tuple(s)}" for s, n in named)
+        raise ValueError(f"the {what} do not broadcast: {desc}") from None
+
+
+def split_axis(a, axis, n1, n2):
+    """View of a with axis `axis` (negative) split into (n1, n2); never a copy."""
+    ax = a.ndim + axis
+    st = a.strides[ax]
+    shape = a.shape[:ax] + (n1, n2) + a.shape[ax + 1:]
+    strides = a.strides[:ax] + (st * n2, st) + a.strides[ax + 1:]
+    return np.lib.stride_tricks.as_strided(a, shape, strides, writeable=a.flags.writeable)
+
+
+def causal_code(is_causal, name="is_causal"):
+    """False -> 0, True / 'top_left' -> 1, 'bottom_right' -> 2."""
+    if isinstance(is_causal, str):
+        if is_causal == "top_left":
+            return 1
+        if is_causal == "bottom_right":
+            return 2
+        raise ValueError(f"{name} must be True, False, 'top_left' or 'bottom_right', got {is_causal!r}")
+    if is_causal is None or isinstance(is_causal, (bool, np.bool_)):
+        return 1 if is_causal else 0
+    raise ValueError(f"{name} must be True, False, 'top_left' or 'bottom_right', got {is_causal!r}")
+
+
+def real_scalar(x, name):
+    """float(x) for a real number; TypeError naming the argument otherwise."""
+    if isinstance(x, (bool, np.bool_)) or isinstance(x, (complex, np.complexfloating)):
+        raise TypeError(f"{name} must be a real number, got {x!r}")
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a real number, got {x!r}") from None
+
+
+def dropout_p_value(p):
+    p = real_scalar(p, "dropout_p")
+    if not (0.0 <= p < 1.0):
+        raise ValueError(f"dropout_p must be in [0, 1), got {p}")
+    return p
+
+
+def dropout_key(rng):
+    """A 64-bit key for the counter-based dropout generator, drawn from rng
+    (SPEC 7: None, an int seed, a SeedSequence/BitGenerator or a Generator)."""
+    if isinstance(rng, np.random.Generator):
+        gen = rng
+    elif isinstance(rng, (bool, np.bool_)):
+        raise TypeError(f"rng must be None, an int seed or a numpy.random.Generator, got {rng!r}")
+    else:
+        try:
+            gen = np.random.default_rng(rng)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(
+                f"rng must be None, an int seed or a numpy.random.Generator, got {rng!r}"
+            ) from exc
+    return int(gen.integers(0, 2**64, dtype=np.uint64))
+
+
+def prep_mask(mask, shape, dt, name="attn_mask"):
+    """Mask as a stride-0 broadcast view of `shape`: bool (True = may attend)
+    stays bool, floats are cast to the compute dtype dt (additive)."""
+    m = as_array(mask, name)
+    k = m.dtype.kind
+    if k == "b":
+        m = to_dtype(m, np.dtype(np.bool_))
+    elif k == "f" and m.dtype.itemsize <= 8:
+        m = to_dtype(m, dt)
+    else:
+        raise TypeError(
+            f"{name} must be bool (True = may attend) or float (added to the scores), "
+            f"got dtype {m.dtype}"
+        )
+    try:
+        return np.broadcast_to(m, shape)
+    except ValueError:
+        raise ValueError(
+            f"{name} has shape {m.shape}, which does not broadcast to the score shape {tuple(shape)}"
+        ) from None
+
+
+def check_out(out, shape, dt):
+    """Validate a user `out`: ndarray of exactly `shape` and dtype `dt`, writeable."""
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out must be a numpy.ndarray, got {type(out).__name__}")
+    if out.shape != tuple(shape) or out.dtype != dt:
+        raise ValueError(
+            f"out has shape {out.shape} and dtype {out.dtype}, but the result has shape "
+            f"{tuple(shape)} and dtype {dt}"
+        )
+    if not out.flags.writeable:
+        raise ValueError("out must be writeable")
+
+
+def out_for_kernel(out, inputs):
+    """True when the kernels may write straight into out: aligned, native,
+    and sharing no memory with any input (else pyattn computes into a new
+    array and copies, as NumPy does for overlapping ufunc operands)."""
+    if not out.flags.aligned or not out.dtype.isnative:
+        return False
+    return not any(x is not None and np.may_share_memory(out, x) for x in inputs)
+
+
+def index_value(n, name):
+    try:
+        return operator.index(n)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {n!r}") from None

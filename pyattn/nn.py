@@ -1,0 +1,241 @@
+"""Attention layers holding NumPy arrays, mirroring the seed notebooks' classes.
+
+Weights use ``torch.nn.Linear``'s layout ``(d_out, d_in)``; ``load_state_dict``
+takes the seed classes' keys (``W_query.weight``, ..., ``out_proj.weight``)
+and ``torch.nn.MultiheadAttention``'s (``in_proj_weight``, ...), as NumPy
+arrays or tensors. Layers start in training mode, as in PyTorch.
+
+>>> import numpy as np
+>>> from pyattn.nn import MultiHeadAttention
+>>> mha = MultiHeadAttention(d_in=32, d_out=32, num_heads=4, context_length=8, rng=0)
+>>> mha(np.zeros((4, 8, 32), np.float32)).shape
+(4, 8, 32)
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ._api import multi_head_attention
+from ._checks import check_numeric, compute_dtype, index_value
+
+__all__ = ["SelfAttention", "CausalAttention", "MultiHeadAttention"]
+
+_QKV = (("W_query", "b_query"), ("W_key", "b_key"), ("W_value", "b_value"))
+
+
+def _to_numpy(x, key):
+    """Copy of a NumPy array or (CPU) tensor in a compute dtype."""
+    if hasattr(x, "detach"):
+        x = x.detach()
+    if hasattr(x, "cpu"):
+        x = x.cpu()
+    try:
+        a = np.array(x, copy=True)
+    except Exception as exc:
+        raise ValueError(f"state dict entry {key!r} could not be converted to an array: {exc}") from exc
+    try:
+        check_numeric(a, repr(key))
+    except TypeError as exc:
+        raise ValueError(str(exc)) from None
+    return a.astype(compute_dtype((a, key)), copy=False)
+
+
+class _Attention:
+    """Shared machinery: parameters, modes, state dicts, the forward call."""
+
+    def __init__(self, d_in, d_out, num_heads, context_length, dropout, qkv_bias, causal,
+                 out_proj, out_bias, rng):
+        self.d_in = index_value(d_in, "d_in")
+        self.d_out = index_value(d_out, "d_out")
+        self.num_heads = index_value(num_heads, "num_heads")
+        if self.d_in < 1 or self.d_out < 1:
+            raise ValueError(f"d_in and d_out must be positive, got {self.d_in} and {self.d_out}")
+        if self.num_heads < 1 or self.d_out % self.num_heads:
+            raise ValueError(f"d_out ({self.d_out}) must be divisible by num_heads ({self.num_heads})")
+        self.context_length = None if context_length is None else index_value(context_length, "context_length")
+        if self.context_length is not None and self.context_length < 1:
+            raise ValueError(f"context_length must be positive, got {self.context_length}")
+        self.dropout = float(dropout)
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.qkv_bias = bool(qkv_bias)
+        self.causal = causal
+        self.training = True
+        self._rng = np.random.default_rng(rng)
+        bound = 1.0 / np.sqrt(self.d_in)
+        for w, b in _QKV:
+            setattr(self, w, self._uniform((self.d_out, self.d_in), bound))
+            setattr(self, b, self._uniform((self.d_out,), bound) if self.qkv_bias else None)
+        self.out_proj_weight = self.out_proj_bias = None
+        self._has_out = out_proj
+        self._has_out_bias = out_proj and out_bias
+        if out_proj:
+            ob = 1.0 / np.sqrt(self.d_out)
+            self.out_proj_weight = self._uniform((self.d_out, self.d_out), ob)
+            self.out_proj_bias = self._uniform((self.d_out,), ob) if out_bias else None
+
+    def _uniform(self, shape, bound):
+        return self._rng.uniform(-bound, bound, size=shape).astype(np.float32)
+
+    # -- modes --------------------------------------------------------------
+    def train(self, mode=True):
+        """Dropout on (``mode=True``) or off; returns the layer."""
+        self.training = bool(mode)
+        return self
+
+    def eval(self):
+        """Dropout off (inference); returns the layer."""
+        return self.train(False)
+
+    # -- state ----------------------------------------------------------------
+    def _expected(self):
+        """key -> (attribute, shape) for every parameter this layer holds."""
+        e = {}
+        for (w, b), name in zip(_QKV, ("W_query", "W_key", "W_value")):
+            e[f"{name}.weight"] = (w, (self.d_out, self.d_in))
+            if self.qkv_bias:
+                e[f"{name}.bias"] = (b, (self.d_out,))
+        if self._has_out:
+            e["out_proj.weight"] = ("out_proj_weight", (self.d_out, self.d_out))
+            if self._has_out_bias:
+                e["out_proj.bias"] = ("out_proj_bias", (self.d_out,))
+        return e
+
+    def state_dict(self):
+        """Copies of the parameters as NumPy arrays, under the seed classes' keys."""
+        return {k: getattr(self, attr).copy() for k, (attr, _) in self._expected().items()}
+
+    def load_state_dict(self, state_dict):
+        """Load parameters from a mapping of NumPy arrays or tensors.
+
+        Accepts the seed classes' keys (``W_query.weight``, ``W_key.weight``,
+        ``W_value.weight``, optional ``.bias``, ``out_proj.weight``,
+        ``out_proj.bias``; ``projection.*`` as an alias of ``out_proj.*``; a
+        ``mask`` buffer is ignored) and ``torch.nn.MultiheadAttention``'s
+        (``in_proj_weight``, ``in_proj_bias`` or ``q_proj_weight``,
+        ``k_proj_weight``, ``v_proj_weight``; ``out_proj.*``). Missing,
+        unexpected or misshapen keys raise ``ValueError`` naming the key.
+        Returns the layer.
+        """
+        d = {str(k): v for k, v in dict(state_dict).items()}
+        d.pop("mask", None)
+        for k in list(d):
+            if k.startswith("projection."):
+                d["out_proj." + k[len("projection."):]] = d.pop(k)
+        names = ("W_query", "W_key", "W_value")
+        if "in_proj_weight" in d:
+            w = _to_numpy(d.pop("in_proj_weight"), "in_proj_weight")
+            if w.shape != (3 * self.d_out, self.d_in):
+                raise ValueError(f"state dict entry 'in_proj_weight' has shape {w.shape}, "
+                                 f"expected {(3 * self.d_out, self.d_in)}")
+            for i, n in enumerate(names):
+                d[f"{n}.weight"] = w[i * self.d_out:(i + 1) * self.d_out]
+        for n, t in zip(names, ("q", "k", "v")):
+            if f"{t}_proj_weight" in d:
+                d[f"{n}.weight"] = d.pop(f"{t}_proj_weight")
+        if "in_proj_bias" in d:
+            b = _to_numpy(d.pop("in_proj_bias"), "in_proj_bias")
+            if b.shape != (3 * self.d_out,):
+                raise ValueError(f"state dict entry 'in_proj_bias' has shape {b.shape}, "
+                                 f"expected {(3 * self.d_out,)}")
+            for i, n in enumerate(names):
+                d[f"{n}.bias"] = b[i * self.d_out:(i + 1) * self.d_out]
+        expected = self._expected()
+        for k in d:
+            if k not in expected:
+                raise ValueError(f"unexpected key {k!r} in state dict (this layer holds: "
+                                 f"{', '.join(expected)})")
+        new = {}
+        for k, (attr, shape) in expected.items():
+            if k not in d:
+                raise ValueError(f"missing key {k!r} in state dict")
+            a = _to_numpy(d[k], k)
+            if a.shape != shape:
+                raise ValueError(f"state dict entry {k!r} has shape {a.shape}, expected {shape}")
+            new[attr] = a
+        for attr, a in new.items():
+            setattr(self, attr, a)
+        return self
+
+    # -- forward --------------------------------------------------------------
+    def __call__(self, x, attn_mask=None, return_weights=False):
+        """x (B, T, d_in) or (T, d_in) -> (B, T, d_out) [, weights (B, H, T, T)]."""
+        x = np.asarray(x) if not isinstance(x, np.ndarray) else x
+        if x.ndim not in (2, 3) or x.shape[-1] != self.d_in:
+            raise ValueError(f"x must have shape (B, T, {self.d_in}) or (T, {self.d_in}), got {x.shape}")
+        T = x.shape[-2]
+        if self.context_length is not None and T > self.context_length:
+            raise ValueError(f"x has {T} tokens (shape {x.shape}), more than context_length={self.context_length}")
+        p = self.dropout if self.training else 0.0
+        res = multi_head_attention(
+            x, x, x, self.num_heads, self.W_query, self.W_key, self.W_value,
+            self.out_proj_weight, self.b_query, self.b_key, self.b_value, self.out_proj_bias,
+            attn_mask=attn_mask, is_causal=self.causal, dropout_p=p,
+            rng=self._rng if p > 0 else None, return_weights=return_weights)
+        if return_weights and self.num_heads == 1 and not self._has_out:
+            out, w = res
+            return out, w[..., 0, :, :]
+        return res
+
+    forward = __call__
+
+    def __repr__(self):
+        extra = f", context_length={self.context_length}" if self.context_length is not None else ""
+        return (f"{type(self).__name__}(d_in={self.d_in}, d_out={self.d_out}, num_heads={self.num_heads}"
+                f"{extra}, dropout={self.dropout}, qkv_bias={self.qkv_bias}, causal={self.causal!r})")
+
+
+class SelfAttention(_Attention):
+    """Single-head self-attention (seed 001 ``SelfAttentionLinear``, seed 004 ``SelfAttentionV2``).
+
+    ``out = softmax((x W_q^T)(x W_k^T)^T / sqrt(d_out)) (x W_v^T)``; every
+    token attends to every token. Input ``(B, T, d_in)`` or ``(T, d_in)``,
+    output ``(B, T, d_out)``; with ``return_weights=True`` also the weights
+    ``(B, T, T)``.
+
+    >>> import numpy as np
+    >>> from pyattn.nn import SelfAttention
+    >>> SelfAttention(3, 2, rng=0)(np.ones((6, 3))).shape
+    (6, 2)
+    """
+
+    def __init__(self, d_in, d_out, qkv_bias=False, *, rng=None):
+        super().__init__(d_in, d_out, 1, None, 0.0, qkv_bias, False, False, False, rng)
+
+
+class CausalAttention(_Attention):
+    """Single-head causal attention with dropout (seed 004 ``CausalAttention``).
+
+    Token t attends to tokens ``<= t``; dropout on the weights in training
+    mode. ``T > context_length`` is a ``ValueError``. Input ``(B, T, d_in)``
+    or ``(T, d_in)``, output ``(B, T, d_out)`` [, weights ``(B, T, T)``].
+
+    >>> import numpy as np
+    >>> from pyattn.nn import CausalAttention
+    >>> CausalAttention(512, 768, context_length=100, rng=0)(np.zeros((2, 100, 512))).shape
+    (2, 100, 768)
+    """
+
+    def __init__(self, d_in, d_out, context_length, dropout=0.0, qkv_bias=False, *, rng=None):
+        super().__init__(d_in, d_out, 1, context_length, dropout, qkv_bias, True, False, False, rng)
+
+
+class MultiHeadAttention(_Attention):
+    """Multi-head attention with an output projection (seeds 000, 002, 004 ``MultiHeadAttention``).
+
+    Heads are split from the projected last axis
+    (``view(B, T, H, d_out/H).transpose(1, 2)``), attended (causally unless
+    ``causal=False``), concatenated and projected by ``out_proj`` (with bias
+    unless ``out_bias=False``). Input ``(B, T, d_in)`` or ``(T, d_in)``,
+    output ``(B, T, d_out)`` [, weights ``(B, H, T, T)``].
+
+    >>> import numpy as np
+    >>> from pyattn.nn import MultiHeadAttention
+    >>> MultiHeadAttention(32, 32, 4, context_length=8, dropout=0.1, rng=0)(np.zeros((4, 8, 32))).shape
+    (4, 8, 32)
+    """
+
+    def __init__(self, d_in, d_out, num_heads, context_length=None, dropout=0.0,
+                 qkv_bias=False, *, causal=True, out_bias=True, rng=None):
+        super().__init__(d_in, d_out, num_heads, context_length, dropout, qkv_bias,
+                         bool(causal), True, out_bias, rng)

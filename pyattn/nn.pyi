@@ -1,0 +1,43 @@
+from typing import Any, Dict, Mapping, Optional, Tuple, TypeVar, Union
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+_L = TypeVar("_L", bound="_Attention")
+_Out = Union[NDArray[np.floating[Any]], Tuple[NDArray[np.floating[Any]], NDArray[np.floating[Any]]]]
+
+class _Attention:
+    d_in: int
+    d_out: int
+    num_heads: int
+    context_length: Optional[int]
+    dropout: float
+    qkv_bias: bool
+    causal: bool
+    training: bool
+    W_query: NDArray[np.floating[Any]]
+    W_key: NDArray[np.floating[Any]]
+    W_value: NDArray[np.floating[Any]]
+    b_query: Optional[NDArray[np.floating[Any]]]
+    b_key: Optional[NDArray[np.floating[Any]]]
+    b_value: Optional[NDArray[np.floating[Any]]]
+    out_proj_weight: Optional[NDArray[np.floating[Any]]]
+    out_proj_bias: Optional[NDArray[np.floating[Any]]]
+    def train(self: _L, mode: bool = ...) -> _L: ...
+    def eval(self: _L) -> _L: ...
+    def state_dict(self) -> Dict[str, NDArray[np.floating[Any]]]: ...
+    def load_state_dict(self: _L, state_dict: Mapping[str, Any]) -> _L: ...
+    def __call__(self, x: ArrayLike, attn_mask: Optional[ArrayLike] = ..., return_weights: bool = ...) -> _Out: ...
+    def forward(self, x: ArrayLike, attn_mask: Optional[ArrayLike] = ..., return_weights: bool = ...) -> _Out: ...
+
+class SelfAttention(_Attention):
+    def __init__(self, d_in: int, d_out: int, qkv_bias: bool = ..., *, rng: Any = ...) -> None: ...
+
+class CausalAttention(_Attention):
+    def __init__(self, d_in: int, d_out: int, context_length: int, dropout: float = ...,
+                 qkv_bias: bool = ..., *, rng: Any = ...) -> None: ...
+
+class MultiHeadAttention(_Attention):
+    def __init__(self, d_in: int, d_out: int, num_heads: int, context_length: Optional[int] = ...,
+                 dropout: float = ..., qkv_bias: bool = ..., *, causal: bool = ...,
+                 out_bias: bool = ..., rng: Any = ...) -> None: ...
