@@ -29,6 +29,8 @@ def _to_numpy(x, key):
         x = x.detach()
     if hasattr(x, "cpu"):
         x = x.cpu()
+    if hasattr(x, "numpy") and not isinstance(x, np.ndarray):
+        x = x.numpy()   # torch.Tensor: avoids the copy=False __array__ path
     try:
         a = np.array(x, copy=True)
     except Exception as exc:

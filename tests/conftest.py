@@ -1,0 +1,110 @@
+"""Shared test helpers: the tolerance table, error scales, array layouts."""
+import numpy as np
+import pytest
+
+# One table per dtype (DESIGN.md habit 9): a result may differ from the exact
+# value by TOL[dtype] times the op's error scale (see the mag_* helpers), which
+# grows with the magnitudes involved, never by a hand-picked absolute number.
+TOL = {
+    np.dtype(np.float32): 4 * float(np.finfo(np.float32).eps),
+    np.dtype(np.float64): 4 * float(np.finfo(np.float64).eps),
+}
+
+DTYPES = [np.float32, np.float64]
+
+
+def check(actual, expected, mag, inexact=1):
+    """actual vs expected (from the float64 oracle, or another float library when
+    inexact=2: then both sides carry their own rounding). NaN and inf must sit
+    in the same places; finite values within inexact * TOL * mag."""
+    actual = np.asarray(actual)
+    expected = np.asarray(expected)
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    dt = actual.dtype
+    na, ne = np.isnan(actual), np.isnan(expected)
+    assert np.array_equal(na, ne), f"NaN positions differ: {np.argwhere(na != ne)[:5]}"
+    ia, ie = np.isinf(actual), np.isinf(expected)
+    assert np.array_equal(ia, ie) and np.array_equal(actual[ia], expected[ie].astype(dt)), "inf differ"
+    fin = ~(na | ia)
+    err = np.abs(actual[fin].astype(np.float64) - expected[fin].astype(np.float64))
+    lim = inexact * TOL[dt] * np.broadcast_to(mag, actual.shape)[fin]
+    bad = err > lim
+    assert not bad.any(), (
+        f"{bad.sum()} of {bad.size} values off; worst error {err.max():.3e} "
+        f"(limit there {lim[np.argmax(err - lim)]:.3e})")
+
+
+def mag_matmul(a, b):
+    """Error scale of a dot product of length K: sqrt(K) * (|a| @ |b|)."""
+    a64, b64 = np.abs(np.asarray(a, np.float64)), np.abs(np.asarray(b, np.float64))
+    K = a64.shape[-1]
+    return np.sqrt(K + 1.0) * np.matmul(a64, b64) + np.finfo(np.float64).tiny
+
+
+def mag_softmax(s, w):
+    """Error scale of softmax weights w of (scaled, masked) scores s: exp's
+    relative error grows with |s - max|, the sum's with log(S)."""
+    s = np.asarray(s, np.float64)
+    w = np.asarray(w, np.float64)
+    with np.errstate(invalid="ignore"):
+        m = np.max(np.where(np.isfinite(s), s, -np.inf), axis=-1, keepdims=True)
+        spread = np.where(np.isfinite(s), np.abs(s - m), 0.0)
+    S = s.shape[-1]
+    rowmax = np.max(spread, axis=-1, keepdims=True)
+    rowmax = np.where(np.isfinite(rowmax), rowmax, 0.0)
+    return (w + np.max(w, axis=-1, keepdims=True)) * (4.0 + rowmax + np.log1p(S)) + np.finfo(np.float64).tiny
+
+
+def mag_attention(q, k, v, w, scale):
+    """Error scale of attention outputs: the weights' errors (scores carry a
+    dot product of length E, amplified by exp) times |v|, plus the P @ V sum."""
+    q = np.abs(np.asarray(q, np.float64))
+    k = np.abs(np.asarray(k, np.float64))
+    v = np.abs(np.asarray(v, np.float64))
+    w = np.asarray(w, np.float64)
+    E, S = q.shape[-1], k.shape[-2]
+    qk = np.matmul(q, np.swapaxes(k, -1, -2)) * abs(scale) * np.sqrt(E + 1.0)
+    row = np.max(np.where(w != 0, qk, 0.0), axis=-1, keepdims=True)
+    vmax = np.max(v, axis=(-2, -1), keepdims=True) if v.size else 0.0
+    return (np.matmul(w, v) + vmax * np.max(w, axis=-1, keepdims=True)) * (
+        4.0 + 2 * row + np.log1p(S)) * np.sqrt(S + 1.0) + np.finfo(np.float64).tiny
+
+
+LAYOUTS = ["c", "transposed", "negative", "fortran", "strided"]
+
+
+def make(rng, shape, dtype, layout="c", low=None):
+    """Random array of `shape` and dtype, laid out in memory as `layout`."""
+    shape = tuple(shape)
+    def draw(s):
+        x = rng.standard_normal(s)
+        return x.astype(dtype)
+    if layout == "c" or len(shape) < 2:
+        return draw(shape)
+    if layout == "transposed":
+        return np.swapaxes(draw(shape[:-2] + (shape[-1], shape[-2])), -1, -2)
+    if layout == "negative":
+        return draw(shape)[..., ::-1, ::-1]
+    if layout == "fortran":
+        return np.asfortranarray(draw(shape))
+    if layout == "strided":
+        big = draw(shape[:-2] + (2 * shape[-2], 3 * shape[-1]))
+        return big[..., ::2, 1::3]
+    raise ValueError(layout)
+
+
+@pytest.fixture
+def rng(request):
+    # a fixed seed per test, so a failure reproduces
+    import zlib
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+def frozen(*arrays):
+    """Copies to compare against after a call: inputs must never change."""
+    return [np.array(a, copy=True) for a in arrays]
+
+
+def unchanged(before, after):
+    for b, a in zip(before, after):
+        assert np.array_equal(b, np.asarray(a), equal_nan=True), "an input was modified"
