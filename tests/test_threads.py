@@ -1,0 +1,153 @@
+"""Threads and kernel families: bit-identical results for any thread count,
+rows independent of their batch, concurrent callers, PYATTN_ISA."""
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import pyattn
+
+
+@pytest.fixture
+def restore_threads():
+    n = pyattn.get_num_threads()
+    yield
+    pyattn.set_num_threads(n)
+
+
+def _calls(rng):
+    a = rng.standard_normal((3, 300, 200)).astype(np.float32)
+    b = rng.standard_normal((200, 260)).astype(np.float32)
+    q = rng.standard_normal((2, 4, 150, 32))
+    k = rng.standard_normal((2, 4, 170, 32))
+    v = rng.standard_normal((2, 4, 170, 16))
+    x = rng.standard_normal((64, 500)).astype(np.float32)
+    m = rng.random((150, 170)) > 0.2
+    xs = rng.standard_normal((2, 32, 64)).astype(np.float32)
+    ws = rng.standard_normal((4, 64, 64)).astype(np.float32)
+    return [
+        lambda: pyattn.matmul(a, b),
+        lambda: pyattn.matmul(b.T.astype(np.float64), a[0].T),
+        lambda: pyattn.softmax(x, scale=0.3),
+        lambda: pyattn.scaled_dot_product_attention(q, k, v, m, is_causal=True),
+        lambda: pyattn.scaled_dot_product_attention(q, k, v, dropout_p=0.3, rng=5, is_causal="bottom_right"),
+        lambda: pyattn.scaled_dot_product_attention(q.astype(np.float32), k, v, return_weights=True)[1],
+        lambda: pyattn.multi_head_attention(xs, xs, xs, 4, *ws, is_causal=True),
+    ]
+
+
+def test_bit_identical_across_thread_counts(rng, restore_threads):
+    calls = _calls(rng)
+    pyattn.set_num_threads(1)
+    ref = [c() for c in calls]
+    for n in (2, 3, 8):
+        pyattn.set_num_threads(n)
+        for c, r in zip(calls, ref):
+            assert np.array_equal(c(), r)
+
+
+def test_row_independent_of_batch(rng):
+    q = rng.standard_normal((5, 3, 40, 24)).astype(np.float32)
+    k = rng.standard_normal((5, 3, 70, 24)).astype(np.float32)
+    v = rng.standard_normal((5, 3, 70, 8)).astype(np.float32)
+    full = pyattn.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert np.array_equal(pyattn.scaled_dot_product_attention(q[3, 1], k[3, 1], v[3, 1], is_causal=True), full[3, 1])
+    # one query row alone (no mask: the row's keys are all of them)
+    nomask = pyattn.scaled_dot_product_attention(q, k, v)
+    assert np.array_equal(pyattn.scaled_dot_product_attention(q[2, 0, 17:18], k[2, 0], v[2, 0]), nomask[2, 0, 17:18])
+    a = rng.standard_normal((130, 77))
+    b = rng.standard_normal((77, 90))
+    full = pyattn.matmul(a, b)
+    assert np.array_equal(pyattn.matmul(a[61:62], b), full[61:62])
+    assert np.array_equal(pyattn.matmul(a[61], b), full[61])
+    x = rng.standard_normal((9, 33))
+    assert np.array_equal(pyattn.softmax(x[4:5]), pyattn.softmax(x)[4:5])
+
+
+def test_concurrent_python_threads(rng):
+    calls = _calls(rng)
+    ref = [c() for c in calls]
+    errors = []
+
+    def worker(i):
+        try:
+            for j in range(6):
+                c = (i + j) % len(calls)
+                if not np.array_equal(calls[c](), ref[c]):
+                    errors.append(f"thread {i}: call {c} differs")
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(repr(exc))
+
+    ts = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in ts), "a thread hung"
+    assert not errors, errors
+
+
+def test_set_num_threads_while_running(rng, restore_threads):
+    calls = _calls(rng)
+    ref = [c() for c in calls]
+    stop = threading.Event()
+    errors = []
+
+    def churn():
+        n = 1
+        while not stop.is_set():
+            pyattn.set_num_threads(n)
+            n = n % 4 + 1
+
+    def work():
+        try:
+            for j in range(10):
+                c = j % len(calls)
+                if not np.array_equal(calls[c](), ref[c]):
+                    errors.append(f"call {c} differs")
+        except Exception as exc:  # pragma: no cover
+            errors.append(repr(exc))
+
+    t1 = threading.Thread(target=churn)
+    ws = [threading.Thread(target=work) for _ in range(3)]
+    t1.start()
+    for w in ws:
+        w.start()
+    for w in ws:
+        w.join(timeout=120)
+    stop.set()
+    t1.join(timeout=30)
+    assert not t1.is_alive() and not any(w.is_alive() for w in ws), "deadlock"
+    assert not errors, errors
+
+
+def _run(code, **env):
+    e = dict(os.environ, **env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e, check=True).stdout
+
+
+@pytest.mark.parametrize("isa", ["generic", "avx2", "avx512"])
+def test_pyattn_isa(isa):
+    code = ("import numpy as np, pyattn, pyattn._C as C; c = C.config(); "
+            "rng = np.random.default_rng(1); q = rng.standard_normal((2, 33, 20)); a = rng.standard_normal((50, 70)); "
+            "o = pyattn.scaled_dot_product_attention(q, q, q, is_causal=True); m = pyattn.matmul(a, a.T); "
+            "print(c['isa'], c['isa_machine'], np.save('/dev/stdout', o) if False else o.sum().hex(), m.sum().hex())")
+    got = _run(code, PYATTN_ISA=isa).split()
+    order = ["generic", "avx2", "avx512"]
+    chosen, machine = got[0], got[1]
+    assert order.index(chosen) == min(order.index(isa), order.index(machine))
+    base = _run(code, PYATTN_ISA="generic").split()
+    ref = np.array([float.fromhex(base[2]), float.fromhex(base[3])])
+    val = np.array([float.fromhex(got[2]), float.fromhex(got[3])])
+    np.testing.assert_allclose(val, ref, rtol=1e-12)
+
+
+def test_env_threads_and_bad_isa():
+    out = _run("import pyattn; print(pyattn.get_num_threads())", PYATTN_NUM_THREADS="3")
+    assert out.strip() == "3"
+    r = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-c", "import pyattn"],
+                       capture_output=True, text=True, env=dict(os.environ, PYATTN_ISA="sse9"))
+    assert r.returncode != 0 and "PYATTN_ISA" in r.stderr
