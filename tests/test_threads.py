@@ -3,6 +3,7 @@ rows independent of their batch, concurrent callers, PYATTN_ISA."""
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 
 import numpy as np
@@ -125,8 +126,10 @@ def test_set_num_threads_while_running(rng, restore_threads):
 
 
 def _run(code, **env):
+    # run outside the source tree, so the installed pyattn is the one imported
     e = dict(os.environ, **env)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e, check=True).stdout
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e, check=True,
+                          cwd=tempfile.gettempdir()).stdout
 
 
 @pytest.mark.parametrize("isa", ["generic", "avx2", "avx512"])
@@ -149,5 +152,6 @@ def test_env_threads_and_bad_isa():
     out = _run("import pyattn; print(pyattn.get_num_threads())", PYATTN_NUM_THREADS="3")
     assert out.strip() == "3"
     r = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-c", "import pyattn"],
-                       capture_output=True, text=True, env=dict(os.environ, PYATTN_ISA="sse9"))
+                       capture_output=True, text=True, env=dict(os.environ, PYATTN_ISA="sse9"),
+                       cwd=tempfile.gettempdir())
     assert r.returncode != 0 and "PYATTN_ISA" in r.stderr
