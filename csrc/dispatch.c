@@ -60,10 +60,13 @@ static void pa_fill_ref(void)
                                                "pyattn_gemm_f32_ref_4x16"};
     pa_kernels.gemm[PA_F64] = (pa_gemm_kernel){pa_gemm_ukr_f64_ref_4x8, 4, 8, 256, 64, 1024,
                                                "pyattn_gemm_f64_ref_4x8"};
-    pa_kernels.attn[PA_F32] = (pa_attn_kernel){pa_attn_f32_ref, pa_attn_ws_f32_ref, 16,
+    pa_kernels.attn[PA_F32] = (pa_attn_kernel){pa_attn_f32_ref, pa_attn_ws_f32_ref, PA_REF_BQ,
                                                "pyattn_attn_f32_ref"};
-    pa_kernels.attn[PA_F64] = (pa_attn_kernel){pa_attn_f64_ref, pa_attn_ws_f64_ref, 16,
+    pa_kernels.attn[PA_F64] = (pa_attn_kernel){pa_attn_f64_ref, pa_attn_ws_f64_ref, PA_REF_BQ,
                                                "pyattn_attn_f64_ref"};
+    pa_kernels.exprow_float = pa_exprow_f32_ref;
+    pa_kernels.exprow_double = pa_exprow_f64_ref;
+    pa_kernels.exp_name = "pyattn_exprow_f32_ref";
     pa_kernels.softmax[PA_F32] = pa_softmax_f32_ref;
     pa_kernels.softmax[PA_F64] = pa_softmax_f64_ref;
     pa_kernels.softmax_name[PA_F32] = "pyattn_softmax_f32_ref";
@@ -77,8 +80,23 @@ int pa_dispatch_init(int requested)
     if (requested >= 0 && requested < isa) isa = requested;
     pa_fill_ref();
     pa_kernels.isa_machine = machine;
-    /* The SIMD families register themselves here as they are added; a family
-     * with no kernel of its own for an entry keeps the reference one. */
+    /* every family runs the tiled attention on its own micro-kernel and exp;
+     * the scalar reference kernel serves the weights path and huge head dims */
+    pa_kernels.attn[PA_F32] = (pa_attn_kernel){pa_attn_f32_flash, pa_attn_ws_f32_flash, PA_FLASH_BQ,
+                                               "pyattn_attn_f32_flash_48x64"};
+    pa_kernels.attn[PA_F64] = (pa_attn_kernel){pa_attn_f64_flash, pa_attn_ws_f64_flash, PA_FLASH_BQ,
+                                               "pyattn_attn_f64_flash_48x64"};
+    /* Each family overwrites the entries it has kernels for; the rest keep
+     * the reference kernels. (AVX-512 has no kernels of its own yet: it runs
+     * the AVX2 ones, which every AVX-512 CPU supports.) */
+    if (isa >= PA_ISA_AVX2 && pa_have_avx2_kernels()) {
+        pa_kernels.gemm[PA_F32] = (pa_gemm_kernel){pa_gemm_ukr_f32_avx2_6x16, 6, 16, 256, 96, 2048,
+                                                   "pyattn_gemm_f32_avx2_6x16"};
+        pa_kernels.gemm[PA_F64] = (pa_gemm_kernel){pa_gemm_ukr_f64_avx2_6x8, 6, 8, 256, 72, 1024,
+                                                   "pyattn_gemm_f64_avx2_6x8"};
+        pa_kernels.exprow_float = pa_exprow_f32_avx2;
+        pa_kernels.exp_name = "pyattn_exprow_f32_avx2";
+    }
     pa_kernels.isa = isa;
     return isa;
 }

@@ -43,6 +43,18 @@ typedef struct {
 
 typedef void (*pa_softmax_fn)(const pa_softmax_row *r);
 
+/* s[j] = exp(s[j] - m) for j < n (exactly 0 where s[j] is -inf; NaN stays
+ * NaN); returns the sum of the new s[j]. m >= every non-NaN s[j]. */
+typedef float (*pa_exprow_float)(float *s, pa_ssize n, float m);
+typedef double (*pa_exprow_double)(double *s, pa_ssize n, double m);
+
+/* tiles of the flash kernel (attn_flash.inc) */
+#define PA_FLASH_BQ 48
+#define PA_FLASH_BK 64
+#define PA_FLASH_MAXD 512
+/* query rows per call of the reference attention kernel (its workspace) */
+#define PA_REF_BQ 16
+
 typedef struct {
     int isa;              /* family in use (PA_ISA_*) */
     int isa_machine;      /* best family the CPU + OS support */
@@ -50,6 +62,9 @@ typedef struct {
     pa_attn_kernel attn[2];
     pa_softmax_fn softmax[2];
     const char *softmax_name[2];
+    pa_exprow_float exprow_float;
+    pa_exprow_double exprow_double;
+    const char *exp_name;
 } pa_dispatch;
 
 extern pa_dispatch pa_kernels;
@@ -58,6 +73,21 @@ const char *pa_isa_name(int isa);
 /* requested: PA_ISA_* upper bound (or -1 for "best available"). Returns the
  * family chosen. */
 int pa_dispatch_init(int requested);
+
+/* AVX2+FMA kernels (kernels/x86); pa_have_avx2_kernels() is 0 where they
+ * could not be compiled (not x86-64 GCC/clang) */
+int pa_have_avx2_kernels(void);
+void pa_gemm_ukr_f32_avx2_6x16(pa_ssize, const void *, const void *, void *, pa_ssize, pa_ssize, int, int, int);
+void pa_gemm_ukr_f64_avx2_6x8(pa_ssize, const void *, const void *, void *, pa_ssize, pa_ssize, int, int, int);
+
+/* tiled attention (kernels/attn_flash.c), on any family's micro-kernel */
+void pa_attn_f32_flash(const pa_attn_args *, pa_ssize, pa_ssize, void *);
+void pa_attn_f64_flash(const pa_attn_args *, pa_ssize, pa_ssize, void *);
+size_t pa_attn_ws_f32_flash(pa_ssize, pa_ssize);
+size_t pa_attn_ws_f64_flash(pa_ssize, pa_ssize);
+float pa_exprow_f32_ref(float *, pa_ssize, float);
+double pa_exprow_f64_ref(double *, pa_ssize, double);
+float pa_exprow_f32_avx2(float *, pa_ssize, float);
 
 /* reference kernels (kernels/ref) */
 void pa_gemm_ukr_f32_ref_4x16(pa_ssize, const void *, const void *, void *, pa_ssize, pa_ssize, int, int, int);
