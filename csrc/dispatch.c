@@ -66,6 +66,7 @@ static void pa_fill_ref(void)
                                                "pyattn_attn_f64_ref"};
     pa_kernels.exprow_float = pa_exprow_f32_ref;
     pa_kernels.exprow_double = pa_exprow_f64_ref;
+    pa_kernels.rowmax_float = pa_rowmax_f32_ref;
     pa_kernels.exp_name = "pyattn_exprow_f32_ref";
     pa_kernels.softmax[PA_F32] = pa_softmax_f32_ref;
     pa_kernels.softmax[PA_F64] = pa_softmax_f64_ref;
@@ -95,6 +96,7 @@ int pa_dispatch_init(int requested)
         pa_kernels.gemm[PA_F64] = (pa_gemm_kernel){pa_gemm_ukr_f64_avx2_6x8, 6, 8, 256, 72, 1024,
                                                    "pyattn_gemm_f64_avx2_6x8"};
         pa_kernels.exprow_float = pa_exprow_f32_avx2;
+        pa_kernels.rowmax_float = pa_rowmax_f32_avx2;
         pa_kernels.exp_name = "pyattn_exprow_f32_avx2";
     }
     pa_kernels.isa = isa;

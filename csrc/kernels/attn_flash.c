@@ -6,9 +6,27 @@
 #define PA_CAT2(a, b) a##b
 #define PA_CAT(a, b) PA_CAT2(a, b)
 
+/* max ignoring NaN, as `if (x > m) m = x` */
+static inline double pa_rowmax_f64(const double *s, pa_ssize n)
+{
+    double m = -INFINITY;
+    for (pa_ssize j = 0; j < n; j++)
+        if (s[j] > m) m = s[j];
+    return m;
+}
+
+float pa_rowmax_f32_ref(const float *s, pa_ssize n)
+{
+    float m = -INFINITY;
+    for (pa_ssize j = 0; j < n; j++)
+        if (s[j] > m) m = s[j];
+    return m;
+}
+
 #define T float
 #define DT PA_F32
 #define EXP expf
+#define ROWMAX(s, n) pa_kernels.rowmax_float(s, n)
 #define PA_NAME pa_attn_f32_flash
 #define PA_WS_NAME pa_attn_ws_f32_flash
 #define PA_REF_NAME pa_attn_f32_ref
@@ -17,6 +35,7 @@
 #undef T
 #undef DT
 #undef EXP
+#undef ROWMAX
 #undef PA_NAME
 #undef PA_WS_NAME
 #undef PA_REF_NAME
@@ -25,6 +44,7 @@
 #define T double
 #define DT PA_F64
 #define EXP exp
+#define ROWMAX(s, n) pa_rowmax_f64(s, n)
 #define PA_NAME pa_attn_f64_flash
 #define PA_WS_NAME pa_attn_ws_f64_flash
 #define PA_REF_NAME pa_attn_f64_ref

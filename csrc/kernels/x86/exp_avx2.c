@@ -62,6 +62,23 @@ float pa_exprow_f32_avx2(float *s, pa_ssize n, float m)
     return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
 }
 
+/* max ignoring NaN: _mm256_max_ps returns its second operand when either
+ * is NaN, so a NaN input never replaces the running max */
+__attribute__((target("avx2,fma")))
+float pa_rowmax_f32_avx2(const float *s, pa_ssize n)
+{
+    __m256 acc = _mm256_set1_ps(-INFINITY);
+    pa_ssize j = 0;
+    for (; j + 8 <= n; j += 8) acc = _mm256_max_ps(_mm256_loadu_ps(s + j), acc);
+    float lanes[8];
+    _mm256_storeu_ps(lanes, acc);
+    float m = -INFINITY;
+    for (int i = 0; i < 8; i++) m = lanes[i] > m ? lanes[i] : m;
+    for (; j < n; j++) m = s[j] > m ? s[j] : m;
+    return m;
+}
+
 #else
+float pa_rowmax_f32_avx2(const float *s, pa_ssize n) { return pa_rowmax_f32_ref(s, n); }
 float pa_exprow_f32_avx2(float *s, pa_ssize n, float m) { return pa_exprow_f32_ref(s, n, m); }
 #endif

@@ -1,7 +1,8 @@
 /*
  * gemm_avx2.c -- AVX2+FMA GEMM micro-kernels (BLIS-style register blocking).
  *
- *   Ap (kc, MR) packed, Bp (kc, NR) packed, C (m, n) strided (elements).
+ *   A: MR rows, element (i, p) at A[i*a_rs + p*a_cs] (a packed panel, or the
+ *   rows of a row-major tile); Bp (kc, NR) packed; C (m, n) strided (elements).
  * pyattn_gemm_f32_avx2_6x16: 12 ymm accumulators (6 rows x 2 vectors of 8),
  * per k: 2 loads of B, 6 broadcasts of A, 12 FMAs.
  * pyattn_gemm_f64_avx2_6x8: the same shape with 4 doubles per vector.
@@ -27,10 +28,12 @@
             for (int j = 0; j < n; j++) C[i * rs + j * cs] = buf[i * NR + j];    \
     }
 
-PA_AVX2 void pa_gemm_ukr_f32_avx2_6x16(pa_ssize kc, const void *Ap_, const void *Bp_, void *C_,
+PA_AVX2 void pa_gemm_ukr_f32_avx2_6x16(pa_ssize kc, const void *Ap_, pa_ssize a_rs, pa_ssize a_cs,
+                                       const void *Bp_, void *C_,
                                        pa_ssize rs, pa_ssize cs, int m, int n, int accumulate)
 {
     const float *A = (const float *)Ap_, *B = (const float *)Bp_;
+    const float *A3 = A + 3 * a_rs;
     float *C = (float *)C_;
     __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps();
     __m256 c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();
@@ -41,13 +44,14 @@ PA_AVX2 void pa_gemm_ukr_f32_avx2_6x16(pa_ssize kc, const void *Ap_, const void 
     for (pa_ssize p = 0; p < kc; p++) {
         __m256 b0 = _mm256_loadu_ps(B), b1 = _mm256_loadu_ps(B + 8);
         __m256 a;
-        a = _mm256_broadcast_ss(A + 0); c00 = _mm256_fmadd_ps(a, b0, c00); c01 = _mm256_fmadd_ps(a, b1, c01);
-        a = _mm256_broadcast_ss(A + 1); c10 = _mm256_fmadd_ps(a, b0, c10); c11 = _mm256_fmadd_ps(a, b1, c11);
-        a = _mm256_broadcast_ss(A + 2); c20 = _mm256_fmadd_ps(a, b0, c20); c21 = _mm256_fmadd_ps(a, b1, c21);
-        a = _mm256_broadcast_ss(A + 3); c30 = _mm256_fmadd_ps(a, b0, c30); c31 = _mm256_fmadd_ps(a, b1, c31);
-        a = _mm256_broadcast_ss(A + 4); c40 = _mm256_fmadd_ps(a, b0, c40); c41 = _mm256_fmadd_ps(a, b1, c41);
-        a = _mm256_broadcast_ss(A + 5); c50 = _mm256_fmadd_ps(a, b0, c50); c51 = _mm256_fmadd_ps(a, b1, c51);
-        A += 6;
+        a = _mm256_broadcast_ss(A); c00 = _mm256_fmadd_ps(a, b0, c00); c01 = _mm256_fmadd_ps(a, b1, c01);
+        a = _mm256_broadcast_ss(A + a_rs); c10 = _mm256_fmadd_ps(a, b0, c10); c11 = _mm256_fmadd_ps(a, b1, c11);
+        a = _mm256_broadcast_ss(A + 2 * a_rs); c20 = _mm256_fmadd_ps(a, b0, c20); c21 = _mm256_fmadd_ps(a, b1, c21);
+        a = _mm256_broadcast_ss(A3); c30 = _mm256_fmadd_ps(a, b0, c30); c31 = _mm256_fmadd_ps(a, b1, c31);
+        a = _mm256_broadcast_ss(A3 + a_rs); c40 = _mm256_fmadd_ps(a, b0, c40); c41 = _mm256_fmadd_ps(a, b1, c41);
+        a = _mm256_broadcast_ss(A3 + 2 * a_rs); c50 = _mm256_fmadd_ps(a, b0, c50); c51 = _mm256_fmadd_ps(a, b1, c51);
+        A += a_cs;
+        A3 += a_cs;
         B += 16;
     }
     if (m == 6 && n == 16 && cs == 1) {
@@ -70,10 +74,12 @@ PA_AVX2 void pa_gemm_ukr_f32_avx2_6x16(pa_ssize kc, const void *Ap_, const void 
     PA_WRITEBACK(float, 6, 16)
 }
 
-PA_AVX2 void pa_gemm_ukr_f64_avx2_6x8(pa_ssize kc, const void *Ap_, const void *Bp_, void *C_,
+PA_AVX2 void pa_gemm_ukr_f64_avx2_6x8(pa_ssize kc, const void *Ap_, pa_ssize a_rs, pa_ssize a_cs,
+                                      const void *Bp_, void *C_,
                                       pa_ssize rs, pa_ssize cs, int m, int n, int accumulate)
 {
     const double *A = (const double *)Ap_, *B = (const double *)Bp_;
+    const double *A3 = A + 3 * a_rs;
     double *C = (double *)C_;
     __m256d c00 = _mm256_setzero_pd(), c01 = _mm256_setzero_pd();
     __m256d c10 = _mm256_setzero_pd(), c11 = _mm256_setzero_pd();
@@ -84,13 +90,14 @@ PA_AVX2 void pa_gemm_ukr_f64_avx2_6x8(pa_ssize kc, const void *Ap_, const void *
     for (pa_ssize p = 0; p < kc; p++) {
         __m256d b0 = _mm256_loadu_pd(B), b1 = _mm256_loadu_pd(B + 4);
         __m256d a;
-        a = _mm256_broadcast_sd(A + 0); c00 = _mm256_fmadd_pd(a, b0, c00); c01 = _mm256_fmadd_pd(a, b1, c01);
-        a = _mm256_broadcast_sd(A + 1); c10 = _mm256_fmadd_pd(a, b0, c10); c11 = _mm256_fmadd_pd(a, b1, c11);
-        a = _mm256_broadcast_sd(A + 2); c20 = _mm256_fmadd_pd(a, b0, c20); c21 = _mm256_fmadd_pd(a, b1, c21);
-        a = _mm256_broadcast_sd(A + 3); c30 = _mm256_fmadd_pd(a, b0, c30); c31 = _mm256_fmadd_pd(a, b1, c31);
-        a = _mm256_broadcast_sd(A + 4); c40 = _mm256_fmadd_pd(a, b0, c40); c41 = _mm256_fmadd_pd(a, b1, c41);
-        a = _mm256_broadcast_sd(A + 5); c50 = _mm256_fmadd_pd(a, b0, c50); c51 = _mm256_fmadd_pd(a, b1, c51);
-        A += 6;
+        a = _mm256_broadcast_sd(A); c00 = _mm256_fmadd_pd(a, b0, c00); c01 = _mm256_fmadd_pd(a, b1, c01);
+        a = _mm256_broadcast_sd(A + a_rs); c10 = _mm256_fmadd_pd(a, b0, c10); c11 = _mm256_fmadd_pd(a, b1, c11);
+        a = _mm256_broadcast_sd(A + 2 * a_rs); c20 = _mm256_fmadd_pd(a, b0, c20); c21 = _mm256_fmadd_pd(a, b1, c21);
+        a = _mm256_broadcast_sd(A3); c30 = _mm256_fmadd_pd(a, b0, c30); c31 = _mm256_fmadd_pd(a, b1, c31);
+        a = _mm256_broadcast_sd(A3 + a_rs); c40 = _mm256_fmadd_pd(a, b0, c40); c41 = _mm256_fmadd_pd(a, b1, c41);
+        a = _mm256_broadcast_sd(A3 + 2 * a_rs); c50 = _mm256_fmadd_pd(a, b0, c50); c51 = _mm256_fmadd_pd(a, b1, c51);
+        A += a_cs;
+        A3 += a_cs;
         B += 8;
     }
     if (m == 6 && n == 8 && cs == 1) {
