@@ -64,10 +64,9 @@ static void pa_fill_ref(void)
                                                "pyattn_attn_f32_ref"};
     pa_kernels.attn[PA_F64] = (pa_attn_kernel){pa_attn_f64_ref, pa_attn_ws_f64_ref, PA_REF_BQ,
                                                "pyattn_attn_f64_ref"};
-    pa_kernels.exprow_float = pa_exprow_f32_ref;
-    pa_kernels.exprow_double = pa_exprow_f64_ref;
-    pa_kernels.rowmax_float = pa_rowmax_f32_ref;
-    pa_kernels.exp_name = "pyattn_exprow_f32_ref";
+    pa_kernels.tilesm_float = pa_tilesm_f32_ref;
+    pa_kernels.tilesm_double = pa_tilesm_f64_ref;
+    pa_kernels.exp_name = "pyattn_tilesm_f32_ref";
     pa_kernels.softmax[PA_F32] = pa_softmax_f32_ref;
     pa_kernels.softmax[PA_F64] = pa_softmax_f64_ref;
     pa_kernels.softmax_name[PA_F32] = "pyattn_softmax_f32_ref";
@@ -84,9 +83,9 @@ int pa_dispatch_init(int requested)
     /* every family runs the tiled attention on its own micro-kernel and exp;
      * the scalar reference kernel serves the weights path and huge head dims */
     pa_kernels.attn[PA_F32] = (pa_attn_kernel){pa_attn_f32_flash, pa_attn_ws_f32_flash, PA_FLASH_BQ,
-                                               "pyattn_attn_f32_flash_48x64"};
+                                               "pyattn_attn_f32_flash_48x60"};
     pa_kernels.attn[PA_F64] = (pa_attn_kernel){pa_attn_f64_flash, pa_attn_ws_f64_flash, PA_FLASH_BQ,
-                                               "pyattn_attn_f64_flash_48x64"};
+                                               "pyattn_attn_f64_flash_48x60"};
     /* Each family overwrites the entries it has kernels for; the rest keep
      * the reference kernels. (AVX-512 has no kernels of its own yet: it runs
      * the AVX2 ones, which every AVX-512 CPU supports.) */
@@ -95,9 +94,8 @@ int pa_dispatch_init(int requested)
                                                    "pyattn_gemm_f32_avx2_6x16"};
         pa_kernels.gemm[PA_F64] = (pa_gemm_kernel){pa_gemm_ukr_f64_avx2_6x8, 6, 8, 256, 72, 1024,
                                                    "pyattn_gemm_f64_avx2_6x8"};
-        pa_kernels.exprow_float = pa_exprow_f32_avx2;
-        pa_kernels.rowmax_float = pa_rowmax_f32_avx2;
-        pa_kernels.exp_name = "pyattn_exprow_f32_avx2";
+        pa_kernels.tilesm_float = pa_tilesm_f32_avx2;
+        pa_kernels.exp_name = "pyattn_tilesm_f32_avx2";
     }
     pa_kernels.isa = isa;
     return isa;

@@ -15,12 +15,13 @@ enum { PA_ISA_GENERIC = 0, PA_ISA_AVX2 = 1, PA_ISA_AVX512 = 2 };
 /* GEMM micro-kernel.
  *   A : MR rows, element (i, p) at A[i*a_rs + p*a_cs] -- a packed A panel
  *       (a_rs = 1, a_cs = MR) or rows of a row-major tile (a_rs = lda, a_cs = 1)
- *   Bp: packed B panel, kc x NR (element p*NR + j is B[p, j])
+ *   B : kc x NR, element (p, j) at B[p*b_rs + j] -- a packed B panel
+ *       (b_rs = NR) or NR columns of a row-major matrix (b_rs = ldb)
  *   C : (m, n) with element strides rs, cs; m <= MR, n <= NR
  * Computes acc = Ap^T Bp over p = 0..kc-1 in order, then C = acc (accumulate
  * == 0) or C += acc (accumulate != 0), writing only the m x n corner. */
 typedef void (*pa_gemm_ukr)(pa_ssize kc, const void *A, pa_ssize a_rs, pa_ssize a_cs,
-                            const void *Bp, void *C, pa_ssize rs, pa_ssize cs,
+                            const void *B, pa_ssize b_rs, void *C, pa_ssize rs, pa_ssize cs,
                             int m, int n, int accumulate);
 
 typedef struct {
@@ -44,16 +45,19 @@ typedef struct {
 
 typedef void (*pa_softmax_fn)(const pa_softmax_row *r);
 
-/* s[j] = exp(s[j] - m) for j < n (exactly 0 where s[j] is -inf; NaN stays
- * NaN); returns the sum of the new s[j]. m >= every non-NaN s[j]. */
-typedef float (*pa_exprow_float)(float *s, pa_ssize n, float m);
-/* max of s[0..n) ignoring NaN (-inf when n == 0 or all are NaN/-inf) */
-typedef float (*pa_rowmax_float)(const float *s, pa_ssize n);
-typedef double (*pa_exprow_double)(double *s, pa_ssize n, double m);
+/* Online-softmax step on a tile of scores stored key-major: St (nj, ncols)
+ * with row stride ld, column c = one query. For every column: tile max
+ * (ignoring NaN) -> mnew = max(m, tile max); alpha = exp(m - mnew) (0 while
+ * nothing was admissible); St = exp(St - mnew) (0 for -inf); l = l * alpha +
+ * column sum; m = mnew. The caller rescales its accumulator rows by alpha. */
+typedef void (*pa_tilesm_float)(float *St, pa_ssize nj, pa_ssize ncols, pa_ssize ld,
+                                float *m, float *l, float *alpha);
+typedef void (*pa_tilesm_double)(double *St, pa_ssize nj, pa_ssize ncols, pa_ssize ld,
+                                 double *m, double *l, double *alpha);
 
 /* tiles of the flash kernel (attn_flash.inc) */
 #define PA_FLASH_BQ 48
-#define PA_FLASH_BK 64
+#define PA_FLASH_BK 60   /* a multiple of every MR (4, 6, 12) */
 #define PA_FLASH_MAXD 512
 /* query rows per call of the reference attention kernel (its workspace) */
 #define PA_REF_BQ 16
@@ -65,9 +69,8 @@ typedef struct {
     pa_attn_kernel attn[2];
     pa_softmax_fn softmax[2];
     const char *softmax_name[2];
-    pa_exprow_float exprow_float;
-    pa_exprow_double exprow_double;
-    pa_rowmax_float rowmax_float;
+    pa_tilesm_float tilesm_float;
+    pa_tilesm_double tilesm_double;
     const char *exp_name;
 } pa_dispatch;
 
@@ -81,23 +84,21 @@ int pa_dispatch_init(int requested);
 /* AVX2+FMA kernels (kernels/x86); pa_have_avx2_kernels() is 0 where they
  * could not be compiled (not x86-64 GCC/clang) */
 int pa_have_avx2_kernels(void);
-void pa_gemm_ukr_f32_avx2_6x16(pa_ssize, const void *, pa_ssize, pa_ssize, const void *, void *, pa_ssize, pa_ssize, int, int, int);
-void pa_gemm_ukr_f64_avx2_6x8(pa_ssize, const void *, pa_ssize, pa_ssize, const void *, void *, pa_ssize, pa_ssize, int, int, int);
+void pa_gemm_ukr_f32_avx2_6x16(pa_ssize, const void *, pa_ssize, pa_ssize, const void *, pa_ssize, void *, pa_ssize, pa_ssize, int, int, int);
+void pa_gemm_ukr_f64_avx2_6x8(pa_ssize, const void *, pa_ssize, pa_ssize, const void *, pa_ssize, void *, pa_ssize, pa_ssize, int, int, int);
 
 /* tiled attention (kernels/attn_flash.c), on any family's micro-kernel */
 void pa_attn_f32_flash(const pa_attn_args *, pa_ssize, pa_ssize, void *);
 void pa_attn_f64_flash(const pa_attn_args *, pa_ssize, pa_ssize, void *);
 size_t pa_attn_ws_f32_flash(pa_ssize, pa_ssize);
 size_t pa_attn_ws_f64_flash(pa_ssize, pa_ssize);
-float pa_exprow_f32_ref(float *, pa_ssize, float);
-double pa_exprow_f64_ref(double *, pa_ssize, double);
-float pa_exprow_f32_avx2(float *, pa_ssize, float);
-float pa_rowmax_f32_ref(const float *, pa_ssize);
-float pa_rowmax_f32_avx2(const float *, pa_ssize);
+void pa_tilesm_f32_ref(float *, pa_ssize, pa_ssize, pa_ssize, float *, float *, float *);
+void pa_tilesm_f64_ref(double *, pa_ssize, pa_ssize, pa_ssize, double *, double *, double *);
+void pa_tilesm_f32_avx2(float *, pa_ssize, pa_ssize, pa_ssize, float *, float *, float *);
 
 /* reference kernels (kernels/ref) */
-void pa_gemm_ukr_f32_ref_4x16(pa_ssize, const void *, pa_ssize, pa_ssize, const void *, void *, pa_ssize, pa_ssize, int, int, int);
-void pa_gemm_ukr_f64_ref_4x8(pa_ssize, const void *, pa_ssize, pa_ssize, const void *, void *, pa_ssize, pa_ssize, int, int, int);
+void pa_gemm_ukr_f32_ref_4x16(pa_ssize, const void *, pa_ssize, pa_ssize, const void *, pa_ssize, void *, pa_ssize, pa_ssize, int, int, int);
+void pa_gemm_ukr_f64_ref_4x8(pa_ssize, const void *, pa_ssize, pa_ssize, const void *, pa_ssize, void *, pa_ssize, pa_ssize, int, int, int);
 void pa_attn_f32_ref(const pa_attn_args *, pa_ssize, pa_ssize, void *);
 void pa_attn_f64_ref(const pa_attn_args *, pa_ssize, pa_ssize, void *);
 size_t pa_attn_ws_f32_ref(pa_ssize, pa_ssize);

@@ -80,7 +80,7 @@ static void gemm_task(void *ctx_, pa_ssize t, int tid)
             for (pa_ssize ir = 0; ir < mc; ir += g->mr) {
                 const int m = (int)(mc - ir < g->mr ? mc - ir : g->mr);
                 const char *apan = Ap + (size_t)(ir * kc) * es;
-                g->ukr(kc, apan, 1, g->mr, bpan, C + (ir * crs + jr * ccs) * (pa_ssize)es, crs, ccs, m, n, accumulate);
+                g->ukr(kc, apan, 1, g->mr, bpan, g->nr, C + (ir * crs + jr * ccs) * (pa_ssize)es, crs, ccs, m, n, accumulate);
             }
         }
     }

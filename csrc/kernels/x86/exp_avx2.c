@@ -37,48 +37,41 @@ static inline __m256 pa_exp8_nonpos(__m256 x)
     return _mm256_blendv_ps(y, x, nan);
 }
 
+/* The online-softmax tile step (pa_tilesm_float in dispatch.h), 8 query
+ * columns per vector: everything is vertical, no horizontal reductions.
+ * _mm256_max_ps returns its second operand when either is NaN, so a NaN
+ * score never becomes the max (as the scalar `if (x > m) m = x`). */
 __attribute__((target("avx2,fma")))
-float pa_exprow_f32_avx2(float *s, pa_ssize n, float m)
+void pa_tilesm_f32_avx2(float *St, pa_ssize nj, pa_ssize ncols, pa_ssize ld,
+                        float *m, float *l, float *alpha)
 {
-    const __m256 vm = _mm256_set1_ps(m);
-    __m256 acc = _mm256_setzero_ps();
-    pa_ssize j = 0;
-    for (; j + 8 <= n; j += 8) {
-        __m256 e = pa_exp8_nonpos(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
-        _mm256_storeu_ps(s + j, e);
-        acc = _mm256_add_ps(acc, e);
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    pa_ssize c = 0;
+    for (; c + 8 <= ncols; c += 8) {
+        __m256 mt = ninf;
+        for (pa_ssize j = 0; j < nj; j++) mt = _mm256_max_ps(_mm256_loadu_ps(St + j * ld + c), mt);
+        const __m256 mold = _mm256_loadu_ps(m + c);
+        const __m256 mnew = _mm256_max_ps(mt, mold);
+        const __m256 msafe = _mm256_andnot_ps(_mm256_cmp_ps(mnew, ninf, _CMP_EQ_OQ), mnew);
+        const __m256 al = pa_exp8_nonpos(_mm256_sub_ps(mold, msafe));
+        __m256 sum = _mm256_setzero_ps();
+        for (pa_ssize j = 0; j < nj; j++) {
+            float *x = St + j * ld + c;
+            const __m256 e = pa_exp8_nonpos(_mm256_sub_ps(_mm256_loadu_ps(x), msafe));
+            _mm256_storeu_ps(x, e);
+            sum = _mm256_add_ps(sum, e);
+        }
+        _mm256_storeu_ps(alpha + c, al);
+        _mm256_storeu_ps(l + c, _mm256_fmadd_ps(_mm256_loadu_ps(l + c), al, sum));
+        _mm256_storeu_ps(m + c, mnew);
     }
-    if (j < n) {                      /* tail through a padded buffer */
-        float buf[8];
-        int t = (int)(n - j);
-        for (int i = 0; i < 8; i++) buf[i] = i < t ? s[j + i] : -INFINITY;
-        __m256 e = pa_exp8_nonpos(_mm256_sub_ps(_mm256_loadu_ps(buf), vm));
-        _mm256_storeu_ps(buf, e);
-        acc = _mm256_add_ps(acc, e);
-        for (int i = 0; i < t; i++) s[j + i] = buf[i];
-    }
-    float lanes[8];
-    _mm256_storeu_ps(lanes, acc);
-    return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
-}
-
-/* max ignoring NaN: _mm256_max_ps returns its second operand when either
- * is NaN, so a NaN input never replaces the running max */
-__attribute__((target("avx2,fma")))
-float pa_rowmax_f32_avx2(const float *s, pa_ssize n)
-{
-    __m256 acc = _mm256_set1_ps(-INFINITY);
-    pa_ssize j = 0;
-    for (; j + 8 <= n; j += 8) acc = _mm256_max_ps(_mm256_loadu_ps(s + j), acc);
-    float lanes[8];
-    _mm256_storeu_ps(lanes, acc);
-    float m = -INFINITY;
-    for (int i = 0; i < 8; i++) m = lanes[i] > m ? lanes[i] : m;
-    for (; j < n; j++) m = s[j] > m ? s[j] : m;
-    return m;
+    if (c < ncols) pa_tilesm_f32_ref(St + c, nj, ncols - c, ld, m + c, l + c, alpha + c);
 }
 
 #else
-float pa_rowmax_f32_avx2(const float *s, pa_ssize n) { return pa_rowmax_f32_ref(s, n); }
-float pa_exprow_f32_avx2(float *s, pa_ssize n, float m) { return pa_exprow_f32_ref(s, n, m); }
+void pa_tilesm_f32_avx2(float *St, pa_ssize nj, pa_ssize ncols, pa_ssize ld,
+                        float *m, float *l, float *alpha)
+{
+    pa_tilesm_f32_ref(St, nj, ncols, ld, m, l, alpha);
+}
 #endif

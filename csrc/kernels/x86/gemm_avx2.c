@@ -2,7 +2,8 @@
  * gemm_avx2.c -- AVX2+FMA GEMM micro-kernels (BLIS-style register blocking).
  *
  *   A: MR rows, element (i, p) at A[i*a_rs + p*a_cs] (a packed panel, or the
- *   rows of a row-major tile); Bp (kc, NR) packed; C (m, n) strided (elements).
+ *   rows of a row-major tile); B (kc, NR) at B[p*b_rs + j] (a packed panel or
+ *   columns of a row-major matrix); C (m, n) strided (elements).
  * pyattn_gemm_f32_avx2_6x16: 12 ymm accumulators (6 rows x 2 vectors of 8),
  * per k: 2 loads of B, 6 broadcasts of A, 12 FMAs.
  * pyattn_gemm_f64_avx2_6x8: the same shape with 4 doubles per vector.
@@ -29,7 +30,7 @@
     }
 
 PA_AVX2 void pa_gemm_ukr_f32_avx2_6x16(pa_ssize kc, const void *Ap_, pa_ssize a_rs, pa_ssize a_cs,
-                                       const void *Bp_, void *C_,
+                                       const void *Bp_, pa_ssize b_rs, void *C_,
                                        pa_ssize rs, pa_ssize cs, int m, int n, int accumulate)
 {
     const float *A = (const float *)Ap_, *B = (const float *)Bp_;
@@ -52,7 +53,7 @@ PA_AVX2 void pa_gemm_ukr_f32_avx2_6x16(pa_ssize kc, const void *Ap_, pa_ssize a_
         a = _mm256_broadcast_ss(A3 + 2 * a_rs); c50 = _mm256_fmadd_ps(a, b0, c50); c51 = _mm256_fmadd_ps(a, b1, c51);
         A += a_cs;
         A3 += a_cs;
-        B += 16;
+        B += b_rs;
     }
     if (m == 6 && n == 16 && cs == 1) {
         float *r = C;
@@ -75,7 +76,7 @@ PA_AVX2 void pa_gemm_ukr_f32_avx2_6x16(pa_ssize kc, const void *Ap_, pa_ssize a_
 }
 
 PA_AVX2 void pa_gemm_ukr_f64_avx2_6x8(pa_ssize kc, const void *Ap_, pa_ssize a_rs, pa_ssize a_cs,
-                                      const void *Bp_, void *C_,
+                                      const void *Bp_, pa_ssize b_rs, void *C_,
                                       pa_ssize rs, pa_ssize cs, int m, int n, int accumulate)
 {
     const double *A = (const double *)Ap_, *B = (const double *)Bp_;
@@ -98,7 +99,7 @@ PA_AVX2 void pa_gemm_ukr_f64_avx2_6x8(pa_ssize kc, const void *Ap_, pa_ssize a_r
         a = _mm256_broadcast_sd(A3 + 2 * a_rs); c50 = _mm256_fmadd_pd(a, b0, c50); c51 = _mm256_fmadd_pd(a, b1, c51);
         A += a_cs;
         A3 += a_cs;
-        B += 8;
+        B += b_rs;
     }
     if (m == 6 && n == 8 && cs == 1) {
         double *r = C;
