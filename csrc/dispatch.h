@@ -87,6 +87,9 @@ int pa_have_avx2_kernels(void);
 void pa_gemm_ukr_f32_avx2_6x16(pa_ssize, const void *, pa_ssize, pa_ssize, const void *, pa_ssize, void *, pa_ssize, pa_ssize, int, int, int);
 void pa_gemm_ukr_f64_avx2_6x8(pa_ssize, const void *, pa_ssize, pa_ssize, const void *, pa_ssize, void *, pa_ssize, pa_ssize, int, int, int);
 
+/* benchmark probe: float32 FMA throughput; returns flops done (0: no AVX2) */
+double pa_fma_probe_avx2(long long iters, float *sink);
+
 /* tiled attention (kernels/attn_flash.c), on any family's micro-kernel */
 void pa_attn_f32_flash(const pa_attn_args *, pa_ssize, pa_ssize, void *);
 void pa_attn_f64_flash(const pa_attn_args *, pa_ssize, pa_ssize, void *);

@@ -453,6 +453,24 @@ static PyObject *py_config(PyObject *self, PyObject *unused)
         "threads", pa_get_num_threads(), "max_threads", PA_MAX_THREADS);
 }
 
+/* fma_probe(iters) -> flops: the benchmark's peak probe (time it around). */
+static PyObject *py_fma_probe(PyObject *self, PyObject *arg)
+{
+    long long iters = PyLong_AsLongLong(arg);
+    if (iters == -1 && PyErr_Occurred()) return NULL;
+    if (iters < 0) {
+        PyErr_SetString(PyExc_ValueError, "iters must be >= 0");
+        return NULL;
+    }
+    if (pa_kernels.isa_machine < PA_ISA_AVX2 || !pa_have_avx2_kernels()) Py_RETURN_NONE;
+    double flops;
+    float sink;
+    Py_BEGIN_ALLOW_THREADS
+    flops = pa_fma_probe_avx2(iters, &sink);
+    Py_END_ALLOW_THREADS
+    return PyFloat_FromDouble(flops + 0.0 * (double)sink);
+}
+
 static PyMethodDef methods[] = {
     {"matmul", (PyCFunction)(void (*)(void))py_matmul, METH_VARARGS | METH_KEYWORDS, matmul_doc},
     {"softmax", (PyCFunction)(void (*)(void))py_softmax, METH_VARARGS | METH_KEYWORDS, softmax_doc},
@@ -461,6 +479,7 @@ static PyMethodDef methods[] = {
     {"get_num_threads", py_get_num_threads, METH_NOARGS, "get_num_threads() -> int"},
     {"select_isa", py_select_isa, METH_O, "select_isa(code) -> code chosen (-1: best)"},
     {"config", py_config, METH_NOARGS, "config() -> dict of the kernels in use"},
+    {"fma_probe", py_fma_probe, METH_O, "fma_probe(iters) -> float32 flops done (None without AVX2)"},
     {NULL, NULL, 0, NULL},
 };
 

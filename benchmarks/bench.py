@@ -1,0 +1,287 @@
+"""pyattn benchmark: pyattn vs NumPy vs PyTorch, side by side in one run.
+
+    python benchmarks/bench.py            # the full table (several minutes)
+    python benchmarks/bench.py --quick    # about a minute
+    python benchmarks/bench.py --plot gflops.png --md RESULTS.md
+
+Each thread count runs in its own worker process, started with the thread
+variables of every library set (PYATTN_NUM_THREADS, OMP_NUM_THREADS,
+OPENBLAS_NUM_THREADS, MKL_NUM_THREADS, torch.set_num_threads), so all three
+use the same number of cores. Inside a worker the implementations of a case
+run interleaved (round robin, `--repeat` rounds) and the table reports the
+median and the minimum; before each timed call the worker sleeps `--settle`
+seconds, so that the worker threads of the library timed just before (which
+spin for a while after a call: OpenBLAS, OpenMP) have gone to sleep and do
+not steal the cores from the next one. GFLOP/s counts 2 flops per multiply-add: matmul
+2MNK; attention 4·B·H·L·S·E (QKᵀ and PV), halved for causal. The peak is
+measured by a float32 FMA probe at the start (per core, times threads).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+# ---------------------------------------------------------------- worker side
+
+def _timeit(fn, settle):
+    time.sleep(settle)
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def _peak(pyattn):
+    from pyattn import _C
+    best = 0.0
+    for _ in range(5):
+        t = time.perf_counter()
+        flops = _C.fma_probe(5_000_000)
+        dt = time.perf_counter() - t
+        if flops is None:
+            return None
+        best = max(best, flops / dt)
+    return best
+
+
+def _cases(quick):
+    mm = [512, 1024] if quick else [512, 1024, 2048]
+    attn = []
+    Ls = [512, 1024] if quick else [128, 512, 1024, 2048, 4096]
+    Es = [64] if quick else [32, 64, 128]
+    for L in Ls:
+        for E in Es:
+            for causal in (False, True):
+                attn.append((1, 8, L, E, causal))
+    return mm, attn
+
+
+def worker(args):
+    import numpy as np
+    import pyattn
+    try:
+        import torch
+        torch.set_num_threads(args.threads)
+    except ImportError:
+        torch = None
+    pyattn.set_num_threads(args.threads)
+    rng = np.random.default_rng(0)
+    rows = []
+    peak1 = _peak(pyattn)
+    emit = lambda r: print("ROW " + json.dumps(r), flush=True)
+    emit({"kind": "peak", "gflops_core": None if peak1 is None else peak1 / 1e9, "threads": args.threads})
+    mm, attn = _cases(args.quick)
+    rep = args.repeat
+
+    def run(case, flops, impls):
+        times = {k: [] for k in impls}
+        for f in impls.values():          # warm-up
+            f()
+        for _ in range(rep):
+            for k, f in impls.items():    # interleaved
+                times[k].append(_timeit(f, args.settle))
+        for k, ts in times.items():
+            r = dict(case, impl=k, threads=args.threads, flops=flops,
+                     median_ms=1e3 * statistics.median(ts), min_ms=1e3 * min(ts))
+            rows.append(r)
+            emit(r)
+
+    for n in mm:
+        a = rng.standard_normal((n, n), dtype=np.float32)
+        b = rng.standard_normal((n, n), dtype=np.float32)
+        impls = {"pyattn": lambda: pyattn.matmul(a, b), "numpy": lambda: np.matmul(a, b)}
+        if torch is not None:
+            ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+            impls["torch"] = lambda: torch.matmul(ta, tb)
+        run({"op": "matmul", "shape": f"{n}^3"}, 2.0 * n ** 3, impls)
+
+    for B, H, L, E, causal in attn:
+        q, k, v = (rng.standard_normal((B, H, L, E), dtype=np.float32) for _ in range(3))
+        impls = {"pyattn": lambda: pyattn.scaled_dot_product_attention(q, k, v, is_causal=causal)}
+        if torch is not None:
+            tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
+            F = torch.nn.functional
+            impls["torch"] = lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
+        if L <= 2048:
+            tril = np.tril(np.ones((L, L), bool))
+
+            def naive():                  # the seeds' way, in NumPy
+                s = q @ np.swapaxes(k, -1, -2) / np.sqrt(E)
+                if causal:
+                    s = np.where(tril, s, -np.inf)
+                s = np.exp(s - s.max(-1, keepdims=True))
+                return (s / s.sum(-1, keepdims=True)) @ v
+            impls["numpy"] = naive
+        flops = 4.0 * B * H * L * L * E * (0.5 if causal else 1.0)
+        run({"op": "sdpa", "shape": f"B={B} H={H} L=S={L} E={E}" + (" causal" if causal else "")}, flops, impls)
+
+    # MultiHeadAttention forward, B=4, T=512, D=768, 12 heads
+    from pyattn.nn import MultiHeadAttention
+    B, T, D, H = (2, 256, 768, 12) if args.quick else (4, 512, 768, 12)
+    x = rng.standard_normal((B, T, D), dtype=np.float32)
+    impls = {}
+    if torch is not None:
+        ref = torch.nn.MultiheadAttention(D, H, batch_first=True).eval()
+        layer = MultiHeadAttention(D, D, H, qkv_bias=True, causal=False).load_state_dict(ref.state_dict()).eval()
+        tx = torch.from_numpy(x)
+
+        def torch_mha():
+            with torch.no_grad():
+                return ref(tx, tx, tx, need_weights=False)
+        impls["pyattn"] = lambda: layer(x)
+        impls["torch"] = torch_mha
+    else:
+        layer = MultiHeadAttention(D, D, H, qkv_bias=True, causal=False, rng=0).eval()
+        impls["pyattn"] = lambda: layer(x)
+    flops = 2.0 * B * T * D * D * 4 + 4.0 * B * T * T * D
+    run({"op": "mha", "shape": f"B={B} T={T} D={D} H={H}"}, flops, impls)
+
+
+def memory_probe():
+    """Peak RSS growth of causal attention, L=S=32768, E=64, one head."""
+    code = (
+        "import resource, numpy as np, pyattn\n"
+        "L, E = 32768, 64\n"
+        "rng = np.random.default_rng(0)\n"
+        "q, k, v = (rng.standard_normal((L, E), dtype=np.float32) for _ in range(3))\n"
+        "out = np.empty((L, E), np.float32); out[...] = 0\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "pyattn.scaled_dot_product_attention(q, k, v, is_causal=True, out=out)\n"
+        "after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "print((after - before) / 1024.0)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    return float(r.stdout.strip()) if r.returncode == 0 else None
+
+
+# ---------------------------------------------------------------- driver side
+
+def spawn(threads, args):
+    env = dict(os.environ, PYATTN_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
+               OPENBLAS_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--threads", str(threads),
+           "--repeat", str(args.repeat), "--settle", str(args.settle)] + (["--quick"] if args.quick else [])
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env, cwd=os.path.dirname(HERE) if False else "/")
+    rows = []
+    n_expected = None
+    for line in p.stdout:
+        if line.startswith("ROW "):
+            rows.append(json.loads(line[4:]))
+            done = len(rows) - 1
+            mm, attn = _cases(args.quick)
+            n_expected = (len(mm) * 3 + len(attn) * 3 + 2)
+            frac = min(1.0, done / n_expected)
+            bar = "#" * int(30 * frac)
+            sys.stderr.write(f"\r  threads={threads} [{bar:<30}] {done}/{n_expected} ")
+            sys.stderr.flush()
+    p.wait()
+    sys.stderr.write("\n")
+    if p.returncode:
+        raise SystemExit(f"worker for {threads} threads failed ({p.returncode})")
+    return rows
+
+
+def table(rows):
+    peaks = {r["threads"]: r["gflops_core"] for r in rows if r["kind"] == "peak"} if False else {}
+    out = []
+    hdr = ("| op | shape | threads | impl | median ms | min ms | GFLOP/s | % of peak | pyattn speed-up |")
+    out.append(hdr)
+    out.append("|" + "---|" * 9)
+    data = [r for r in rows if r.get("kind") != "peak"]
+    peak = {r["threads"]: r["gflops_core"] for r in rows if r.get("kind") == "peak"}
+    key = lambda r: (r["op"], r["shape"], r["threads"])
+    groups = {}
+    for r in data:
+        groups.setdefault(key(r), []).append(r)
+    for k, rs in groups.items():
+        mine = next((r for r in rs if r["impl"] == "pyattn"), None)
+        for r in rs:
+            gf = r["flops"] / (r["min_ms"] / 1e3) / 1e9
+            pk = peak.get(r["threads"])
+            pct = f"{100 * gf / (pk * r['threads']):.0f} %" if pk else "n/a"
+            sp = "" if (mine is None or r is mine) else f"{r['median_ms'] / mine['median_ms']:.2f}x"
+            out.append(f"| {r['op']} | {r['shape']} | {r['threads']} | {r['impl']} | {r['median_ms']:.2f} | "
+                       f"{r['min_ms']:.2f} | {gf:.1f} | {pct} | {sp} |")
+    return "\n".join(out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small set of cases, about a minute")
+    ap.add_argument("--threads", default=None, help="comma-separated thread counts (default: 1 and all)")
+    ap.add_argument("--repeat", type=int, default=None, help="interleaved rounds per case")
+    ap.add_argument("--settle", type=float, default=0.2, help="seconds of rest before each timed call")
+    ap.add_argument("--plot", default=None, help="write a GFLOP/s vs sequence length plot (matplotlib)")
+    ap.add_argument("--md", default=None, help="also write the table with its context to this Markdown file")
+    ap.add_argument("--no-memory", action="store_true", help="skip the 32768-token memory probe")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.repeat is None:
+        args.repeat = 3 if args.quick else 5
+    if args.worker:
+        args.threads = int(args.threads)
+        worker(args)
+        return
+    try:
+        ncpu = len(os.sched_getaffinity(0))
+    except AttributeError:
+        ncpu = os.cpu_count() or 1
+    threads = [int(t) for t in args.threads.split(",")] if args.threads else sorted({1, ncpu})
+    rows = []
+    for t in threads:
+        rows += spawn(t, args)
+    tab = table(rows)
+    peak = {r["threads"]: r["gflops_core"] for r in rows if r.get("kind") == "peak"}
+    mem = None if args.no_memory else memory_probe()
+    head = [f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+            f"machine: {platform.machine()}, {ncpu} CPUs, {platform.processor() or platform.platform()}",
+            "measured float32 FMA peak per core: " + ", ".join(
+                f"{v:.1f} GFLOP/s ({k} thr run)" for k, v in peak.items() if v),
+            "command: python benchmarks/bench.py " + " ".join(a for a in sys.argv[1:])]
+    if mem is not None:
+        head.append(f"causal attention L=S=32768, E=64, one head: peak memory grew by {mem:.1f} MB "
+                    "beyond inputs and output (the (L, S) float32 matrix would be 4096 MB)")
+    text = "\n".join("- " + h for h in head) + "\n\n" + tab + "\n"
+    print(text)
+    if args.md:
+        import pyattn
+        import io
+        import contextlib
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            pyattn.show_config()
+        with open(args.md, "w") as f:
+            f.write("# pyattn benchmark results\n\n" + text + "\n```\n" + buf.getvalue() + "```\n")
+    if args.plot:
+        try:
+            import matplotlib
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            print("matplotlib is not installed: no plot")
+            return
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for impl in ("pyattn", "torch", "numpy"):
+            for t in threads:
+                pts = sorted((int(r["shape"].split("L=S=")[1].split()[0]), r["flops"] / r["min_ms"] / 1e6)
+                             for r in rows if r.get("op") == "sdpa" and r["impl"] == impl and r["threads"] == t
+                             and "E=64" in r["shape"] and "causal" not in r["shape"])
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", label=f"{impl}, {t} thr")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("sequence length L = S (H=8, E=64, float32)")
+        ax.set_ylabel("GFLOP/s")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
