@@ -168,15 +168,15 @@ def spawn(threads, args):
                OPENBLAS_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--threads", str(threads),
            "--repeat", str(args.repeat), "--settle", str(args.settle)] + (["--quick"] if args.quick else [])
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env, cwd=os.path.dirname(HERE) if False else "/")
+    # run outside the source tree so that the installed pyattn is imported
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env, cwd="/")
     rows = []
-    n_expected = None
     for line in p.stdout:
         if line.startswith("ROW "):
             rows.append(json.loads(line[4:]))
             done = len(rows) - 1
             mm, attn = _cases(args.quick)
-            n_expected = (len(mm) * 3 + len(attn) * 3 + 2)
+            n_expected = len(mm) * 3 + sum(3 if c[2] <= 2048 else 2 for c in attn) + 2
             frac = min(1.0, done / n_expected)
             bar = "#" * int(30 * frac)
             sys.stderr.write(f"\r  threads={threads} [{bar:<30}] {done}/{n_expected} ")
@@ -189,7 +189,6 @@ def spawn(threads, args):
 
 
 def table(rows):
-    peaks = {r["threads"]: r["gflops_core"] for r in rows if r["kind"] == "peak"} if False else {}
     out = []
     hdr = ("| op | shape | threads | impl | median ms | min ms | GFLOP/s | % of peak | pyattn speed-up |")
     out.append(hdr)
@@ -244,10 +243,12 @@ def main():
             f"machine: {platform.machine()}, {ncpu} CPUs, {platform.processor() or platform.platform()}",
             "measured float32 FMA peak per core: " + ", ".join(
                 f"{v:.1f} GFLOP/s ({k} thr run)" for k, v in peak.items() if v),
-            "command: python benchmarks/bench.py " + " ".join(a for a in sys.argv[1:])]
+            "command: python benchmarks/bench.py " + " ".join(a for a in sys.argv[1:]),
+            "speed-up column: that implementation's median time / pyattn's median time "
+            "(above 1: pyattn is faster); numpy = the seeds' naive attention, L <= 2048"]
     if mem is not None:
-        head.append(f"causal attention L=S=32768, E=64, one head: peak memory grew by {mem:.1f} MB "
-                    "beyond inputs and output (the (L, S) float32 matrix would be 4096 MB)")
+        head.append(f"causal attention L=S=32768, E=64, one head: peak resident memory grew by {mem:.1f} MB "
+                    "during the call, beyond its inputs and output (the (L, S) float32 matrix would be 4096 MB)")
     text = "\n".join("- " + h for h in head) + "\n\n" + tab + "\n"
     print(text)
     if args.md:

@@ -327,3 +327,25 @@ def test_mha(rng, dtype, causal, bias):
     got1, w1 = pyattn.multi_head_attention(xq[0], xk[0], xv[0], H, wq, wk, wv, wo, *bs, is_causal=causal,
                                            return_weights=True)
     assert np.array_equal(got1, got[0]) and np.array_equal(w1, w[0])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("E, Ev", [(600, 8), (8, 700), (513, 513)])
+def test_sdpa_head_dims_past_the_tiled_kernel(rng, dtype, E, Ev):
+    # head dims above the tiled kernel's limit run the reference kernel
+    q, k, v = make(rng, (2, 20, E), dtype), make(rng, (2, 33, E), dtype, "transposed"), make(rng, (2, 33, Ev), dtype)
+    _sdpa_check(rng, q, k, v, is_causal=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sdpa_nan_values_across_tiles(rng, dtype):
+    # several key tiles; NaN in value rows that are masked, dropped or live
+    L, S = 100, 250
+    q, k, v = make(rng, (2, L, 16), dtype), make(rng, (2, S, 16), dtype), make(rng, (2, S, 24), dtype)
+    v[0, 200] = np.nan              # only rows i >= 200 - (S - L) see it (bottom-right)
+    v[1, 7, 3] = np.nan             # every row sees it
+    mask = np.ones((L, S), bool)
+    mask[:, 120] = False
+    v[0, 120] = np.nan              # masked everywhere: must not spread
+    for p in (0.0, 0.3):
+        _sdpa_check(rng, q, k, v, attn_mask=mask, is_causal="bottom_right", dropout_p=p)

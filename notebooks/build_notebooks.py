@@ -1,0 +1,490 @@
+"""Write the teaching notebooks and execute them, so they are committed with
+their outputs (they read well on GitHub).
+
+    pip install -e ".[notebooks]"
+    python notebooks/build_notebooks.py          # write + execute all
+    python notebooks/build_notebooks.py --no-run # write only
+
+Each notebook is a list of (kind, source) cells below; edit here, rebuild.
+"""
+import argparse
+import os
+import sys
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+SETUP = """\
+import numpy as np
+import matplotlib.pyplot as plt
+import pyattn
+np.set_printoptions(precision=4, suppress=True)
+
+def heatmap(ax, m, rows=None, cols=None, title="", fmt="{:.2f}", cmap="viridis"):
+    m = np.asarray(m, dtype=float)
+    ax.imshow(np.where(np.isfinite(m), m, np.nan), cmap=cmap)
+    ax.set_title(title)
+    if rows is not None:
+        ax.set_yticks(range(len(rows)), rows)
+    if cols is not None:
+        ax.set_xticks(range(len(cols)), cols, rotation=45)
+    if m.size <= 64:
+        for (i, j), x in np.ndenumerate(m):
+            ax.text(j, i, fmt.format(x), ha="center", va="center", fontsize=8,
+                    color="w" if not np.isfinite(x) or x < np.nanmean(np.where(np.isfinite(m), m, np.nan)) else "k")
+"""
+
+NB = {}
+
+# ---------------------------------------------------------------------------
+NB["01_self_attention_from_scratch"] = [
+("md", """# 01 · Self-attention from scratch, with pyattn
+
+This retells seed notebook **001** ("Your journey starts with one step"). The seed
+builds attention step by step in PyTorch: dot products → softmax → context vectors,
+then trainable query/key/value matrices. Here every step is a pyattn call on NumPy
+arrays, and each printed number is checked against the figure the seed printed."""),
+("code", SETUP),
+("md", """## Six words, six 3-d embeddings
+The seed's inputs, one row per word."""),
+("code", """words = ["Your", "journey", "starts", "with", "one", "step"]
+inputs = np.array([[0.43, 0.15, 0.89], [0.55, 0.87, 0.66], [0.57, 0.85, 0.64],
+                   [0.22, 0.58, 0.33], [0.77, 0.25, 0.10], [0.05, 0.80, 0.55]], dtype=np.float32)
+inputs"""),
+("md", """## Attention scores for one query: dot products
+The seed loops over the words and computes `dot(query, x_i)`. One `pyattn.matmul` of the
+(6, 3) inputs with the query vector does all six."""),
+("code", """query = inputs[1]                      # "journey"
+scores = pyattn.matmul(inputs, query)
+print(scores)                          # seed: [0.9544, 1.4950, 1.4754, 0.8434, 0.7070, 1.0865]
+assert np.allclose(scores, [0.9544, 1.4950, 1.4754, 0.8434, 0.7070, 1.0865], atol=5e-5)"""),
+("md", """## From scores to weights
+Dividing by the sum makes the weights sum to 1 (the seed's naive normalisation); the
+softmax does the same but keeps every weight positive and stresses the large scores."""),
+("code", """naive = scores / scores.sum()
+weights = pyattn.softmax(scores, axis=0)
+print("naive  ", naive)                # seed: [0.1455, 0.2278, 0.2249, 0.1285, 0.1077, 0.1656]
+print("softmax", weights, weights.sum())   # seed: [0.1385, 0.2379, 0.2333, 0.1240, 0.1082, 0.1581]
+assert np.allclose(weights, [0.1385, 0.2379, 0.2333, 0.1240, 0.1082, 0.1581], atol=5e-5)"""),
+("md", """## The context vector
+A weighted sum of all inputs. The seed loops; `pyattn.matmul(weights, inputs)` is the same sum."""),
+("code", """context = pyattn.matmul(weights, inputs)
+print(context)                         # seed: [0.4419, 0.6515, 0.5683]
+assert np.allclose(context, [0.4419, 0.6515, 0.5683], atol=5e-5)"""),
+("md", """## All queries at once: one fused call
+`scaled_dot_product_attention` computes scores, softmax and the weighted sum in one C kernel
+that never builds the score matrix (it streams keys through an online softmax). The seed
+used no scaling here, so `scale=1.0`; `return_weights=True` also returns the 6×6 weights."""),
+("code", """ctx, w = pyattn.scaled_dot_product_attention(inputs, inputs, inputs, scale=1.0, return_weights=True)
+print(w)
+print(ctx)
+seed_w = np.array([[0.2098, 0.2006, 0.1981, 0.1242, 0.1220, 0.1452],
+                   [0.1385, 0.2379, 0.2333, 0.1240, 0.1082, 0.1581],
+                   [0.1390, 0.2369, 0.2326, 0.1242, 0.1108, 0.1565],
+                   [0.1435, 0.2074, 0.2046, 0.1462, 0.1263, 0.1720],
+                   [0.1526, 0.1958, 0.1975, 0.1367, 0.1879, 0.1295],
+                   [0.1385, 0.2184, 0.2128, 0.1420, 0.0988, 0.1896]])
+assert np.allclose(w, seed_w, atol=5e-5)
+fig, ax = plt.subplots(figsize=(5, 4.5))
+heatmap(ax, w, words, words, "attention weights (row: query, column: key)")
+plt.show()"""),
+("md", """## Trainable weights
+The seed draws `W_q, W_k, W_v` of shape `(d_in, d_out) = (3, 2)` with `torch.manual_seed(123)`
+and prints them. pyattn's layers store weights the way `torch.nn.Linear` does,
+`(d_out, d_in)`, so that PyTorch state dicts drop in unchanged: the printed matrices go in
+transposed. The scale is `1/sqrt(d_k)` with `d_k = 2`."""),
+("code", """from pyattn.nn import SelfAttention
+W_q = np.array([[0.2961, 0.5166], [0.2517, 0.6886], [0.0740, 0.8665]])
+W_k = np.array([[0.1366, 0.1025], [0.1841, 0.7264], [0.3153, 0.6871]])
+W_v = np.array([[0.0756, 0.1966], [0.3164, 0.4017], [0.1186, 0.8274]])
+print(pyattn.matmul(inputs[1], W_q))   # seed: [0.4306, 1.4551]
+layer = SelfAttention(3, 2).load_state_dict(
+    {"W_query.weight": W_q.T, "W_key.weight": W_k.T, "W_value.weight": W_v.T})
+ctx2, w2 = layer(inputs, return_weights=True)
+print(ctx2)                            # seed: [[0.2996, 0.8053], [0.3061, 0.8210], ...]
+assert np.allclose(ctx2[0], [0.2996, 0.8053], atol=2e-4)   # the printed W are rounded to 4 decimals
+fig, ax = plt.subplots(figsize=(5, 4.5))
+heatmap(ax, w2, words, words, "weights with trainable W_q, W_k (scaled by 1/sqrt(2))")
+plt.show()"""),
+("md", """With projections the weights are flatter than before: the 2-d queries and keys,
+scaled by `1/sqrt(2)`, give closer scores. That scaling keeps the softmax from
+saturating when the head dimension grows."""),
+]
+
+# ---------------------------------------------------------------------------
+NB["02_causal_attention_and_masking"] = [
+("md", """# 02 · Causal attention and masking
+
+Seeds **000** and **004** build causal attention: each token may look only at itself and
+the tokens before it. This notebook shows the same ideas with pyattn, with pictures, and
+where pyattn goes further: bottom-right causal masks for `L != S` and rows with nothing
+to attend to."""),
+("code", SETUP),
+("md", """## The prefix mean through `tril`
+Seed 000 averages each token with the tokens before it. A lower-triangular matrix of equal
+weights does it in one matmul; a softmax over zeros with a causal mask gives exactly those
+weights."""),
+("code", """b = np.array([[2., 9.], [7., 9.], [4., 4.]])
+a = pyattn.softmax(np.zeros((3, 3)), is_causal=True)
+print(a)                       # seed: [[1, 0, 0], [0.5, 0.5, 0], [0.3333, 0.3333, 0.3333]]
+print(pyattn.matmul(a, b))     # seed: [[2, 9], [4.5, 9], [4.3333, 7.3333]]
+x = np.array([[[-2.0260, -2.0655], [-1.2054, -0.9122], [-1.2502, 0.8032]]])
+z = np.zeros((1, 3, 1))        # equal scores for every key -> equal weights
+print(pyattn.scaled_dot_product_attention(z, z, x, is_causal=True))   # seed: [-1.6157, -1.4889] in row 1"""),
+("md", """## Masking after vs before the softmax (seed 004, exercises 1 and 2)
+After: softmax, zero the future, renormalise. Before: set the future scores to `-inf`,
+then softmax. Both give the seed's figures."""),
+("code", """QKT = np.array([[0.1, 0.2, 0.3], [0.4, 0.5, 0.6], [0.7, 0.8, 0.9]])
+after = pyattn.softmax(QKT, scale=0.1) * np.tril(np.ones((3, 3)))
+after /= after.sum(-1, keepdims=True)
+before = pyattn.softmax(QKT, scale=0.1, is_causal=True)
+print(after)
+print(before)                  # seed: [[1, 0, 0], [0.4975, 0.5025, 0], [0.33, 0.3333, 0.3367]]
+assert np.allclose(after, before)"""),
+("md", """## Three ways to say "causal"
+* `is_causal=True` — no mask array at all;
+* a **boolean** mask: `True` means *may attend* (as `torch.nn.functional.scaled_dot_product_attention`;
+  careful: `torch.nn.MultiheadAttention`'s boolean mask means the opposite);
+* a **float** mask added to the scores: `0` keeps, `-inf` removes."""),
+("code", """rng = np.random.default_rng(0)
+T = 6
+scores = rng.standard_normal((T, T))
+allowed = np.tril(np.ones((T, T), bool))
+additive = np.where(allowed, 0.0, -np.inf)
+w1 = pyattn.softmax(scores, is_causal=True)
+w2 = pyattn.softmax(scores, attn_mask=allowed)
+w3 = pyattn.softmax(scores, attn_mask=additive)
+assert np.array_equal(w1, w2) and np.array_equal(w1, w3)
+fig, axs = plt.subplots(1, 3, figsize=(12, 3.6))
+heatmap(axs[0], allowed, title="bool mask (True = may attend)", fmt="{:.0f}")
+heatmap(axs[1], additive, title="float mask (added)", fmt="{:.0f}")
+heatmap(axs[2], w1, title="causal softmax weights")
+plt.show()"""),
+("md", """## Dropout on the weights
+In training, dropout zeroes some weights and scales the rest by `1/(1-p)` ("inverted
+dropout"), so the expected output is unchanged. pyattn draws the pattern from `rng`: the
+same seed gives the same pattern, on any number of threads."""),
+("code", """q = k = rng.standard_normal((1, T, 4))
+v = np.eye(T)[None]
+_, wd = pyattn.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=0.5, rng=1, return_weights=True)
+_, wd2 = pyattn.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=0.5, rng=1, return_weights=True)
+assert np.array_equal(wd, wd2)
+fig, ax = plt.subplots(figsize=(4.5, 4))
+heatmap(ax, wd[0], title="weights after dropout p=0.5 (kept ones doubled)")
+plt.show()"""),
+("md", """## When the number of queries differs from the number of keys
+With a cache of past keys, `L` new queries see `S > L` keys. PyTorch's `is_causal=True`
+aligns the mask to the **top left** (`j <= i`), which is right for `L == S` but lets the new
+queries see almost nothing of the cache. FlashAttention aligns it to the **bottom right**
+(`j <= i + S - L`): the last query sees every key. pyattn offers both."""),
+("code", """from pyattn._reference import causal_mask
+L, S = 3, 6
+fig, axs = plt.subplots(1, 2, figsize=(9, 2.8))
+heatmap(axs[0], causal_mask(L, S, "top_left"), title='is_causal=True / "top_left"', fmt="{:.0f}")
+heatmap(axs[1], causal_mask(L, S, "bottom_right"), title='is_causal="bottom_right"', fmt="{:.0f}")
+plt.show()
+q = rng.standard_normal((L, 4)); k = rng.standard_normal((S, 4)); v = rng.standard_normal((S, 2))
+print(pyattn.scaled_dot_product_attention(q, k, v, is_causal="bottom_right"))"""),
+("md", """## A row with nothing to attend to
+If every key of a row is masked, the softmax is `0/0`. PyTorch returns NaN there, which then
+spreads through the network. pyattn returns weights of 0 and an output row of 0 — and NaN in
+the *inputs* still shows up where it belongs."""),
+("code", """mask = np.tril(np.ones((4, 4), bool))
+mask[2] = False                        # row 2 may attend to nothing
+q = k = v = rng.standard_normal((4, 3))
+out, w = pyattn.scaled_dot_product_attention(q, k, v, attn_mask=mask, return_weights=True)
+print(w)
+print(out)"""),
+("md", """## Where the seeds slipped (kindly)
+* **Seed 000's `SelfAttention`** scales the scores by `C**-0.5`, the embedding size (32),
+  instead of the head size (16). The weights then come out flatter than intended. The
+  scale belongs to the dot products, whose size grows with the head dimension:"""),
+("code", """x = rng.standard_normal((1, 8, 32)); C, head = 32, 16
+Wq, Wk, Wv = (rng.uniform(-C**-0.5, C**-0.5, (head, C)) for _ in range(3))
+q, k, v = x @ Wq.T, x @ Wk.T, x @ Wv.T
+_, w_seed = pyattn.scaled_dot_product_attention(q, k, v, is_causal=True, scale=C**-0.5, return_weights=True)
+_, w_right = pyattn.scaled_dot_product_attention(q, k, v, is_causal=True, return_weights=True)  # 1/sqrt(16)
+print("largest weight in the last row, seed's scale:", w_seed[0, -1].max().round(4),
+      " head-size scale:", w_right[0, -1].max().round(4))"""),
+("md", """* **Seed 004's `CausalAttention.forward`** divides by `d_out ** 0.5` — the *global* variable
+  `d_out` of the notebook, not `self.d_out`. It works only while the two agree. pyattn's
+  `CausalAttention` uses its own head size:"""),
+("code", """from pyattn.nn import CausalAttention
+layer = CausalAttention(512, 768, context_length=100, rng=0).eval()
+print(layer(rng.standard_normal((2, 100, 512)).astype(np.float32)).shape)   # seed: (20, 100, 768) for 20 rows"""),
+]
+
+# ---------------------------------------------------------------------------
+NB["03_multi_head_attention"] = [
+("md", """# 03 · Multi-head attention
+
+Seeds **002**, **003** and **004** build multi-head attention twice: as a list of single
+heads whose outputs are concatenated, and as one module that splits the projected
+vectors into heads with a reshape. pyattn does the second, in C, with no per-head loop."""),
+("code", SETUP),
+("md", """## Heads are a reshape
+`view(b, T, H, d/H).transpose(1, 2)` turns `(B, T, d_out)` into `(B, H, T, head_dim)`. In NumPy
+that is `reshape` + `transpose` — a *view*, no copy — and pyattn reads the strided view in place."""),
+("code", """rng = np.random.default_rng(0)
+B, T, d_in, d_out, H = 2, 5, 8, 12, 3
+x = rng.standard_normal((B, T, d_in)).astype(np.float32)
+Wq, Wk, Wv = (rng.standard_normal((d_out, d_in)).astype(np.float32) / 3 for _ in range(3))
+q = pyattn.matmul(x, Wq.T).reshape(B, T, H, d_out // H).transpose(0, 2, 1, 3)
+k = pyattn.matmul(x, Wk.T).reshape(B, T, H, d_out // H).transpose(0, 2, 1, 3)
+v = pyattn.matmul(x, Wv.T).reshape(B, T, H, d_out // H).transpose(0, 2, 1, 3)
+print(q.shape, q.flags["C_CONTIGUOUS"])    # (2, 3, 5, 4) False: a view
+all_heads = pyattn.scaled_dot_product_attention(q, k, v, is_causal=True)
+one_by_one = np.stack([pyattn.scaled_dot_product_attention(q[:, h], k[:, h], v[:, h], is_causal=True)
+                       for h in range(H)], axis=1)
+print(np.abs(all_heads - one_by_one).max())   # the same numbers
+concat = all_heads.transpose(0, 2, 1, 3).reshape(B, T, d_out)   # heads side by side again"""),
+("md", """## The layer
+`pyattn.nn.MultiHeadAttention` mirrors the seeds' class: `W_query`, `W_key`, `W_value`
+`(d_out, d_in)`, an output projection, dropout in training mode, a causal mask. The seeds'
+calls give the seeds' shapes:"""),
+("code", """from pyattn.nn import MultiHeadAttention
+mha = MultiHeadAttention(d_in=32, d_out=32, num_heads=4, context_length=8, dropout=0.1, rng=0)
+print(mha(rng.standard_normal((4, 8, 32)).astype(np.float32)).shape)          # seed 000: (4, 8, 32)
+big = MultiHeadAttention(768, 1536, num_heads=3, context_length=80, rng=0).eval()
+print(big(rng.standard_normal((40, 80, 768)).astype(np.float32)).shape)       # seed 004: (40, 80, 1536)"""),
+("md", """## The seeds' PyTorch class, loaded into pyattn
+`load_state_dict` takes the seed class's state dict as it is (the `mask` buffer is ignored),
+and `torch.nn.MultiheadAttention`'s too. The outputs agree to float32 rounding. (Skipped
+when PyTorch is not installed.)"""),
+("code", """try:
+    import torch
+except ImportError:
+    torch = None
+    print("PyTorch is not installed: skipping the comparison")
+
+if torch is not None:
+    class SeedMultiHeadAttention(torch.nn.Module):          # seed 000 / 002, as printed
+        def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
+            super().__init__()
+            self.d_out, self.num_heads, self.head_dim = d_out, num_heads, d_out // num_heads
+            self.W_query = torch.nn.Linear(d_in, d_out, bias=qkv_bias)
+            self.W_key = torch.nn.Linear(d_in, d_out, bias=qkv_bias)
+            self.W_value = torch.nn.Linear(d_in, d_out, bias=qkv_bias)
+            self.out_proj = torch.nn.Linear(d_out, d_out)
+            self.dropout = torch.nn.Dropout(dropout)
+            self.register_buffer("mask", torch.triu(torch.ones(context_length, context_length), diagonal=1))
+        def forward(self, x):
+            b, n, _ = x.shape
+            split = lambda t: t.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+            q, k, v = split(self.W_query(x)), split(self.W_key(x)), split(self.W_value(x))
+            s = (q @ k.transpose(2, 3)).masked_fill(self.mask.bool()[:n, :n], -torch.inf)
+            w = self.dropout(torch.softmax(s / k.shape[-1] ** 0.5, dim=-1))
+            return self.out_proj((w @ v).transpose(1, 2).contiguous().view(b, n, self.d_out))
+
+    torch.manual_seed(3333)
+    seed_model = SeedMultiHeadAttention(32, 48, context_length=8, dropout=0.1, num_heads=4, qkv_bias=True).eval()
+    ours = MultiHeadAttention(32, 48, 4, context_length=8, qkv_bias=True).load_state_dict(seed_model.state_dict()).eval()
+    xb = torch.randn(4, 8, 32)
+    with torch.no_grad():
+        want = seed_model(xb).numpy()
+    got = ours(xb.numpy())
+    print("largest difference:", np.abs(got - want).max())"""),
+("md", """## What each head looks at
+Each head has its own projections, so its own pattern of weights."""),
+("code", """heads_layer = MultiHeadAttention(16, 16, 4, context_length=10, rng=1).eval()
+xs = rng.standard_normal((10, 16)).astype(np.float32)
+_, w = heads_layer(xs, return_weights=True)        # (H, T, T) for one sequence
+fig, axs = plt.subplots(1, 4, figsize=(14, 3.4))
+for h in range(4):
+    heatmap(axs[h], w[h], title=f"head {h}")
+plt.show()"""),
+("md", """## Where a seed slipped (kindly)
+Seed **003** writes `weights.masked_fill(tril == 0, float==('-inf'))`. `float==('-inf')`
+compares the *type* `float` with a string and is simply `False`, so the "mask" fills with
+`0`: the future is not masked at all, and the weights after the softmax still look at future
+tokens. The intended line is `masked_fill(tril == 0, float('-inf'))`:"""),
+("code", """T = 4
+scores = rng.standard_normal((T, T))
+slip = np.where(np.tril(np.ones((T, T))) == 0, float == ('-inf'), scores)    # fills with False == 0
+print("with the slip, row 0 attends to", np.count_nonzero(pyattn.softmax(slip)[0]), "tokens")
+print("with float('-inf'), row 0 attends to", np.count_nonzero(pyattn.softmax(scores, is_causal=True)[0]), "token")"""),
+]
+
+# ---------------------------------------------------------------------------
+NB["04_performance"] = [
+("md", """# 04 · Performance: fused attention vs the seeds' NumPy vs PyTorch
+
+The seeds compute attention the direct way: the whole `(L, S)` score matrix, a softmax,
+a matmul. pyattn's kernel streams key tiles through an online softmax instead
+(FlashAttention-2), so it never holds the score matrix, and runs on packed SIMD tiles.
+
+Timings here are a small live run on whatever machine runs the notebook (single thread);
+`benchmarks/bench.py` measures the full table, and `benchmarks/RESULTS.md` holds the
+committed one."""),
+("code", SETUP + """import time, subprocess, sys
+try:
+    import torch
+    torch.set_num_threads(1)
+except ImportError:
+    torch = None
+pyattn.set_num_threads(1)"""),
+("code", """def naive_attention(q, k, v, causal):      # the seeds' way
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if causal:
+        s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
+    s = np.exp(s - s.max(-1, keepdims=True))
+    return (s / s.sum(-1, keepdims=True)) @ v
+
+def best(fn, n=3):
+    ts = []
+    for _ in range(n):
+        t = time.perf_counter(); fn(); ts.append(time.perf_counter() - t)
+    return min(ts)
+
+rng = np.random.default_rng(0)
+H, E = 4, 64
+rows = []
+for L in (128, 256, 512, 1024):
+    q, k, v = (rng.standard_normal((1, H, L, E), dtype=np.float32) for _ in range(3))
+    flops = 4 * H * L * L * E
+    r = {"L": L,
+         "pyattn": flops / best(lambda: pyattn.scaled_dot_product_attention(q, k, v)) / 1e9,
+         "numpy (seeds)": flops / best(lambda: naive_attention(q, k, v, False)) / 1e9}
+    if torch is not None:
+        tq, tk, tv = map(torch.from_numpy, (q, k, v))
+        r["torch"] = flops / best(lambda: torch.nn.functional.scaled_dot_product_attention(tq, tk, tv)) / 1e9
+    rows.append(r)
+fig, ax = plt.subplots(figsize=(6, 3.8))
+for name in rows[0]:
+    if name != "L":
+        ax.plot([r["L"] for r in rows], [r[name] for r in rows], marker="o", label=name)
+ax.set_xscale("log", base=2); ax.set_xlabel("sequence length L = S  (H=4, E=64, float32, 1 thread)")
+ax.set_ylabel("GFLOP/s"); ax.legend(); plt.show()
+for r in rows:
+    print(r["L"], {k: round(x, 1) for k, x in r.items() if k != "L"})"""),
+("md", """## Memory: the score matrix is what grows
+The naive way holds `B·H·L·S` scores (and their exponentials); the fused kernel holds a few
+tiles per thread. Each measurement runs in a fresh process and reports how much the peak
+resident memory grew during the call, beyond its inputs and output."""),
+("code", """code = '''
+import resource, sys, numpy as np, pyattn
+L, fused = int(sys.argv[1]), sys.argv[2] == "fused"
+rng = np.random.default_rng(0)
+q, k, v = (rng.standard_normal((1, 1, L, 64), dtype=np.float32) for _ in range(3))
+out = np.zeros((1, 1, L, 64), np.float32)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+if fused:
+    pyattn.scaled_dot_product_attention(q, k, v, is_causal=True, out=out)
+else:
+    s = q @ np.swapaxes(k, -1, -2) / 8.0
+    s = np.where(np.tril(np.ones((L, L), bool)), s, -np.inf)
+    s = np.exp(s - s.max(-1, keepdims=True)); out[...] = (s / s.sum(-1, keepdims=True)) @ v
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
+'''
+mem = {"fused": [], "naive": []}
+Ls = [1024, 2048, 4096, 8192]
+for L in Ls:
+    for kind in mem:
+        r = subprocess.run([sys.executable, "-c", code, str(L), kind], capture_output=True, text=True)
+        mem[kind].append(float(r.stdout))
+fig, ax = plt.subplots(figsize=(6, 3.8))
+for kind, ys in mem.items():
+    ax.plot(Ls, ys, marker="o", label=kind)
+ax.plot(Ls, [L * L * 4 / 2**20 for L in Ls], "k--", label="one (L, L) float32 matrix")
+ax.set_xscale("log", base=2); ax.set_yscale("symlog"); ax.set_xlabel("L = S (one head, E = 64)")
+ax.set_ylabel("peak memory growth, MB"); ax.legend(); plt.show()
+print(mem)"""),
+("md", """## The committed benchmark
+`python benchmarks/bench.py` runs matmul, attention over `L ∈ {128 … 4096}`, `E ∈ {32, 64, 128}`,
+causal and not, on 1 and all threads, interleaved and repeated, against NumPy and PyTorch.
+Its last committed table:"""),
+("code", """import os
+path = os.path.join("..", "benchmarks", "RESULTS.md")
+print(open(path).read()[:4000] if os.path.exists(path) else "no RESULTS.md yet: run benchmarks/bench.py")"""),
+]
+
+# ---------------------------------------------------------------------------
+NB["05_tiny_char_model"] = [
+("md", """# 05 · A tiny next-character model from `pyattn.nn`
+
+Seed **004** ends with `BadLM`: embeddings → attention → a linear layer to the vocabulary.
+Here is a character-level version built from pyattn layers on NumPy arrays, over a short
+text shipped with the repository (`notebooks/data/tiny_corpus.txt`). The attention weights
+are random; the output layer is *fitted with NumPy* (least squares) so the model really
+predicts. Then it generates text and shows what its heads attend to in a real sentence."""),
+("code", SETUP + """from pyattn.nn import MultiHeadAttention
+text = open("data/tiny_corpus.txt").read().replace("\\n", " ")
+chars = sorted(set(text))
+stoi = {c: i for i, c in enumerate(chars)}
+ids = np.array([stoi[c] for c in text])
+V, T, D, H = len(chars), 32, 64, 4
+print(f"{len(text)} characters, vocabulary of {V}")"""),
+("md", """## The model
+Token embeddings plus **positional embeddings sized by the context length**, a causal
+multi-head attention layer, and a linear read-out. (Seed 004's `BadLM` sizes its positional
+embedding table by the *vocabulary* — 50257 rows for 4 positions. It runs, since the
+vocabulary is larger than the context, but wastes memory and would break for a context
+longer than the vocabulary. The table needs one row per position.)"""),
+("code", """rng = np.random.default_rng(0)
+tok_emb = rng.standard_normal((V, D)).astype(np.float32)
+pos_emb = rng.standard_normal((T, D)).astype(np.float32) * 0.5     # one row per position
+attn = MultiHeadAttention(D, D, H, context_length=T, rng=1).eval()
+
+def features(batch_ids):                                 # (B, t) -> (B, t, 2D)
+    t = batch_ids.shape[1]
+    h = tok_emb[batch_ids] + pos_emb[:t]
+    return np.concatenate([h, attn(h)], axis=-1)          # a residual-style read-out input
+
+# windows of T characters; target = the next character at every position
+starts = np.arange(0, len(ids) - T - 1)
+X = np.stack([ids[s:s + T] for s in starts]); Y = np.stack([ids[s + 1:s + T + 1] for s in starts])
+F = features(X).reshape(-1, 2 * D).astype(np.float64)
+onehot = np.eye(V)[Y.reshape(-1)]
+W_out = np.linalg.lstsq(np.c_[F, np.ones(len(F))], onehot, rcond=None)[0]   # fitted with NumPy
+pred = (np.c_[F, np.ones(len(F))] @ W_out).argmax(-1)
+print(f"next-character accuracy on the text: {np.mean(pred == Y.reshape(-1)):.1%} "
+      f"(always guessing the commonest character: {np.mean(Y == np.bincount(ids).argmax()):.1%})")"""),
+("md", "## Generation (greedy, from a prompt)"),
+("code", """def generate(prompt, n=60):
+    s = [stoi[c] for c in prompt]
+    for _ in range(n):
+        window = np.array(s[-T:])[None]
+        f = features(window)[0, -1].astype(np.float64)
+        s.append(int((np.r_[f, 1.0] @ W_out).argmax()))
+    return "".join(chars[i] for i in s)
+
+print(generate("the cat "))
+print(generate("your journey "))"""),
+("md", """## What the heads look at in a real sentence
+Weights of each head for the sentence below (rows: the character being predicted from,
+columns: the characters it may look at; causal, so the upper triangle is empty)."""),
+("code", """sentence = "the dog saw the cat"
+h = tok_emb[[stoi[c] for c in sentence]] + pos_emb[:len(sentence)]
+_, w = attn(h, return_weights=True)                     # (H, t, t)
+fig, axs = plt.subplots(1, H, figsize=(16, 4.2))
+labels = list(sentence.replace(" ", "_"))
+for i in range(H):
+    heatmap(axs[i], w[i], labels, labels, f"head {i}")
+plt.show()"""),
+]
+
+
+def build(run=True, names=None):
+    for name, cells in NB.items():
+        if names and name not in names:
+            continue
+        nb = new_notebook()
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        nb.cells = [new_markdown_cell(src) if kind == "md" else new_code_cell(src) for kind, src in cells]
+        path = os.path.join(HERE, name + ".ipynb")
+        if run:
+            from nbclient import NotebookClient
+            NotebookClient(nb, timeout=600, kernel_name="python3",
+                           resources={"metadata": {"path": HERE}}).execute()
+        nbformat.write(nb, path)
+        print("wrote", path)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--no-run", action="store_true")
+    ap.add_argument("names", nargs="*")
+    a = ap.parse_args()
+    build(not a.no_run, a.names)

@@ -1,0 +1,96 @@
+"""Property tests (hypothesis): random shapes, strides, dtypes and masks
+against the NumPy reference, and the invariants every softmax must keep."""
+import numpy as np
+import pytest
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+import pyattn  # noqa: E402
+from pyattn import _reference as R  # noqa: E402
+from pyattn._checks import dropout_key  # noqa: E402
+from conftest import LAYOUTS, check, mag_attention, mag_matmul, mag_softmax, make  # noqa: E402
+
+N_EXAMPLES = 150
+PROFILE = settings(max_examples=N_EXAMPLES, deadline=None, derandomize=True)
+dtypes = st.sampled_from([np.float32, np.float64])
+layouts = st.sampled_from(LAYOUTS)
+
+
+@PROFILE
+@given(seed=st.integers(0, 2**32 - 1), dtype=dtypes, lq=layouts, lk=layouts, lv=layouts,
+       B=st.integers(1, 3), L=st.integers(1, 70), S=st.integers(1, 130), E=st.integers(1, 40),
+       Ev=st.integers(1, 40), causal=st.sampled_from([False, True, "bottom_right"]),
+       mask=st.sampled_from([None, "bool", "float", "bool_row"]), p=st.sampled_from([0.0, 0.0, 0.25]),
+       scale=st.sampled_from([None, 0.1, 1.0]))
+def test_sdpa_matches_reference(seed, dtype, lq, lk, lv, B, L, S, E, Ev, causal, mask, p, scale):
+    rng = np.random.default_rng(seed)
+    q, k, v = make(rng, (B, L, E), dtype, lq), make(rng, (B, S, E), dtype, lk), make(rng, (1, S, Ev), dtype, lv)
+    m = None
+    if mask == "bool":
+        m = rng.random((B, L, S)) > 0.3
+    elif mask == "float":
+        m = np.where(rng.random((L, S)) > 0.2, rng.standard_normal((L, S)), -np.inf)
+    elif mask == "bool_row":
+        m = rng.random((S,)) > 0.5
+    key = dropout_key(seed) if p > 0 else 0
+    out, w = pyattn.scaled_dot_product_attention(q, k, v, m, p, causal, scale, rng=seed, return_weights=True)
+    fused = pyattn.scaled_dot_product_attention(q, k, v, m, p, causal, scale, rng=seed)
+    want, ww = R.scaled_dot_product_attention(q, k, v, m, p, causal, scale, dropout_key=key, return_weights=True)
+    sc = (1 / np.sqrt(E)) if scale is None else scale
+    mag = mag_attention(q, k, np.broadcast_to(v, (B, S, Ev)), ww, sc)
+    check(out, want, mag)
+    check(fused, want, mag)
+    s = np.matmul(q.astype(np.float64), np.swapaxes(k, -1, -2).astype(np.float64)) * sc
+    check(w, ww, mag_softmax(s, ww) / (1 - p))
+
+
+@PROFILE
+@given(seed=st.integers(0, 2**32 - 1), dtype=dtypes, la=layouts, lb=layouts,
+       batch_a=st.sampled_from([(), (1,), (3,), (2, 1)]), batch_b=st.sampled_from([(), (1,), (3,), (1, 3)]),
+       M=st.integers(1, 90), N=st.integers(1, 90), K=st.integers(0, 300))
+def test_matmul_matches_numpy(seed, dtype, la, lb, batch_a, batch_b, M, N, K):
+    rng = np.random.default_rng(seed)
+    a = make(rng, batch_a + (M, K), dtype, la)
+    b = make(rng, batch_b + (K, N), dtype, lb)
+    got = pyattn.matmul(a, b)
+    check(got, R.matmul(a, b), mag_matmul(a, b))
+
+
+@PROFILE
+@given(seed=st.integers(0, 2**32 - 1), dtype=dtypes, shape=st.sampled_from([(7,), (3, 40), (2, 5, 129), (4, 1)]),
+       spread=st.sampled_from([1.0, 10.0, 1e3]), shift=st.sampled_from([-50.0, 3.0, 60.0]),
+       masked=st.booleans())
+def test_softmax_invariants(seed, dtype, shape, spread, shift, masked):
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(shape) * spread).astype(dtype)
+    mask = (rng.random(shape) > 0.4) if masked else None
+    w = pyattn.softmax(x, attn_mask=mask)
+    sums = w.sum(-1)
+    tol = 64 * np.finfo(dtype).eps * shape[-1]
+    assert np.all((np.abs(sums - 1) <= tol) | (sums == 0)), sums
+    assert np.all(w >= 0)
+    if masked:
+        assert np.all(w[~np.broadcast_to(mask, shape)] == 0)
+    # shifting a row by a constant does not change it (up to the rounding of x + c)
+    xs = (x.astype(np.float64) + shift).astype(dtype)
+    ws = pyattn.softmax(xs, attn_mask=mask)
+    exact = R.softmax(xs, attn_mask=mask)
+    s = xs.astype(np.float64) if mask is None else np.where(np.broadcast_to(mask, shape), xs, -np.inf)
+    check(ws, exact, mag_softmax(s, exact))
+    # x + c is rounded: each difference of two entries moves by up to twice that
+    # rounding, which moves a weight by at most w * (exp(2 * rounding) - 1)
+    rounding = np.abs(xs.astype(np.float64) - shift - x).max()
+    assert np.allclose(ws, w, rtol=0, atol=2 * tol + np.expm1(2 * rounding) + 1e-300)
+
+
+@PROFILE
+@given(seed=st.integers(0, 2**32 - 1), dtype=dtypes, L=st.integers(1, 60), E=st.integers(1, 70),
+       Ev=st.integers(1, 70), causal=st.sampled_from([False, "bottom_right"]))
+def test_single_key_returns_its_value(seed, dtype, L, E, Ev, causal):
+    rng = np.random.default_rng(seed)
+    q = make(rng, (2, L, E), dtype)
+    k = make(rng, (2, 1, E), dtype)
+    v = make(rng, (2, 1, Ev), dtype, "negative")
+    out = pyattn.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    assert np.array_equal(out, np.broadcast_to(v, out.shape))
