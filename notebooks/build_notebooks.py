@@ -361,28 +361,34 @@ for r in rows:
     print(r["L"], {k: round(x, 1) for k, x in r.items() if k != "L"})"""),
 ("md", """## Memory: the score matrix is what grows
 The naive way holds `B·H·L·S` scores (and their exponentials); the fused kernel holds a few
-tiles per thread. Each measurement runs in a fresh process and reports how much the peak
-resident memory grew during the call, beyond its inputs and output."""),
+tiles per thread. Each measurement runs in a fresh process and reports how far the peak
+resident memory rose during the call above the resident memory just before it (inputs and
+output already allocated): Linux's `VmHWM`, reset through `/proc/self/clear_refs`."""),
 ("code", """code = '''
-import resource, sys, numpy as np, pyattn
+import sys, numpy as np, pyattn
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) / 1024          # MB
 L, fused = int(sys.argv[1]), sys.argv[2] == "fused"
 rng = np.random.default_rng(0)
 q, k, v = (rng.standard_normal((1, 1, L, 64), dtype=np.float32) for _ in range(3))
-out = np.zeros((1, 1, L, 64), np.float32)
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+out = np.full((1, 1, L, 64), 1.0, np.float32)      # written: resident before the call
+before = status("VmRSS")
+open("/proc/self/clear_refs", "w").write("5")           # peak := current
 if fused:
     pyattn.scaled_dot_product_attention(q, k, v, is_causal=True, out=out)
 else:
     s = q @ np.swapaxes(k, -1, -2) / 8.0
     s = np.where(np.tril(np.ones((L, L), bool)), s, -np.inf)
     s = np.exp(s - s.max(-1, keepdims=True)); out[...] = (s / s.sum(-1, keepdims=True)) @ v
-print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
+print(status("VmHWM") - before)
 '''
 mem = {"fused": [], "naive": []}
 Ls = [1024, 2048, 4096, 8192]
 for L in Ls:
     for kind in mem:
-        r = subprocess.run([sys.executable, "-c", code, str(L), kind], capture_output=True, text=True)
+        r = subprocess.run([sys.executable, "-c", code, str(L), kind], capture_output=True, text=True, check=True)
         mem[kind].append(float(r.stdout))
 fig, ax = plt.subplots(figsize=(6, 3.8))
 for kind, ys in mem.items():
@@ -390,7 +396,7 @@ for kind, ys in mem.items():
 ax.plot(Ls, [L * L * 4 / 2**20 for L in Ls], "k--", label="one (L, L) float32 matrix")
 ax.set_xscale("log", base=2); ax.set_yscale("symlog"); ax.set_xlabel("L = S (one head, E = 64)")
 ax.set_ylabel("peak memory growth, MB"); ax.legend(); plt.show()
-print(mem)"""),
+print({k: [round(x, 1) for x in ys] for k, ys in mem.items()})"""),
 ("md", """## The committed benchmark
 `python benchmarks/bench.py` runs matmul, attention over `L ∈ {128 … 4096}`, `E ∈ {32, 64, 128}`,
 causal and not, on 1 and all threads, interleaved and repeated, against NumPy and PyTorch.
@@ -407,8 +413,8 @@ NB["05_tiny_char_model"] = [
 Seed **004** ends with `BadLM`: embeddings → attention → a linear layer to the vocabulary.
 Here is a character-level version built from pyattn layers on NumPy arrays, over a short
 text shipped with the repository (`notebooks/data/tiny_corpus.txt`). The attention weights
-are random; the output layer is *fitted with NumPy* (least squares) so the model really
-predicts. Then it generates text and shows what its heads attend to in a real sentence."""),
+are random; the read-out (from the current and previous character and the attention
+output) is *fitted with NumPy* (least squares) so the model really predicts. Then it generates text and shows what its heads attend to in a real sentence."""),
 ("code", SETUP + """from pyattn.nn import MultiHeadAttention
 text = open("data/tiny_corpus.txt").read().replace("\\n", " ")
 chars = sorted(set(text))
@@ -426,28 +432,35 @@ longer than the vocabulary. The table needs one row per position.)"""),
 tok_emb = rng.standard_normal((V, D)).astype(np.float32)
 pos_emb = rng.standard_normal((T, D)).astype(np.float32) * 0.5     # one row per position
 attn = MultiHeadAttention(D, D, H, context_length=T, rng=1).eval()
+attn.W_query *= 4; attn.W_key *= 4        # larger random scores: sharper, more varied heads
 
-def features(batch_ids):                                 # (B, t) -> (B, t, 2D)
+def features(batch_ids):                                 # (B, t) -> (B, t, 2V + D)
     t = batch_ids.shape[1]
     h = tok_emb[batch_ids] + pos_emb[:t]
-    return np.concatenate([h, attn(h)], axis=-1)          # a residual-style read-out input
+    prev = np.concatenate([np.zeros_like(batch_ids[:, :1]), batch_ids[:, :-1]], axis=1)
+    # the current and previous character, and what attention gathered from the context
+    return np.concatenate([np.eye(V)[batch_ids], np.eye(V)[prev], attn(h)], axis=-1)
 
 # windows of T characters; target = the next character at every position
 starts = np.arange(0, len(ids) - T - 1)
 X = np.stack([ids[s:s + T] for s in starts]); Y = np.stack([ids[s + 1:s + T + 1] for s in starts])
-F = features(X).reshape(-1, 2 * D).astype(np.float64)
+F = features(X).reshape(X.size, -1).astype(np.float64)
 onehot = np.eye(V)[Y.reshape(-1)]
 W_out = np.linalg.lstsq(np.c_[F, np.ones(len(F))], onehot, rcond=None)[0]   # fitted with NumPy
 pred = (np.c_[F, np.ones(len(F))] @ W_out).argmax(-1)
 print(f"next-character accuracy on the text: {np.mean(pred == Y.reshape(-1)):.1%} "
       f"(always guessing the commonest character: {np.mean(Y == np.bincount(ids).argmax()):.1%})")"""),
-("md", "## Generation (greedy, from a prompt)"),
-("code", """def generate(prompt, n=60):
+("md", """## Generation
+The fitted scores become probabilities through a (temperature-scaled) `pyattn.softmax`,
+and the next character is drawn from them."""),
+("code", """def generate(prompt, n=70, temperature=0.04, seed=0):
+    g = np.random.default_rng(seed)
     s = [stoi[c] for c in prompt]
     for _ in range(n):
         window = np.array(s[-T:])[None]
         f = features(window)[0, -1].astype(np.float64)
-        s.append(int((np.r_[f, 1.0] @ W_out).argmax()))
+        p = pyattn.softmax(np.r_[f, 1.0] @ W_out, scale=1 / temperature)
+        s.append(int(g.choice(V, p=p / p.sum())))
     return "".join(chars[i] for i in s)
 
 print(generate("the cat "))

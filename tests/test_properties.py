@@ -93,4 +93,8 @@ def test_single_key_returns_its_value(seed, dtype, L, E, Ev, causal):
     k = make(rng, (2, 1, E), dtype)
     v = make(rng, (2, 1, Ev), dtype, "negative")
     out = pyattn.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    assert np.array_equal(out, np.broadcast_to(v, out.shape))
+    # bottom-right: only the last query row sees the key (j <= i + S - L); the rows
+    # before it have no admissible key and are 0
+    first = L - 1 if causal else 0
+    assert np.array_equal(out[:, first:], np.broadcast_to(v, out[:, first:].shape))
+    assert np.array_equal(out[:, :first], np.zeros_like(out[:, :first]))
