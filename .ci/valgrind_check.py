@@ -12,7 +12,7 @@ for dt in (np.float32, np.float64):
     m = rng.random((37, 70)) > 0.3
     pyattn.scaled_dot_product_attention(q, k, v, m, 0.2, "bottom_right", enable_gqa=True, rng=0)
     pyattn.scaled_dot_product_attention(q[:, :2], k, v, return_weights=True, is_causal=True)
-    pyattn.scaled_dot_product_attention(q[..., :1], k[..., :1], v, np.where(m, 0.0, -np.inf))
+    pyattn.scaled_dot_product_attention(q[:, :2, :, :1], k[..., :1], v, np.where(m, 0.0, -np.inf))
     pyattn.softmax(q, attn_mask=q > 0, is_causal=True, scale=0.5)
     a = rng.standard_normal((70, 130)).astype(dt)
     pyattn.matmul(a, a.T[::-1])
