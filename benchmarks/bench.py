@@ -123,6 +123,16 @@ def worker(args):
         flops = 4.0 * B * H * L * L * E * (0.5 if causal else 1.0)
         run({"op": "sdpa", "shape": f"B={B} H={H} L=S={L} E={E}" + (" causal" if causal else "")}, flops, impls)
 
+    # decode: one new query against a long cache of keys (the keys split over threads)
+    S = 8192 if args.quick else 32768
+    q = rng.standard_normal((1, 8, 1, 64), dtype=np.float32)
+    k, v = (rng.standard_normal((1, 8, S, 64), dtype=np.float32) for _ in range(2))
+    impls = {"pyattn": lambda: pyattn.scaled_dot_product_attention(q, k, v, is_causal="bottom_right")}
+    if torch is not None:
+        tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
+        impls["torch"] = lambda: torch.nn.functional.scaled_dot_product_attention(tq, tk, tv)
+    run({"op": "sdpa", "shape": f"decode B=1 H=8 L=1 S={S} E=64"}, 4.0 * 8 * S * 64, impls)
+
     # MultiHeadAttention forward, B=4, T=512, D=768, 12 heads
     from pyattn.nn import MultiHeadAttention
     B, T, D, H = (2, 256, 768, 12) if args.quick else (4, 512, 768, 12)
@@ -184,7 +194,7 @@ def spawn(threads, args):
             rows.append(json.loads(line[4:]))
             done = len(rows) - 1
             mm, attn = _cases(args.quick)
-            n_expected = len(mm) * 3 + sum(3 if c[2] <= 2048 else 2 for c in attn) + 2
+            n_expected = len(mm) * 3 + sum(3 if c[2] <= 2048 else 2 for c in attn) + 4
             frac = min(1.0, done / n_expected)
             bar = "#" * int(30 * frac)
             sys.stderr.write(f"\r  threads={threads} [{bar:<30}] {done}/{n_expected} ")

@@ -60,9 +60,9 @@ static void pa_fill_ref(void)
                                                "pyattn_gemm_f32_ref_4x16"};
     pa_kernels.gemm[PA_F64] = (pa_gemm_kernel){pa_gemm_ukr_f64_ref_4x8, 4, 8, 256, 64, 1024,
                                                "pyattn_gemm_f64_ref_4x8"};
-    pa_kernels.attn[PA_F32] = (pa_attn_kernel){pa_attn_f32_ref, pa_attn_ws_f32_ref, PA_REF_BQ,
+    pa_kernels.attn[PA_F32] = (pa_attn_kernel){pa_attn_f32_ref, pa_attn_ws_f32_ref, NULL, PA_REF_BQ,
                                                "pyattn_attn_f32_ref"};
-    pa_kernels.attn[PA_F64] = (pa_attn_kernel){pa_attn_f64_ref, pa_attn_ws_f64_ref, PA_REF_BQ,
+    pa_kernels.attn[PA_F64] = (pa_attn_kernel){pa_attn_f64_ref, pa_attn_ws_f64_ref, NULL, PA_REF_BQ,
                                                "pyattn_attn_f64_ref"};
     pa_kernels.tilesm_float = pa_tilesm_f32_ref;
     pa_kernels.tilesm_double = pa_tilesm_f64_ref;
@@ -82,9 +82,11 @@ int pa_dispatch_init(int requested)
     pa_kernels.isa_machine = machine;
     /* every family runs the tiled attention on its own micro-kernel and exp;
      * the scalar reference kernel serves the weights path and huge head dims */
-    pa_kernels.attn[PA_F32] = (pa_attn_kernel){pa_attn_f32_flash, pa_attn_ws_f32_flash, PA_FLASH_BQ,
+    pa_kernels.attn[PA_F32] = (pa_attn_kernel){pa_attn_f32_flash, pa_attn_ws_f32_flash,
+                                               pa_attn_merge_f32_flash, PA_FLASH_BQ,
                                                "pyattn_attn_f32_flash_48x60"};
-    pa_kernels.attn[PA_F64] = (pa_attn_kernel){pa_attn_f64_flash, pa_attn_ws_f64_flash, PA_FLASH_BQ,
+    pa_kernels.attn[PA_F64] = (pa_attn_kernel){pa_attn_f64_flash, pa_attn_ws_f64_flash,
+                                               pa_attn_merge_f64_flash, PA_FLASH_BQ,
                                                "pyattn_attn_f64_flash_48x60"};
     /* Each family overwrites the entries it has kernels for; the rest keep
      * the reference kernels. (AVX-512 has no kernels of its own yet: it runs

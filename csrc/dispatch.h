@@ -35,10 +35,16 @@ typedef struct {
  * at least attn_ws(E, Ev) bytes, aligned to 64. */
 typedef void (*pa_attn_fn)(const pa_attn_args *a, pa_ssize i0, pa_ssize i1, void *ws);
 typedef size_t (*pa_attn_ws_fn)(pa_ssize E, pa_ssize Ev);
+/* Merge query row i of one head from the partial results of nchunks key
+ * chunks (chunk c at partials + c * chunk_stride elements, row i at
+ * i * (2 + Ev) within it), in chunk order, into a->out. */
+typedef void (*pa_attn_merge_fn)(const pa_attn_args *a, pa_ssize i, const void *partials,
+                                 pa_ssize nchunks, pa_ssize chunk_stride, void *ws);
 
 typedef struct {
     pa_attn_fn run;
     pa_attn_ws_fn ws;
+    pa_attn_merge_fn merge;   /* NULL: the kernel cannot work on key chunks */
     int bq;               /* query rows per task */
     const char *name;
 } pa_attn_kernel;
@@ -59,6 +65,12 @@ typedef void (*pa_tilesm_double)(double *St, pa_ssize nj, pa_ssize ncols, pa_ssi
 #define PA_FLASH_BQ 48
 #define PA_FLASH_BK 60   /* a multiple of every MR (4, 6, 12) */
 #define PA_FLASH_MAXD 512
+/* decode shapes (few queries, many keys): keys split into fixed chunks, one
+ * task each, merged in chunk order -- a partition that depends on the shape
+ * only, never on the thread count */
+#define PA_SPLIT_MAXL 8
+#define PA_SPLIT_MINS 4096
+#define PA_SPLIT_CHUNK 2048
 /* query rows per call of the reference attention kernel (its workspace) */
 #define PA_REF_BQ 16
 
@@ -93,6 +105,8 @@ double pa_fma_probe_avx2(long long iters, float *sink);
 /* tiled attention (kernels/attn_flash.c), on any family's micro-kernel */
 void pa_attn_f32_flash(const pa_attn_args *, pa_ssize, pa_ssize, void *);
 void pa_attn_f64_flash(const pa_attn_args *, pa_ssize, pa_ssize, void *);
+void pa_attn_merge_f32_flash(const pa_attn_args *, pa_ssize, const void *, pa_ssize, pa_ssize, void *);
+void pa_attn_merge_f64_flash(const pa_attn_args *, pa_ssize, const void *, pa_ssize, pa_ssize, void *);
 size_t pa_attn_ws_f32_flash(pa_ssize, pa_ssize);
 size_t pa_attn_ws_f64_flash(pa_ssize, pa_ssize);
 void pa_tilesm_f32_ref(float *, pa_ssize, pa_ssize, pa_ssize, float *, float *, float *);

@@ -83,6 +83,10 @@ typedef struct {
     double dropout_p;                       /* 0 <= p < 1 */
     uint64_t dropout_key;
     uint64_t ctr_base;                      /* b * L * S: counter of element (b, 0, 0) */
+    pa_ssize key_begin, key_end;            /* the keys this call covers, [0, S) unless split */
+    void *partial;                          /* NULL, or per query row (2 + Ev) values of the
+                                               compute dtype: running max m, sum l and the
+                                               unnormalised output, for a later merge */
     void *out; pa_ssize o_rs, o_cs;         /* (L, Ev) */
     void *w; pa_ssize w_rs, w_cs;           /* (L, S) weights, or NULL */
 } pa_attn_args;

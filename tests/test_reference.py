@@ -32,7 +32,7 @@ def test_matmul_layouts(rng, dtype, layout_a, layout_b):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("M, N, K", [(1, 1, 1), (3, 17, 64), (127, 1, 257), (257, 127, 3), (64, 257, 17), (300, 290, 600)])
+@pytest.mark.parametrize("M, N, K", [(1, 1, 1), (3, 17, 64), (127, 1, 257), (257, 127, 3), (64, 257, 17), (300, 290, 600), (800, 130, 700)])
 def test_matmul_sizes(rng, dtype, M, N, K):
     a, b = make(rng, (M, K), dtype), make(rng, (K, N), dtype, "transposed")
     check(pyattn.matmul(a, b), R.matmul(a, b), mag_matmul(a, b))
@@ -349,3 +349,17 @@ def test_sdpa_nan_values_across_tiles(rng, dtype):
     v[0, 120] = np.nan              # masked everywhere: must not spread
     for p in (0.0, 0.3):
         _sdpa_check(rng, q, k, v, attn_mask=mask, is_causal="bottom_right", dropout_p=p)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("L, S", [(1, 4096), (1, 9000), (3, 5000), (8, 4097)])
+@pytest.mark.parametrize("kw", [{}, {"is_causal": "bottom_right"}, {"dropout_p": 0.2}, {"mask": True}])
+def test_sdpa_decode_split(rng, dtype, L, S, kw):
+    # few queries, many keys: keys are split in chunks over threads and merged
+    kw = dict(kw)
+    if kw.pop("mask", False):
+        kw["attn_mask"] = np.where(rng.random((L, S)) > 0.5, rng.standard_normal((L, S)), -np.inf)
+    q, k, v = make(rng, (2, L, 16), dtype), make(rng, (2, S, 16), dtype, "transposed"), make(rng, (2, S, 8), dtype)
+    if L == 3:
+        v[1, 4500] = np.nan                    # one chunk holds a NaN value row
+    _sdpa_check(rng, q, k, v, **kw)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import pyattn
+from pyattn import _C
 
 
 @pytest.fixture
@@ -28,6 +29,10 @@ def _calls(rng):
     x = rng.standard_normal((64, 500)).astype(np.float32)
     m = rng.random((150, 170)) > 0.2
     xs = rng.standard_normal((2, 32, 64)).astype(np.float32)
+    kd = rng.standard_normal((3, 9000, 32)).astype(np.float32)     # decode: 1 query, many keys
+    big_a = rng.standard_normal((800, 700)).astype(np.float32)     # one large product: the shared-B path
+    big_b = rng.standard_normal((700, 270)).astype(np.float32)
+    bias = rng.standard_normal(270).astype(np.float32)
     ws = rng.standard_normal((4, 64, 64)).astype(np.float32)
     return [
         lambda: pyattn.matmul(a, b),
@@ -37,6 +42,9 @@ def _calls(rng):
         lambda: pyattn.scaled_dot_product_attention(q, k, v, dropout_p=0.3, rng=5, is_causal="bottom_right"),
         lambda: pyattn.scaled_dot_product_attention(q.astype(np.float32), k, v, return_weights=True)[1],
         lambda: pyattn.multi_head_attention(xs, xs, xs, 4, *ws, is_causal=True),
+        lambda: pyattn.scaled_dot_product_attention(kd[:, :1], kd, kd, dropout_p=0.1, rng=3),
+        lambda: pyattn.matmul(big_a, big_b),
+        lambda: _C.matmul(big_a, big_b[::-1].T.T[::-1], None, bias),
     ]
 
 

@@ -43,6 +43,8 @@ void pa_tilesm_f64_ref(double *St, pa_ssize nj, pa_ssize ncols, pa_ssize ld,
 
 #define T float
 #define DT PA_F32
+#define EXP expf
+#define PA_MERGE_NAME pa_attn_merge_f32_flash
 #define TILESM pa_kernels.tilesm_float
 #define PA_NAME pa_attn_f32_flash
 #define PA_WS_NAME pa_attn_ws_f32_flash
@@ -51,6 +53,8 @@ void pa_tilesm_f64_ref(double *St, pa_ssize nj, pa_ssize ncols, pa_ssize ld,
 #include "attn_flash.inc"
 #undef T
 #undef DT
+#undef EXP
+#undef PA_MERGE_NAME
 #undef TILESM
 #undef PA_NAME
 #undef PA_WS_NAME
@@ -59,6 +63,8 @@ void pa_tilesm_f64_ref(double *St, pa_ssize nj, pa_ssize ncols, pa_ssize ld,
 
 #define T double
 #define DT PA_F64
+#define EXP exp
+#define PA_MERGE_NAME pa_attn_merge_f64_flash
 #define TILESM pa_kernels.tilesm_double
 #define PA_NAME pa_attn_f64_flash
 #define PA_WS_NAME pa_attn_ws_f64_flash

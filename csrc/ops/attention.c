@@ -9,6 +9,14 @@
  * order of arithmetic: results do not depend on the thread count, nor on the
  * batch a row came in. Within each b, blocks are handed out last-first so
  * that with causal masking the long rows start early (better balance).
+ *
+ * Decode shapes (L <= PA_SPLIT_MAXL queries, S >= PA_SPLIT_MINS keys) have too
+ * few query blocks to keep the threads busy: there a task is (b, chunk of
+ * PA_SPLIT_CHUNK keys), each leaves its running max, sum and unnormalised
+ * output, and a second pass merges the chunks of each row in chunk order.
+ * The chunking depends on the shape only, so results stay bit-identical
+ * whatever the thread count (they differ in the last bits from the same
+ * rows computed among more than PA_SPLIT_MAXL queries).
  */
 #include "ops.h"
 #include "dispatch.h"
@@ -24,16 +32,13 @@ typedef struct {
     uint64_t key;
     pa_attn_kernel kern;
     void **ws;
+    pa_ssize nchunks;        /* key chunks per head (split mode), else 0 */
+    char *partials;          /* (count, nchunks, L, 2 + Ev) in split mode */
 } attn_ctx;
 
-static void attn_task(void *ctx_, pa_ssize t, int tid)
+static void attn_args(const attn_ctx *c, pa_ssize b, pa_attn_args *out)
 {
-    const attn_ctx *c = (const attn_ctx *)ctx_;
     const pa_ssize es = c->dtype == PA_F32 ? (pa_ssize)sizeof(float) : (pa_ssize)sizeof(double);
-    const pa_ssize b = t / c->nblk;
-    const pa_ssize blk = c->nblk - 1 - t % c->nblk;
-    const pa_ssize i0 = blk * c->kern.bq;
-    const pa_ssize i1 = i0 + c->kern.bq < c->L ? i0 + c->kern.bq : c->L;
     pa_attn_args a;
     a.L = c->L; a.S = c->S; a.E = c->E; a.Ev = c->Ev;
     a.q = (const char *)c->q->p + pa_batch_offset(c->bt, c->q->bs, b) * es;
@@ -63,7 +68,48 @@ static void attn_task(void *ctx_, pa_ssize t, int tid)
     } else {
         a.w = NULL; a.w_rs = a.w_cs = 0;
     }
+    a.key_begin = 0;
+    a.key_end = c->S;
+    a.partial = NULL;
+    *out = a;
+}
+
+static void attn_task(void *ctx_, pa_ssize t, int tid)
+{
+    const attn_ctx *c = (const attn_ctx *)ctx_;
+    const pa_ssize b = t / c->nblk;
+    const pa_ssize blk = c->nblk - 1 - t % c->nblk;
+    const pa_ssize i0 = blk * c->kern.bq;
+    const pa_ssize i1 = i0 + c->kern.bq < c->L ? i0 + c->kern.bq : c->L;
+    pa_attn_args a;
+    attn_args(c, b, &a);
     c->kern.run(&a, i0, i1, c->ws[tid]);
+}
+
+/* split mode, pass 1: (b, key chunk) -> partial (m, l, O) of every row */
+static void chunk_task(void *ctx_, pa_ssize t, int tid)
+{
+    const attn_ctx *c = (const attn_ctx *)ctx_;
+    const pa_ssize es = c->dtype == PA_F32 ? (pa_ssize)sizeof(float) : (pa_ssize)sizeof(double);
+    const pa_ssize b = t / c->nchunks, ch = t % c->nchunks;
+    pa_attn_args a;
+    attn_args(c, b, &a);
+    a.key_begin = ch * PA_SPLIT_CHUNK;
+    a.key_end = a.key_begin + PA_SPLIT_CHUNK < c->S ? a.key_begin + PA_SPLIT_CHUNK : c->S;
+    a.partial = c->partials + (t * c->L * (2 + c->Ev)) * es;
+    c->kern.run(&a, 0, c->L, c->ws[tid]);
+}
+
+/* split mode, pass 2: b -> merge every row's chunks, in chunk order */
+static void merge_task(void *ctx_, pa_ssize b, int tid)
+{
+    const attn_ctx *c = (const attn_ctx *)ctx_;
+    const pa_ssize es = c->dtype == PA_F32 ? (pa_ssize)sizeof(float) : (pa_ssize)sizeof(double);
+    pa_attn_args a;
+    attn_args(c, b, &a);
+    const pa_ssize stride = c->L * (2 + c->Ev);
+    const char *P = c->partials + (b * c->nchunks * stride) * es;
+    for (pa_ssize i = 0; i < c->L; i++) c->kern.merge(&a, i, P, c->nchunks, stride, c->ws[tid]);
 }
 
 int pa_attention(int dtype, const pa_batch *bt, pa_ssize L, pa_ssize S, pa_ssize E, pa_ssize Ev,
@@ -80,9 +126,23 @@ int pa_attention(int dtype, const pa_batch *bt, pa_ssize L, pa_ssize S, pa_ssize
     c.dropout_p = dropout_p; c.key = dropout_key;
     c.kern = pa_kernels.attn[dtype];
     c.nblk = (L + c.kern.bq - 1) / c.kern.bq;
+    c.nchunks = 0;
+    c.partials = NULL;
     size_t ntasks;
     if (!pa_mul_ok((size_t)bt->count, (size_t)c.nblk, &ntasks) || ntasks > (size_t)PTRDIFF_MAX)
         return -1;
+    if (c.kern.merge && w == NULL && L <= PA_SPLIT_MAXL && S >= PA_SPLIT_MINS &&
+        E <= PA_FLASH_MAXD && Ev <= PA_FLASH_MAXD) {
+        size_t n, bytes;
+        c.nchunks = (S + PA_SPLIT_CHUNK - 1) / PA_SPLIT_CHUNK;
+        if (!pa_mul_ok((size_t)bt->count, (size_t)c.nchunks, &ntasks) ||
+            !pa_mul_ok(ntasks, (size_t)(L * (2 + Ev)), &n) ||
+            !pa_mul_ok(n, dtype == PA_F32 ? sizeof(float) : sizeof(double), &bytes) ||
+            ntasks > (size_t)PTRDIFF_MAX)
+            return -1;
+        c.partials = (char *)pa_alloc64(bytes);
+        if (!c.partials) return -1;
+    }
     const size_t bytes = c.kern.ws(E, Ev);
     if (bytes == 0) return -1;
     int nt = nthreads < 1 ? 1 : nthreads;
@@ -92,8 +152,14 @@ int pa_attention(int dtype, const pa_batch *bt, pa_ssize L, pa_ssize S, pa_ssize
     for (int i = 0; i < nt; i++) { wsv[i] = pa_alloc64(bytes); ok &= wsv[i] != NULL; }
     if (ok) {
         c.ws = wsv;
-        pa_parallel_for((pa_ssize)ntasks, attn_task, &c, nt);
+        if (c.nchunks) {
+            pa_parallel_for((pa_ssize)ntasks, chunk_task, &c, nt);
+            pa_parallel_for(bt->count, merge_task, &c, nt);
+        } else {
+            pa_parallel_for((pa_ssize)ntasks, attn_task, &c, nt);
+        }
     }
     for (int i = 0; i < nt; i++) pa_free64(wsv[i]);
+    pa_free64(c.partials);
     return ok ? 0 : -1;
 }

@@ -42,6 +42,30 @@ typedef struct {
     size_t a_elems;
 } gemm_ctx;
 
+/* C block (mc x nc at Cblk) =/+= A block (mc x kc at Ablk, strided) @ the
+ * packed B block Bp (kc x nc). Ap: this thread's A packing buffer. */
+static void gemm_block(const gemm_ctx *c, const char *Ablk, pa_ssize mc, pa_ssize kc,
+                       const char *Bp, pa_ssize nc, char *Cblk, int accumulate, char *Ap)
+{
+    const pa_gemm_kernel *g = &c->g;
+    const size_t es = c->dtype == PA_F32 ? sizeof(float) : sizeof(double);
+    const pa_ssize crs = c->C->rs, ccs = c->C->cs;
+    if (c->dtype == PA_F32)
+        pack_a_f32((const float *)Ablk, c->A->rs, c->A->cs, mc, kc, g->mr, (float *)Ap);
+    else
+        pack_a_f64((const double *)Ablk, c->A->rs, c->A->cs, mc, kc, g->mr, (double *)Ap);
+    for (pa_ssize jr = 0; jr < nc; jr += g->nr) {
+        const int n = (int)(nc - jr < g->nr ? nc - jr : g->nr);
+        const char *bpan = Bp + (size_t)(jr * kc) * es;
+        for (pa_ssize ir = 0; ir < mc; ir += g->mr) {
+            const int m = (int)(mc - ir < g->mr ? mc - ir : g->mr);
+            const char *apan = Ap + (size_t)(ir * kc) * es;
+            g->ukr(kc, apan, 1, g->mr, bpan, g->nr, Cblk + (ir * crs + jr * ccs) * (pa_ssize)es,
+                   crs, ccs, m, n, accumulate);
+        }
+    }
+}
+
 static void gemm_task(void *ctx_, pa_ssize t, int tid)
 {
     const gemm_ctx *c = (const gemm_ctx *)ctx_;
@@ -60,6 +84,7 @@ static void gemm_task(void *ctx_, pa_ssize t, int tid)
     char *Ap = (char *)c->ws[tid];
     char *Bp = Ap + c->a_elems * es;
     const pa_ssize crs = c->C->rs, ccs = c->C->cs;
+    (void)ccs;
 
     if (bias || c->K == 0) {
         if (c->dtype == PA_F32) fill_c_f32((float *)C, crs, ccs, mt, nc, (const float *)bias, c->bias_s);
@@ -75,24 +100,94 @@ static void gemm_task(void *ctx_, pa_ssize t, int tid)
             pack_b_f64((const double *)Bblk, c->B->rs, c->B->cs, kc, nc, g->nr, (double *)Bp);
         for (pa_ssize ic = 0; ic < mt; ic += g->mc) {
             const pa_ssize mc = mt - ic < g->mc ? mt - ic : g->mc;
-            const char *Ablk = A + (ic * c->A->rs + p0 * c->A->cs) * (pa_ssize)es;
-            char *Cblk = C + ic * crs * (pa_ssize)es;
-            if (c->dtype == PA_F32)
-                pack_a_f32((const float *)Ablk, c->A->rs, c->A->cs, mc, kc, g->mr, (float *)Ap);
-            else
-                pack_a_f64((const double *)Ablk, c->A->rs, c->A->cs, mc, kc, g->mr, (double *)Ap);
-            for (pa_ssize jr = 0; jr < nc; jr += g->nr) {
-                const int n = (int)(nc - jr < g->nr ? nc - jr : g->nr);
-                const char *bpan = Bp + (size_t)(jr * kc) * es;
-                for (pa_ssize ir = 0; ir < mc; ir += g->mr) {
-                    const int m = (int)(mc - ir < g->mr ? mc - ir : g->mr);
-                    const char *apan = Ap + (size_t)(ir * kc) * es;
-                    g->ukr(kc, apan, 1, g->mr, bpan, g->nr, Cblk + (ir * crs + jr * ccs) * (pa_ssize)es,
-                           crs, ccs, m, n, accumulate);
-                }
+            gemm_block(c, A + (ic * c->A->rs + p0 * c->A->cs) * (pa_ssize)es, mc, kc, Bp, nc,
+                       C + ic * crs * (pa_ssize)es, accumulate, Ap);
+        }
+    }
+}
+
+/* Shared-B path, for few large products on several threads: each KC x NC
+ * block of B is packed once, by all threads (pass 1, NR panels split over
+ * tasks), then the MC blocks of rows are shared out (pass 2). The
+ * arithmetic of every element is that of gemm_task, so results are
+ * identical whichever path runs. */
+typedef struct {
+    const gemm_ctx *c;
+    const char *B;          /* B block origin (row p0, column j0) */
+    char *Bp;               /* shared packed block */
+    const char *A;          /* A at (row 0, column p0) */
+    char *C;                /* C at (row 0, column j0) */
+    pa_ssize kc, nc, npanels, per;
+    int accumulate;
+} shared_ctx;
+
+static void shared_pack_task(void *ctx_, pa_ssize t, int tid)
+{
+    const shared_ctx *s = (const shared_ctx *)ctx_;
+    const gemm_ctx *c = s->c;
+    const size_t es = c->dtype == PA_F32 ? sizeof(float) : sizeof(double);
+    const pa_ssize p0 = t * s->per, p1 = p0 + s->per < s->npanels ? p0 + s->per : s->npanels;
+    const pa_ssize j0 = p0 * c->g.nr;
+    const pa_ssize j1 = p1 * c->g.nr < s->nc ? p1 * c->g.nr : s->nc;
+    const char *src = s->B + j0 * c->B->cs * (pa_ssize)es;
+    char *dst = s->Bp + (size_t)(j0 * s->kc) * es;
+    if (c->dtype == PA_F32)
+        pack_b_f32((const float *)src, c->B->rs, c->B->cs, s->kc, j1 - j0, c->g.nr, (float *)dst);
+    else
+        pack_b_f64((const double *)src, c->B->rs, c->B->cs, s->kc, j1 - j0, c->g.nr, (double *)dst);
+}
+
+static void shared_compute_task(void *ctx_, pa_ssize t, int tid)
+{
+    const shared_ctx *s = (const shared_ctx *)ctx_;
+    const gemm_ctx *c = s->c;
+    const size_t es = c->dtype == PA_F32 ? sizeof(float) : sizeof(double);
+    const pa_ssize i0 = t * c->g.mc;
+    const pa_ssize mc = c->M - i0 < c->g.mc ? c->M - i0 : c->g.mc;
+    gemm_block(c, s->A + i0 * c->A->rs * (pa_ssize)es, mc, s->kc, s->Bp, s->nc,
+               s->C + i0 * c->C->rs * (pa_ssize)es, s->accumulate, (char *)c->ws[tid]);
+}
+
+static int gemm_shared(gemm_ctx *c, int nt)
+{
+    const size_t es = c->dtype == PA_F32 ? sizeof(float) : sizeof(double);
+    const pa_gemm_kernel *g = &c->g;
+    const pa_ssize ncp = ((c->N < g->nc ? c->N : g->nc) + g->nr - 1) / g->nr * g->nr;
+    const pa_ssize kcm = c->K < g->kc ? (c->K > 0 ? c->K : 1) : g->kc;
+    char *Bp = (char *)pa_alloc64((size_t)(ncp * kcm) * es);
+    if (!Bp) return -1;
+    const pa_ssize mblocks = (c->M + g->mc - 1) / g->mc;
+    for (pa_ssize b = 0; b < c->bt->count; b++) {
+        const char *A = (const char *)c->A->p + pa_batch_offset(c->bt, c->A->bs, b) * (pa_ssize)es;
+        const char *B = (const char *)c->B->p + pa_batch_offset(c->bt, c->B->bs, b) * (pa_ssize)es;
+        char *C = (char *)c->C->p + pa_batch_offset(c->bt, c->C->bs, b) * (pa_ssize)es;
+        for (pa_ssize j0 = 0; j0 < c->N; j0 += g->nc) {
+            shared_ctx s;
+            s.c = c;
+            s.Bp = Bp;
+            s.nc = c->N - j0 < g->nc ? c->N - j0 : g->nc;
+            s.C = C + j0 * c->C->cs * (pa_ssize)es;
+            const char *bias = c->bias ? (const char *)c->bias + j0 * c->bias_s * (pa_ssize)es : NULL;
+            if (bias || c->K == 0) {
+                if (c->dtype == PA_F32)
+                    fill_c_f32((float *)s.C, c->C->rs, c->C->cs, c->M, s.nc, (const float *)bias, c->bias_s);
+                else
+                    fill_c_f64((double *)s.C, c->C->rs, c->C->cs, c->M, s.nc, (const double *)bias, c->bias_s);
+            }
+            s.npanels = (s.nc + g->nr - 1) / g->nr;
+            s.per = (s.npanels + nt - 1) / nt;
+            for (pa_ssize p0 = 0; p0 < c->K; p0 += g->kc) {
+                s.kc = c->K - p0 < g->kc ? c->K - p0 : g->kc;
+                s.accumulate = (p0 > 0) || bias != NULL;
+                s.B = B + (p0 * c->B->rs + j0 * c->B->cs) * (pa_ssize)es;
+                s.A = A + p0 * c->A->cs * (pa_ssize)es;
+                pa_parallel_for((s.npanels + s.per - 1) / s.per, shared_pack_task, &s, nt);
+                pa_parallel_for(mblocks, shared_compute_task, &s, nt);
             }
         }
     }
+    pa_free64(Bp);
+    return 0;
 }
 
 int pa_matmul(int dtype, const pa_batch *bt, pa_ssize M, pa_ssize N, pa_ssize K,
@@ -130,10 +225,18 @@ int pa_matmul(int dtype, const pa_batch *bt, pa_ssize M, pa_ssize N, pa_ssize K,
     if ((size_t)nt > ntasks) nt = (int)ntasks;
     void *wsv[PA_MAX_THREADS];
     int ok = 1;
+    /* few large products on several threads: share the packed B */
+    const int shared = nt > 1 && bt->count * c.nblocks < nt &&
+                       M >= 2 * c.g.mc * (pa_ssize)(nthreads < 1 ? 1 : nthreads);
+    if (shared) {
+        nt = nthreads;
+        if (nt > PA_MAX_THREADS) nt = PA_MAX_THREADS;
+    }
     for (int i = 0; i < nt; i++) { wsv[i] = pa_alloc64(bytes); ok &= wsv[i] != NULL; }
     if (ok) {
         c.ws = wsv;
-        pa_parallel_for((pa_ssize)ntasks, gemm_task, &c, nt);
+        if (shared) ok = gemm_shared(&c, nt) == 0;
+        else pa_parallel_for((pa_ssize)ntasks, gemm_task, &c, nt);
     }
     for (int i = 0; i < nt; i++) pa_free64(wsv[i]);
     return ok ? 0 : -1;
