@@ -7,7 +7,7 @@ import numpy as np
 
 from . import _C
 from ._checks import (
-    as_array, broadcast_shapes, causal_code, check_out, compute_dtype, dropout_key,
+    as_array, bcast, broadcast_shapes, causal_code, check_out, compute_dtype, dropout_key,
     dropout_p_value, index_value, out_for_kernel, prep_mask, real_scalar, split_axis, to_dtype,
 )
 
@@ -63,8 +63,8 @@ def matmul(a, b, /, *, out=None):
         )
     batch = broadcast_shapes([(a2.shape[:-2], "a"), (b2.shape[:-2], "b")], "batch axes of a and b")
     shape = batch + ((a2.shape[-2],) if a.ndim > 1 else ()) + ((b2.shape[-1],) if b.ndim > 1 else ())
-    a3 = np.broadcast_to(to_dtype(a2, dt), batch + a2.shape[-2:])
-    b3 = np.broadcast_to(to_dtype(b2, dt), batch + b2.shape[-2:])
+    a3 = bcast(to_dtype(a2, dt), batch + a2.shape[-2:])
+    b3 = bcast(to_dtype(b2, dt), batch + b2.shape[-2:])
     if out is not None:
         check_out(out, shape, dt)
         if out_for_kernel(out, (a, b)):
@@ -258,9 +258,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         mask = prep_mask(attn_mask, full_batch + (L, S), dt)
         if groups > 1:
             mask = split_axis(mask, -3, hkv, groups)
-    q = np.broadcast_to(q, batch + (L, E))
-    k = np.broadcast_to(k, batch + (S, E))
-    v = np.broadcast_to(v, batch + (S, Ev))
+    q = bcast(q, batch + (L, E))
+    k = bcast(k, batch + (S, E))
+    v = bcast(v, batch + (S, Ev))
     shape = full_batch + (L, Ev)
 
     key_ = dropout_key(rng) if p > 0 else 0
@@ -354,9 +354,9 @@ def multi_head_attention(query, key, value, num_heads, w_q, w_k, w_v, w_o=None,
         x_q, x_k, x_v = x_q[None], x_k[None], x_v[None]
     B = broadcast_shapes([(x_q.shape[:1], "query"), (x_k.shape[:1], "key"), (x_v.shape[:1], "value")],
                          "batch axes of query, key and value")
-    x_q = np.broadcast_to(to_dtype(x_q, dt), B + x_q.shape[1:])
-    x_k = np.broadcast_to(to_dtype(x_k, dt), B + x_k.shape[1:])
-    x_v = np.broadcast_to(to_dtype(x_v, dt), B + x_v.shape[1:])
+    x_q = bcast(to_dtype(x_q, dt), B + x_q.shape[1:])
+    x_k = bcast(to_dtype(x_k, dt), B + x_k.shape[1:])
+    x_v = bcast(to_dtype(x_v, dt), B + x_v.shape[1:])
     L, S = x_q.shape[1], x_k.shape[1]
     hd, hdv = d_out // h, d_vo // h
     qh = _linear(x_q, wq, bq, dt).reshape(B + (L, h, hd)).transpose(0, 2, 1, 3)

@@ -58,8 +58,16 @@ def to_dtype(a, dt):
     return a
 
 
+def bcast(a, shape):
+    """np.broadcast_to(a, shape), skipped when a already has that shape."""
+    return a if a.shape == shape else np.broadcast_to(a, shape)
+
+
 def broadcast_shapes(named, what="batch axes"):
     """np.broadcast_shapes over (shape, name) pairs with a message naming them."""
+    first = tuple(named[0][0])
+    if all(tuple(s) == first for s, _ in named[1:]):
+        return first
     try:
         return np.broadcast_shapes(*[s for s, _ in named])
     except ValueError:
@@ -138,7 +146,7 @@ def prep_mask(mask, shape, dt, name="attn_mask"):
             f"got dtype {m.dtype}"
         )
     try:
-        return np.broadcast_to(m, shape)
+        return bcast(m, tuple(shape))
     except ValueError:
         raise ValueError(
             f"{name} has shape {m.shape}, which does not broadcast to the score shape {tuple(shape)}"
