@@ -229,6 +229,64 @@ def table(rows):
     return "\n".join(out)
 
 
+def targets(rows, mem):
+    """The "Fast" issue's targets, each with the measured figure and whether it
+    is met (min times; GFLOP/s against the probed peak)."""
+    peak = {r["threads"]: r["gflops_core"] for r in rows if r.get("kind") == "peak"}
+    data = [r for r in rows if r.get("kind") != "peak"]
+
+    def get(op, shape, impl, thr):
+        return next((r for r in data if r["op"] == op and r["shape"] == shape and r["impl"] == impl
+                     and r["threads"] == thr), None)
+
+    def pct(r):
+        return 100 * r["flops"] / (r["min_ms"] / 1e3) / 1e9 / (peak[r["threads"]] * r["threads"])
+
+    out = []
+
+    def line(name, value, goal, ok):
+        out.append(f"| {name} | {value} | {goal} | {'met' if ok else 'NOT met'} |")
+
+    for n in (1024, 2048):
+        me, npy = get("matmul", f"{n}^3", "pyattn", 1), get("matmul", f"{n}^3", "numpy", 1)
+        if me and npy and peak.get(1):
+            line(f"matmul {n}^3, 1 thread, % of peak", f"{pct(me):.0f} %", ">= 80 %", pct(me) >= 80)
+            ratio = npy["min_ms"] / me["min_ms"]
+            line(f"matmul {n}^3, 1 thread, vs np.matmul", f"{ratio:.2f}x", ">= 1.0x", ratio >= 1.0)
+    for L in (1024, 2048):
+        for E, causal, goal in ((64, False, 65), (64, True, 55), (128, False, 70)):
+            shape = f"B=1 H=8 L=S={L} E={E}" + (" causal" if causal else "")
+            me = get("sdpa", shape, "pyattn", 1)
+            if me and peak.get(1):
+                line(f"SDPA {shape}, 1 thread, % of peak", f"{pct(me):.0f} %", f">= {goal} %", pct(me) >= goal)
+            for thr in sorted({r["threads"] for r in data}):
+                me, th, npy = (get("sdpa", shape, i, thr) for i in ("pyattn", "torch", "numpy"))
+                if me and th:
+                    ratio = th["median_ms"] / me["median_ms"]
+                    line(f"SDPA {shape}, {thr} thr, vs torch", f"{ratio:.2f}x", ">= 1.5x", ratio >= 1.5)
+                if me and npy:
+                    ratio = npy["median_ms"] / me["median_ms"]
+                    line(f"SDPA {shape}, {thr} thr, vs naive NumPy", f"{ratio:.1f}x", ">= 20x", ratio >= 20)
+    for r in data:
+        if r["op"] == "mha" and r["impl"] == "pyattn":
+            th = get("mha", r["shape"], "torch", r["threads"])
+            if th:
+                ratio = th["median_ms"] / r["median_ms"]
+                line(f"MultiHeadAttention {r['shape']}, {r['threads']} thr, vs torch", f"{ratio:.2f}x",
+                     ">= 1.3x", ratio >= 1.3)
+    thrs = sorted({r["threads"] for r in data})
+    if len(thrs) > 1 and thrs[0] == 1:
+        for r in data:
+            if r["impl"] == "pyattn" and r["op"] == "sdpa" and r["threads"] == thrs[-1] and "decode" not in r["shape"]:
+                one = get("sdpa", r["shape"], "pyattn", 1)
+                if one and r["shape"].endswith(("E=64", "E=64 causal")) and "L=S=128 " not in r["shape"] + " ":
+                    ratio = one["min_ms"] / r["min_ms"]
+                    line(f"SDPA {r['shape']}: {thrs[-1]} threads vs 1", f"{ratio:.2f}x", ">= 1.8x", ratio >= 1.8)
+    if mem is not None:
+        line("causal L=S=32768 E=64: peak memory growth", f"{mem:.1f} MB", "< 64 MB", mem < 64)
+    return "| target | measured | goal | |\n|---|---|---|---|\n" + "\n".join(out)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small set of cases, about a minute")
@@ -267,7 +325,10 @@ def main():
     if mem is not None:
         head.append(f"causal attention L=S=32768, E=64, one head: peak resident memory grew by {mem:.1f} MB "
                     "during the call, beyond its inputs and output (the (L, S) float32 matrix would be 4096 MB)")
-    text = "\n".join("- " + h for h in head) + "\n\n" + tab + "\n"
+    text = "\n".join("- " + h for h in head) + "\n\n" + tab + "\n\n## Targets of the \"Fast\" issue\n\n" + \
+        targets(rows, mem) + "\n"
+    with open(os.path.join(HERE, "results.json") if args.md else os.devnull, "w") as f:
+        json.dump({"rows": rows, "memory_mb": mem}, f)
     print(text)
     if args.md:
         import pyattn

@@ -66,7 +66,7 @@ static void pa_fill_ref(void)
                                                "pyattn_attn_f64_ref"};
     pa_kernels.tilesm_float = pa_tilesm_f32_ref;
     pa_kernels.tilesm_double = pa_tilesm_f64_ref;
-    pa_kernels.exp_name = "pyattn_tilesm_f32_ref";
+    pa_kernels.tilesm_name = "pyattn_tilesm_f32_ref";
     pa_kernels.softmax[PA_F32] = pa_softmax_f32_ref;
     pa_kernels.softmax[PA_F64] = pa_softmax_f64_ref;
     pa_kernels.softmax_name[PA_F32] = "pyattn_softmax_f32_ref";
@@ -97,7 +97,7 @@ int pa_dispatch_init(int requested)
         pa_kernels.gemm[PA_F64] = (pa_gemm_kernel){pa_gemm_ukr_f64_avx2_6x8, 6, 8, 256, 72, 1024,
                                                    "pyattn_gemm_f64_avx2_6x8"};
         pa_kernels.tilesm_float = pa_tilesm_f32_avx2;
-        pa_kernels.exp_name = "pyattn_tilesm_f32_avx2";
+        pa_kernels.tilesm_name = "pyattn_tilesm_f32_avx2";
     }
     pa_kernels.isa = isa;
     return isa;

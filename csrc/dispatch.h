@@ -83,7 +83,7 @@ typedef struct {
     const char *softmax_name[2];
     pa_tilesm_float tilesm_float;
     pa_tilesm_double tilesm_double;
-    const char *exp_name;
+    const char *tilesm_name;
 } pa_dispatch;
 
 extern pa_dispatch pa_kernels;

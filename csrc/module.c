@@ -445,11 +445,11 @@ static PyObject *py_config(PyObject *self, PyObject *unused)
     const char *cc = "unknown";
 #endif
     return Py_BuildValue(
-        "{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:i,s:i}",
+        "{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:i,s:i}",
         "isa", pa_isa_name(k->isa), "isa_machine", pa_isa_name(k->isa_machine),
         "gemm_f32", k->gemm[PA_F32].name, "gemm_f64", k->gemm[PA_F64].name,
         "attn_f32", k->attn[PA_F32].name, "attn_f64", k->attn[PA_F64].name,
-        "softmax_f32", k->softmax_name[PA_F32], "compiler", cc,
+        "softmax_f32", k->softmax_name[PA_F32], "attn_tile_softmax", k->tilesm_name, "compiler", cc,
         "threads", pa_get_num_threads(), "max_threads", PA_MAX_THREADS);
 }
 

@@ -58,7 +58,7 @@ def show_config() -> None:
     print(f"  family allowed  : {c['isa']}"
           + ("  (PYATTN_ISA)" if _os.environ.get("PYATTN_ISA") else ""))
     print(f"  matmul kernels  : {c['gemm_f32']}, {c['gemm_f64']}")
-    print(f"  attention       : {c['attn_f32']}, {c['attn_f64']}")
+    print(f"  attention       : {c['attn_f32']}, {c['attn_f64']} (tile softmax {c['attn_tile_softmax']})")
     print(f"  softmax         : {c['softmax_f32']}")
     print(f"  threads         : {c['threads']}")
 
