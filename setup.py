@@ -19,6 +19,13 @@ SOURCES = sorted(
     os.path.relpath(p, HERE)
     for p in glob(os.path.join(HERE, "csrc", "**", "*.c"), recursive=True)
 )
+# headers and templates included by the sources: a change to any of them
+# rebuilds the extension (setuptools tracks only what is listed)
+DEPENDS = sorted(
+    os.path.relpath(p, HERE)
+    for ext in ("h", "inc")
+    for p in glob(os.path.join(HERE, "csrc", "**", "*." + ext), recursive=True)
+)
 
 
 class BuildExt(build_ext):
@@ -40,6 +47,7 @@ class BuildExt(build_ext):
 ext = Extension(
     "pyattn._C",
     sources=SOURCES,
+    depends=DEPENDS,
     include_dirs=[np.get_include(), os.path.join("csrc")],
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_22_API_VERSION")],
 )

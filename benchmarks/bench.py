@@ -287,6 +287,17 @@ def targets(rows, mem):
     return "| target | measured | goal | |\n|---|---|---|---|\n" + "\n".join(out)
 
 
+def _cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.platform()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small set of cases, about a minute")
@@ -296,6 +307,8 @@ def main():
     ap.add_argument("--plot", default=None, help="write a GFLOP/s vs sequence length plot (matplotlib)")
     ap.add_argument("--md", default=None, help="also write the table with its context to this Markdown file")
     ap.add_argument("--no-memory", action="store_true", help="skip the 32768-token memory probe")
+    ap.add_argument("--from-json", default=None, help="re-render the table, targets and plot from a saved "
+                    "results.json instead of measuring")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.repeat is None:
@@ -309,17 +322,27 @@ def main():
     except AttributeError:
         ncpu = os.cpu_count() or 1
     threads = [int(t) for t in args.threads.split(",")] if args.threads else sorted({1, ncpu})
-    rows = []
-    for t in threads:
-        rows += spawn(t, args)
+    if args.from_json:
+        with open(args.from_json) as f:
+            saved = json.load(f)
+        rows, mem = saved["rows"], saved["memory_mb"]
+        threads = sorted({r["threads"] for r in rows})
+    else:
+        rows = []
+        for t in threads:
+            rows += spawn(t, args)
+        mem = None if args.no_memory else memory_probe()
     tab = table(rows)
     peak = {r["threads"]: r["gflops_core"] for r in rows if r.get("kind") == "peak"}
-    mem = None if args.no_memory else memory_probe()
-    head = [f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
-            f"machine: {platform.machine()}, {ncpu} CPUs, {platform.processor() or platform.platform()}",
-            "measured float32 FMA peak per core: " + ", ".join(
-                f"{v:.1f} GFLOP/s ({k} thr run)" for k, v in peak.items() if v),
-            "command: python benchmarks/bench.py " + " ".join(a for a in sys.argv[1:]),
+    if args.from_json and "head" in saved:
+        head = list(saved["head"])
+    else:
+        head = [f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+                f"machine: {platform.machine()}, {ncpu} CPUs, {_cpu_name()}",
+                "measured float32 FMA peak per core: " + ", ".join(
+                    f"{v:.1f} GFLOP/s ({k} thr run)" for k, v in peak.items() if v),
+                "command: python benchmarks/bench.py " + " ".join(a for a in sys.argv[1:])]
+    head = head[:4] + [
             "speed-up column: that implementation's median time / pyattn's median time "
             "(above 1: pyattn is faster); numpy = the seeds' naive attention, L <= 2048"]
     if mem is not None:
@@ -327,8 +350,9 @@ def main():
                     "during the call, beyond its inputs and output (the (L, S) float32 matrix would be 4096 MB)")
     text = "\n".join("- " + h for h in head) + "\n\n" + tab + "\n\n## Targets of the \"Fast\" issue\n\n" + \
         targets(rows, mem) + "\n"
-    with open(os.path.join(HERE, "results.json") if args.md else os.devnull, "w") as f:
-        json.dump({"rows": rows, "memory_mb": mem}, f)
+    if args.md and not args.from_json:
+        with open(os.path.join(os.path.dirname(os.path.abspath(args.md)), "results.json"), "w") as f:
+            json.dump({"rows": rows, "memory_mb": mem, "head": head[:4]}, f)
     print(text)
     if args.md:
         import pyattn
@@ -352,7 +376,7 @@ def main():
             for t in threads:
                 pts = sorted((int(r["shape"].split("L=S=")[1].split()[0]), r["flops"] / r["min_ms"] / 1e6)
                              for r in rows if r.get("op") == "sdpa" and r["impl"] == impl and r["threads"] == t
-                             and "E=64" in r["shape"] and "causal" not in r["shape"])
+                             and "L=S=" in r["shape"] and "E=64" in r["shape"] and "causal" not in r["shape"])
                 if pts:
                     ax.plot(*zip(*pts), marker="o", label=f"{impl}, {t} thr")
         ax.set_xscale("log", base=2)

@@ -203,6 +203,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     NaN in query/key (or a float mask) spreads to the rows it touches; a key
     whose weight is exactly 0 (masked or dropped) contributes nothing.
 
+    Results are bit-identical whatever the thread count, and a row's result
+    does not depend on the batch it was computed in. Calls with few queries
+    (L <= 8, decoding) run a row kernel (and split long key sequences into
+    fixed chunks over threads), so the same row can differ in the last bits
+    from a call with more queries.
+
     Examples
     --------
     >>> import numpy as np, pyattn

@@ -64,9 +64,14 @@ def test_row_independent_of_batch(rng):
     v = rng.standard_normal((5, 3, 70, 8)).astype(np.float32)
     full = pyattn.scaled_dot_product_attention(q, k, v, is_causal=True)
     assert np.array_equal(pyattn.scaled_dot_product_attention(q[3, 1], k[3, 1], v[3, 1], is_causal=True), full[3, 1])
-    # one query row alone (no mask: the row's keys are all of them)
-    nomask = pyattn.scaled_dot_product_attention(q, k, v)
-    assert np.array_equal(pyattn.scaled_dot_product_attention(q[2, 0, 17:18], k[2, 0], v[2, 0]), nomask[2, 0, 17:18])
+    # decode-sized calls (L <= 8) take the row kernel: a head alone vs in its batch
+    rows = pyattn.scaled_dot_product_attention(q[:, :, 17:18], k, v, is_causal="bottom_right")
+    assert np.array_equal(pyattn.scaled_dot_product_attention(q[2, 0, 17:18], k[2, 0], v[2, 0],
+                                                              is_causal="bottom_right"), rows[2, 0])
+    # long key sequences split into chunks: still independent of the batch
+    kk = rng.standard_normal((3, 5000, 24)).astype(np.float32)
+    dec = pyattn.scaled_dot_product_attention(q[:3, 0, :2], kk, kk)
+    assert np.array_equal(pyattn.scaled_dot_product_attention(q[1, 0, :2], kk[1], kk[1]), dec[1])
     a = rng.standard_normal((130, 77))
     b = rng.standard_normal((77, 90))
     full = pyattn.matmul(a, b)

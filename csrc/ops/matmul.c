@@ -84,7 +84,6 @@ static void gemm_task(void *ctx_, pa_ssize t, int tid)
     char *Ap = (char *)c->ws[tid];
     char *Bp = Ap + c->a_elems * es;
     const pa_ssize crs = c->C->rs, ccs = c->C->cs;
-    (void)ccs;
 
     if (bias || c->K == 0) {
         if (c->dtype == PA_F32) fill_c_f32((float *)C, crs, ccs, mt, nc, (const float *)bias, c->bias_s);
