@@ -402,6 +402,10 @@ print({k: [round(x, 1) for x in ys] for k, ys in mem.items()})"""),
 causal and not, on 1 and all threads, interleaved and repeated, against NumPy and PyTorch.
 Its last committed table:"""),
 ("code", """import os
+from IPython.display import Image, display
+png = os.path.join("..", "benchmarks", "gflops.png")
+if os.path.exists(png):
+    display(Image(filename=png))          # GFLOP/s vs L, from the committed run
 path = os.path.join("..", "benchmarks", "RESULTS.md")
 print(open(path).read()[:4000] if os.path.exists(path) else "no RESULTS.md yet: run benchmarks/bench.py")"""),
 ]
