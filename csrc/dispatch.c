@@ -60,10 +60,6 @@ static void pa_fill_ref(void)
                                                "pyattn_gemm_f32_ref_4x16"};
     pa_kernels.gemm[PA_F64] = (pa_gemm_kernel){pa_gemm_ukr_f64_ref_4x8, 4, 8, 256, 64, 1024,
                                                "pyattn_gemm_f64_ref_4x8"};
-    pa_kernels.attn[PA_F32] = (pa_attn_kernel){pa_attn_f32_ref, pa_attn_ws_f32_ref, NULL, PA_REF_BQ,
-                                               "pyattn_attn_f32_ref"};
-    pa_kernels.attn[PA_F64] = (pa_attn_kernel){pa_attn_f64_ref, pa_attn_ws_f64_ref, NULL, PA_REF_BQ,
-                                               "pyattn_attn_f64_ref"};
     pa_kernels.tilesm_float = pa_tilesm_f32_ref;
     pa_kernels.tilesm_double = pa_tilesm_f64_ref;
     pa_kernels.tilesm_name = "pyattn_tilesm_f32_ref";
