@@ -176,3 +176,13 @@ def test_self_attention_matches_torch_linear_layers(rng):
     got = layer(x)
     assert got.dtype == np.float64
     np.testing.assert_allclose(got, want, rtol=0, atol=64 * np.finfo(np.float64).eps * np.abs(want).max() * 8)
+
+
+def test_tensors_are_array_likes(rng):
+    q = rng.standard_normal((2, 5, 8)).astype(np.float32)
+    k = rng.standard_normal((2, 7, 8)).astype(np.float32)
+    want = pyattn.scaled_dot_product_attention(q, k, k, is_causal=True)
+    got = pyattn.scaled_dot_product_attention(T(q), T(k), T(k), is_causal=True)
+    assert isinstance(got, np.ndarray) and np.array_equal(got, want)
+    with pytest.raises(TypeError, match="query"):          # a tensor that needs grad cannot become an array
+        pyattn.scaled_dot_product_attention(T(q).requires_grad_(), T(k), T(k))
