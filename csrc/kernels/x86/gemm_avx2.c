@@ -36,6 +36,11 @@ PA_AVX2 void pa_gemm_ukr_f32_avx2_6x16(pa_ssize kc, const void *Ap_, pa_ssize a_
     const float *A = (const float *)Ap_, *B = (const float *)Bp_;
     const float *A3 = A + 3 * a_rs;
     float *C = (float *)C_;
+    if (accumulate && cs == 1)        /* C is read at the end: start fetching it now */
+        for (int i = 0; i < m; i++) {
+            _mm_prefetch((const char *)(C + i * rs), _MM_HINT_T0);
+            _mm_prefetch((const char *)(C + i * rs + 15), _MM_HINT_T0);
+        }
     __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps();
     __m256 c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();
     __m256 c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps();
@@ -82,6 +87,11 @@ PA_AVX2 void pa_gemm_ukr_f64_avx2_6x8(pa_ssize kc, const void *Ap_, pa_ssize a_r
     const double *A = (const double *)Ap_, *B = (const double *)Bp_;
     const double *A3 = A + 3 * a_rs;
     double *C = (double *)C_;
+    if (accumulate && cs == 1)        /* C is read at the end: start fetching it now */
+        for (int i = 0; i < m; i++) {
+            _mm_prefetch((const char *)(C + i * rs), _MM_HINT_T0);
+            _mm_prefetch((const char *)(C + i * rs + 7), _MM_HINT_T0);
+        }
     __m256d c00 = _mm256_setzero_pd(), c01 = _mm256_setzero_pd();
     __m256d c10 = _mm256_setzero_pd(), c11 = _mm256_setzero_pd();
     __m256d c20 = _mm256_setzero_pd(), c21 = _mm256_setzero_pd();
