@@ -1,6 +1,6 @@
 """Build script for the pyattn C extension (pyattn._C).
 
-Flags: C11, -O3, no -march=native, no -ffast-math. SIMD kernels select their
+Flags: C11, -O3; never tuned for the build machine's CPU, never fast-math. SIMD kernels select their
 instruction set per function with __attribute__((target(...))), so every other
 file builds for the baseline of the platform and the wheel runs on any CPU of
 that architecture. Extra flags (e.g. CFLAGS=-Werror in CI) come from the
