@@ -73,7 +73,7 @@ def mag_attention(q, k, v, w, scale):
 LAYOUTS = ["c", "transposed", "negative", "fortran", "strided"]
 
 
-def make(rng, shape, dtype, layout="c", low=None):
+def make(rng, shape, dtype, layout="c"):
     """Random array of `shape` and dtype, laid out in memory as `layout`."""
     shape = tuple(shape)
     def draw(s):

@@ -20,7 +20,7 @@
 #define PA_AVX2 __attribute__((target("avx2,fma")))
 
 /* C (m x n corner) = / += tile held in a row-major MR x NR buffer */
-#define PA_WRITEBACK(T, MR, NR)                                                  \
+#define PA_WRITEBACK(NR)                                                         \
     if (accumulate) {                                                            \
         for (int i = 0; i < m; i++)                                              \
             for (int j = 0; j < n; j++) C[i * rs + j * cs] += buf[i * NR + j];   \
@@ -77,7 +77,7 @@ PA_AVX2 void pa_gemm_ukr_f32_avx2_6x16(pa_ssize kc, const void *Ap_, pa_ssize a_
     _mm256_storeu_ps(buf + 48, c30); _mm256_storeu_ps(buf + 56, c31);
     _mm256_storeu_ps(buf + 64, c40); _mm256_storeu_ps(buf + 72, c41);
     _mm256_storeu_ps(buf + 80, c50); _mm256_storeu_ps(buf + 88, c51);
-    PA_WRITEBACK(float, 6, 16)
+    PA_WRITEBACK(16)
 }
 
 PA_AVX2 void pa_gemm_ukr_f64_avx2_6x8(pa_ssize kc, const void *Ap_, pa_ssize a_rs, pa_ssize a_cs,
@@ -128,7 +128,7 @@ PA_AVX2 void pa_gemm_ukr_f64_avx2_6x8(pa_ssize kc, const void *Ap_, pa_ssize a_r
     _mm256_storeu_pd(buf + 24, c30); _mm256_storeu_pd(buf + 28, c31);
     _mm256_storeu_pd(buf + 32, c40); _mm256_storeu_pd(buf + 36, c41);
     _mm256_storeu_pd(buf + 40, c50); _mm256_storeu_pd(buf + 44, c51);
-    PA_WRITEBACK(double, 6, 8)
+    PA_WRITEBACK(8)
 }
 
 int pa_have_avx2_kernels(void) { return 1; }
