@@ -10,7 +10,10 @@
 
 #include "pyattn.h"
 
-enum { PA_ISA_GENERIC = 0, PA_ISA_AVX2 = 1, PA_ISA_AVX512 = 2 };
+/* Families, in order. PA_ISA_AVX512_EMU is not a level of its own: a request
+ * for it (tests only) installs the AVX-512 kernel bodies built over pairs of
+ * AVX2 registers (gemm_avx512_emu.c), so CPUs without AVX-512 can test them. */
+enum { PA_ISA_GENERIC = 0, PA_ISA_AVX2 = 1, PA_ISA_AVX512 = 2, PA_ISA_AVX512_EMU = 3 };
 
 /* GEMM micro-kernel.
  *   A : MR rows, element (i, p) at A[i*a_rs + p*a_cs] -- a packed A panel
@@ -45,7 +48,8 @@ typedef struct {
     pa_attn_fn run;
     pa_attn_ws_fn ws;
     pa_attn_merge_fn merge;   /* NULL: the kernel cannot work on key chunks */
-    int bq;               /* query rows per task */
+    int bq;               /* query rows per task: a multiple of lcm(MR, NR) of
+                             the family's micro-kernel, at most PA_FLASH_MAXBQ */
     const char *name;
 } pa_attn_kernel;
 
@@ -62,8 +66,8 @@ typedef void (*pa_tilesm_double)(double *St, pa_ssize nj, pa_ssize ncols, pa_ssi
                                  double *m, double *l, double *alpha);
 
 /* tiles of the flash kernel (attn_flash.inc) */
-#define PA_FLASH_BQ 48
-#define PA_FLASH_BK 60   /* a multiple of every MR (4, 6, 12) */
+/* (the query rows per block are the table's attn[].bq: 48, or 96 for AVX-512 f32) */
+#define PA_FLASH_BK 60   /* keys per tile: a multiple of every MR (4, 6, 12) */
 #define PA_FLASH_MAXD 512
 /* decode shapes (few queries, many keys): keys split into fixed chunks, one
  * task each, merged in chunk order -- a partition that depends on the shape
@@ -99,6 +103,14 @@ int pa_have_avx2_kernels(void);
 void pa_gemm_ukr_f32_avx2_6x16(pa_ssize, const void *, pa_ssize, pa_ssize, const void *, pa_ssize, void *, pa_ssize, pa_ssize, int, int, int);
 void pa_gemm_ukr_f64_avx2_6x8(pa_ssize, const void *, pa_ssize, pa_ssize, const void *, pa_ssize, void *, pa_ssize, pa_ssize, int, int, int);
 
+/* AVX-512 kernels (kernels/x86/gemm_avx512.c; 0: not compiled here) and the
+ * same bodies over AVX2 register pairs (gemm_avx512_emu.c, for tests) */
+int pa_have_avx512_kernels(void);
+void pa_gemm_ukr_f32_avx512_12x32(pa_ssize, const void *, pa_ssize, pa_ssize, const void *, pa_ssize, void *, pa_ssize, pa_ssize, int, int, int);
+void pa_gemm_ukr_f64_avx512_12x16(pa_ssize, const void *, pa_ssize, pa_ssize, const void *, pa_ssize, void *, pa_ssize, pa_ssize, int, int, int);
+void pa_gemm_ukr_f32_avx512emu_12x32(pa_ssize, const void *, pa_ssize, pa_ssize, const void *, pa_ssize, void *, pa_ssize, pa_ssize, int, int, int);
+void pa_gemm_ukr_f64_avx512emu_12x16(pa_ssize, const void *, pa_ssize, pa_ssize, const void *, pa_ssize, void *, pa_ssize, pa_ssize, int, int, int);
+
 /* benchmark probe: float32 FMA throughput; returns flops done (0: no AVX2) */
 double pa_fma_probe_avx2(long long iters, float *sink);
 
@@ -112,6 +124,7 @@ size_t pa_attn_ws_f64_flash(pa_ssize, pa_ssize);
 void pa_tilesm_f32_ref(float *, pa_ssize, pa_ssize, pa_ssize, float *, float *, float *);
 void pa_tilesm_f64_ref(double *, pa_ssize, pa_ssize, pa_ssize, double *, double *, double *);
 void pa_tilesm_f32_avx2(float *, pa_ssize, pa_ssize, pa_ssize, float *, float *, float *);
+void pa_tilesm_f64_avx2(double *, pa_ssize, pa_ssize, pa_ssize, double *, double *, double *);
 
 /* reference kernels (kernels/ref) */
 void pa_gemm_ukr_f32_ref_4x16(pa_ssize, const void *, pa_ssize, pa_ssize, const void *, pa_ssize, void *, pa_ssize, pa_ssize, int, int, int);
@@ -122,5 +135,7 @@ size_t pa_attn_ws_f32_ref(pa_ssize, pa_ssize);
 size_t pa_attn_ws_f64_ref(pa_ssize, pa_ssize);
 void pa_softmax_f32_ref(const pa_softmax_row *);
 void pa_softmax_f64_ref(const pa_softmax_row *);
+void pa_softmax_f32_avx2(const pa_softmax_row *);
+void pa_softmax_f64_avx2(const pa_softmax_row *);
 
 #endif

@@ -425,8 +425,8 @@ static PyObject *py_select_isa(PyObject *self, PyObject *arg)
 {
     long req = PyLong_AsLong(arg);
     if (req == -1 && PyErr_Occurred()) return NULL;
-    if (req < -1 || req > PA_ISA_AVX512) {
-        PyErr_SetString(PyExc_ValueError, "isa code must be -1, 0, 1 or 2");
+    if (req < -1 || req > PA_ISA_AVX512_EMU) {
+        PyErr_SetString(PyExc_ValueError, "isa code must be -1, 0, 1, 2 or 3");
         return NULL;
     }
     return PyLong_FromLong(pa_dispatch_init((int)req));
@@ -445,11 +445,12 @@ static PyObject *py_config(PyObject *self, PyObject *unused)
     const char *cc = "unknown";
 #endif
     return Py_BuildValue(
-        "{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:i,s:i}",
+        "{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:i,s:i}",
         "isa", pa_isa_name(k->isa), "isa_machine", pa_isa_name(k->isa_machine),
         "gemm_f32", k->gemm[PA_F32].name, "gemm_f64", k->gemm[PA_F64].name,
         "attn_f32", k->attn[PA_F32].name, "attn_f64", k->attn[PA_F64].name,
-        "softmax_f32", k->softmax_name[PA_F32], "attn_tile_softmax", k->tilesm_name, "compiler", cc,
+        "softmax_f32", k->softmax_name[PA_F32], "softmax_f64", k->softmax_name[PA_F64],
+        "attn_tile_softmax", k->tilesm_name, "compiler", cc,
         "threads", pa_get_num_threads(), "max_threads", PA_MAX_THREADS);
 }
 

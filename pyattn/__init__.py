@@ -23,7 +23,9 @@ __all__ = [
     "set_num_threads", "get_num_threads", "show_config", "nn", "__version__",
 ]
 
-_ISA_CODES = {"generic": 0, "avx2": 1, "avx512": 2}
+# "avx512emu" is for tests: the AVX-512 kernels built over pairs of AVX2
+# registers, so a CPU without AVX-512 can check them (slow; needs AVX2)
+_ISA_CODES = {"generic": 0, "avx2": 1, "avx512": 2, "avx512emu": 3}
 
 
 def set_num_threads(n: int) -> None:
@@ -59,7 +61,7 @@ def show_config() -> None:
           + ("  (PYATTN_ISA)" if _os.environ.get("PYATTN_ISA") else ""))
     print(f"  matmul kernels  : {c['gemm_f32']}, {c['gemm_f64']}")
     print(f"  attention       : {c['attn_f32']}, {c['attn_f64']} (tile softmax {c['attn_tile_softmax']})")
-    print(f"  softmax         : {c['softmax_f32']}")
+    print(f"  softmax         : {c['softmax_f32']}, {c['softmax_f64']}")
     print(f"  threads         : {c['threads']}")
 
 
@@ -87,7 +89,7 @@ def _init() -> None:
         if isa in _ISA_CODES:
             code = _ISA_CODES[isa]
         else:
-            _warnings.warn(f"PYATTN_ISA={isa!r} is not one of generic, avx2, avx512; ignored",
+            _warnings.warn(f"PYATTN_ISA={isa!r} is not one of generic, avx2, avx512, avx512emu; ignored",
                            RuntimeWarning, stacklevel=2)
     _C.select_isa(code)
     _C.set_num_threads(min(_default_threads(), 1024))

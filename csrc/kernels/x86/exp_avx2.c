@@ -1,47 +1,19 @@
 /*
- * exp_avx2.c -- vectorised exp for the softmax rows (AVX2+FMA, float32).
- *
- * exp(x) = 2^n * p(r), n = round(x / ln 2), r = x - n ln 2 (ln 2 split in a
- * high part exact in float and a low correction), p a degree-6 polynomial
- * (Cephes expf coefficients), within a few ULP of expf on [-87.3, 0].
- * Inputs here are s - max <= 0: below -87.3 (including -inf) the result is
- * exactly 0 (it would be at most a subnormal); NaN stays NaN. No fast-math.
+ * exp_avx2.c -- the online-softmax tile steps of the flash kernel (AVX2+FMA),
+ * float32 (8 query columns per vector) and float64 (4), on the vectorised
+ * exp of exp_avx2.h.
  */
 #include <math.h>
 #include "dispatch.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-
-__attribute__((target("avx2,fma")))
-static inline __m256 pa_exp8_nonpos(__m256 x)
-{
-    const __m256 lo = _mm256_set1_ps(-87.33654475f);
-    __m256 dead = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);        /* false for NaN */
-    __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
-    __m256 xc = _mm256_max_ps(x, lo);
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-    y = _mm256_andnot_ps(dead, y);
-    return _mm256_blendv_ps(y, x, nan);
-}
+#include "exp_avx2.h"
 
 /* The online-softmax tile step (pa_tilesm_float in dispatch.h), 8 query
  * columns per vector: everything is vertical, no horizontal reductions.
  * _mm256_max_ps returns its second operand when either is NaN, so a NaN
  * score never becomes the max (as the scalar `if (x > m) m = x`). */
-__attribute__((target("avx2,fma")))
+PA_AVX2_FN
 void pa_tilesm_f32_avx2(float *St, pa_ssize nj, pa_ssize ncols, pa_ssize ld,
                         float *m, float *l, float *alpha)
 {
@@ -68,10 +40,44 @@ void pa_tilesm_f32_avx2(float *St, pa_ssize nj, pa_ssize ncols, pa_ssize ld,
     if (c < ncols) pa_tilesm_f32_ref(St + c, nj, ncols - c, ld, m + c, l + c, alpha + c);
 }
 
+/* the same step on doubles, 4 query columns per vector */
+PA_AVX2_FN
+void pa_tilesm_f64_avx2(double *St, pa_ssize nj, pa_ssize ncols, pa_ssize ld,
+                        double *m, double *l, double *alpha)
+{
+    const __m256d ninf = _mm256_set1_pd(-INFINITY);
+    pa_ssize c = 0;
+    for (; c + 4 <= ncols; c += 4) {
+        __m256d mt = ninf;
+        for (pa_ssize j = 0; j < nj; j++) mt = _mm256_max_pd(_mm256_loadu_pd(St + j * ld + c), mt);
+        const __m256d mold = _mm256_loadu_pd(m + c);
+        const __m256d mnew = _mm256_max_pd(mt, mold);
+        const __m256d msafe = _mm256_andnot_pd(_mm256_cmp_pd(mnew, ninf, _CMP_EQ_OQ), mnew);
+        const __m256d al = pa_exp4_nonpos(_mm256_sub_pd(mold, msafe));
+        __m256d sum = _mm256_setzero_pd();
+        for (pa_ssize j = 0; j < nj; j++) {
+            double *x = St + j * ld + c;
+            const __m256d e = pa_exp4_nonpos(_mm256_sub_pd(_mm256_loadu_pd(x), msafe));
+            _mm256_storeu_pd(x, e);
+            sum = _mm256_add_pd(sum, e);
+        }
+        _mm256_storeu_pd(alpha + c, al);
+        _mm256_storeu_pd(l + c, _mm256_fmadd_pd(_mm256_loadu_pd(l + c), al, sum));
+        _mm256_storeu_pd(m + c, mnew);
+    }
+    if (c < ncols) pa_tilesm_f64_ref(St + c, nj, ncols - c, ld, m + c, l + c, alpha + c);
+}
+
 #else
 void pa_tilesm_f32_avx2(float *St, pa_ssize nj, pa_ssize ncols, pa_ssize ld,
                         float *m, float *l, float *alpha)
 {
     pa_tilesm_f32_ref(St, nj, ncols, ld, m, l, alpha);
+}
+
+void pa_tilesm_f64_avx2(double *St, pa_ssize nj, pa_ssize ncols, pa_ssize ld,
+                        double *m, double *l, double *alpha)
+{
+    pa_tilesm_f64_ref(St, nj, ncols, ld, m, l, alpha);
 }
 #endif

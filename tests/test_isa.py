@@ -1,0 +1,124 @@
+"""Kernel families switched inside one process: the AVX-512 kernel bodies
+(run through their AVX2-pair build where the CPU lacks AVX-512) on shapes
+that cut every tile edge, the real AVX-512 kernels against that build bit
+for bit where the CPU has AVX-512, and the vectorised exp's accuracy."""
+import os
+
+import numpy as np
+import pytest
+
+import pyattn
+import pyattn._C as C
+from pyattn import _reference as R
+from conftest import DTYPES, check, mag_attention, mag_matmul
+
+GENERIC, AVX2, AVX512, AVX512_EMU = 0, 1, 2, 3
+MACHINE = C.config()["isa_machine"]
+
+
+@pytest.fixture
+def family():
+    """Select a family for one test, then restore what PYATTN_ISA asked for."""
+    def select(code):
+        got = C.select_isa(code)
+        return got, C.config()
+    yield select
+    C.select_isa(pyattn._ISA_CODES.get(os.environ.get("PYATTN_ISA", "").strip().lower(), -1))
+
+
+needs_avx2 = pytest.mark.skipif(MACHINE == "generic", reason="the AVX-512 emulation needs AVX2")
+
+
+@needs_avx2
+def test_emulated_family_is_installed(family):
+    got, cfg = family(AVX512_EMU)
+    assert got == AVX512_EMU and cfg["isa"] == "avx512emu"
+    assert cfg["gemm_f32"] == "pyattn_gemm_f32_avx512emu_12x32"
+    assert cfg["gemm_f64"] == "pyattn_gemm_f64_avx512emu_12x16"
+    assert cfg["attn_f32"] == "pyattn_attn_f32_flash_96x60"
+
+
+def test_avx512_request_is_capped_by_the_machine(family):
+    got, cfg = family(AVX512)
+    if MACHINE == "avx512":
+        assert cfg["gemm_f32"] == "pyattn_gemm_f32_avx512_12x32"
+    else:
+        assert cfg["isa"] == MACHINE and "avx512" not in cfg["gemm_f32"]
+
+
+# M around MR = 12, N around NR = 32 (f32) / 16 (f64) and NC, K around KC = 256
+@needs_avx2
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("M", [1, 11, 12, 13, 97])
+@pytest.mark.parametrize("N", [1, 15, 16, 17, 31, 32, 33, 100])
+@pytest.mark.parametrize("K", [1, 7, 256, 300])
+def test_emulated_gemm_edges(family, rng, dtype, M, N, K):
+    family(AVX512_EMU)
+    a = rng.standard_normal((M, K)).astype(dtype)
+    b = rng.standard_normal((K, N)).astype(dtype)
+    got = pyattn.matmul(a, b)
+    check(got, np.matmul(a.astype(np.float64), b.astype(np.float64)), mag_matmul(a, b))
+    got_t = pyattn.matmul(b.T, a.T)                       # strided operands
+    check(got_t, got.T.astype(np.float64), 2 * mag_matmul(b.T, a.T))
+
+
+@needs_avx2
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("L,S", [(9, 700), (95, 61), (96, 96), (97, 130), (200, 59), (300, 300)])
+@pytest.mark.parametrize("E", [1, 31, 33, 64])
+@pytest.mark.parametrize("causal", [False, True])
+def test_emulated_attention_edges(family, rng, dtype, L, S, E, causal):
+    family(AVX512_EMU)
+    q = rng.standard_normal((2, L, E)).astype(dtype)
+    k = rng.standard_normal((2, S, E)).astype(dtype)
+    v = rng.standard_normal((2, S, E + 3)).astype(dtype)
+    got = pyattn.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    want, w = R.scaled_dot_product_attention(q, k, v, is_causal=causal, return_weights=True)
+    check(got, want, mag_attention(q, k, v, w, 1 / np.sqrt(E)))
+    pyattn.set_num_threads(1)
+    try:
+        one = pyattn.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    finally:
+        pyattn.set_num_threads(2)
+    assert np.array_equal(one, got)                       # any thread count, same bits
+
+
+@pytest.mark.skipif(MACHINE != "avx512", reason="this CPU has no AVX-512: only the emulated build can run")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_real_avx512_matches_emulation_bit_for_bit(family, rng, dtype):
+    a = rng.standard_normal((131, 300)).astype(dtype)
+    b = rng.standard_normal((300, 77)).astype(dtype)
+    q = rng.standard_normal((2, 150, 40)).astype(dtype)
+    kv = rng.standard_normal((2, 170, 40)).astype(dtype)
+    outs = {}
+    for code in (AVX512, AVX512_EMU):
+        family(code)
+        outs[code] = (pyattn.matmul(a, b), pyattn.scaled_dot_product_attention(q, kv, kv, is_causal=True))
+    for x, y in zip(outs[AVX512], outs[AVX512_EMU]):
+        assert np.array_equal(x, y)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("code", [GENERIC, AVX2])
+def test_exp_accuracy_through_softmax(family, dtype, code):
+    """softmax([0, x]) = [1, e^x] / (1 + e^x); for x this negative 1 + e^x
+    rounds to 1, so the second weight is the kernel's exp(x) itself, and
+    the flash kernel's output with v = [0, 1] is too."""
+    family(code)
+    lo = {np.float32: -87.3, np.float64: -708.3}[dtype]
+    cut = {np.float32: -20.0, np.float64: -40.0}[dtype]
+    x = np.linspace(lo, cut, 4001).astype(dtype)
+    rows = np.stack([np.zeros_like(x), x], axis=1)
+    got = pyattn.softmax(rows)[:, 1].astype(np.float64)
+    want = np.exp(x.astype(np.float64))
+    ulp = np.spacing(np.exp(x)).astype(np.float64)        # one unit in the dtype
+    assert np.all(np.abs(got - want) <= 4 * ulp), np.max(np.abs(got - want) / ulp)
+    # below the smallest normal result: exactly 0 (never a garbage subnormal)
+    deep = np.array([[0, 2 * lo], [0, -np.inf]], dtype)
+    assert np.array_equal(pyattn.softmax(deep)[:, 1], [0, 0])
+    # the same exp in the flash kernel's tile step: query x, keys [0, 1],
+    # values [0, 1], scale 1 -> scores [0, x], output e^x / (1 + e^x)
+    q = x[:, None]
+    k = np.array([[0], [1]], dtype)
+    out = pyattn.scaled_dot_product_attention(q, k, k, scale=1.0)[:, 0].astype(np.float64)
+    assert np.all(np.abs(out - want) <= 4 * ulp), np.max(np.abs(out - want) / ulp)
