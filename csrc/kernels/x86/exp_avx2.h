@@ -22,12 +22,17 @@
 
 PA_AVX2_FN static inline __m256 pa_exp8_nonpos(__m256 x)
 {
-    const __m256 lo = _mm256_set1_ps(-87.33654475f);
-    __m256 dead = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);        /* false for NaN */
-    __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
-    __m256 xc = _mm256_max_ps(x, lo);
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 lo = _mm256_set1_ps(-87.33654475f);      /* ln(FLT_MIN) */
+    const __m256 dead = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);  /* false for NaN */
+    /* max returns its second operand when one is NaN: NaN flows through
+     * every step below and comes out NaN */
+    const __m256 xc = _mm256_max_ps(lo, x);
+    /* t = x log2(e) + (1.5 * 2^23 + 127), rounded once: n = t - that is
+     * round(x log2 e), and t's low mantissa bits hold n + 127, the biased
+     * exponent of 2^n (n in [-126, 0]) */
+    const __m256 magic = _mm256_set1_ps(12583039.0f);
+    const __m256 t = _mm256_fmadd_ps(xc, _mm256_set1_ps(1.44269504088896341f), magic);
+    const __m256 n = _mm256_sub_ps(t, magic);
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
     r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
     __m256 y = _mm256_set1_ps(1.9875691500e-4f);
@@ -37,20 +42,21 @@ PA_AVX2_FN static inline __m256 pa_exp8_nonpos(__m256 x)
     y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
     y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
     y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    const __m256i e = _mm256_slli_epi32(_mm256_castps_si256(t), 23);
     y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-    y = _mm256_andnot_ps(dead, y);
-    return _mm256_blendv_ps(y, x, nan);
+    return _mm256_andnot_ps(dead, y);
 }
 
 PA_AVX2_FN static inline __m256d pa_exp4_nonpos(__m256d x)
 {
     const __m256d lo = _mm256_set1_pd(-708.3964185322641);   /* ln(DBL_MIN) */
-    __m256d dead = _mm256_cmp_pd(x, lo, _CMP_LT_OQ);         /* false for NaN */
-    __m256d nan = _mm256_cmp_pd(x, x, _CMP_UNORD_Q);
-    __m256d xc = _mm256_max_pd(x, lo);
-    __m256d n = _mm256_round_pd(_mm256_mul_pd(xc, _mm256_set1_pd(1.4426950408889634074)),
-                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256d dead = _mm256_cmp_pd(x, lo, _CMP_LT_OQ);   /* false for NaN */
+    const __m256d xc = _mm256_max_pd(lo, x);                 /* NaN flows through */
+    /* t = x log2(e) + (1.5 * 2^52 + 1023), rounded once: n = t - that, and
+     * t's low mantissa bits hold n + 1023 (n in [-1022, 0]) */
+    const __m256d magic = _mm256_set1_pd(6755399441056767.0);
+    const __m256d t = _mm256_fmadd_pd(xc, _mm256_set1_pd(1.4426950408889634074), magic);
+    const __m256d n = _mm256_sub_pd(t, magic);
     /* ln 2 = 0.693145751953125 (exact, 18 bits) + 1.428606820309417232e-6 */
     __m256d r = _mm256_fnmadd_pd(n, _mm256_set1_pd(0.693145751953125), xc);
     r = _mm256_fnmadd_pd(n, _mm256_set1_pd(1.428606820309417232e-6), r);
@@ -67,15 +73,9 @@ PA_AVX2_FN static inline __m256d pa_exp4_nonpos(__m256d x)
     y = _mm256_fmadd_pd(y, r, _mm256_set1_pd(1.0 / 6.0));
     y = _mm256_fmadd_pd(y, r, _mm256_set1_pd(0.5));
     y = _mm256_fmadd_pd(y, _mm256_mul_pd(r, r), _mm256_add_pd(r, _mm256_set1_pd(1.0)));
-    /* 2^n: n is integral in [-1022, 0]; adding 1.5 * 2^52 puts it, as a
-     * 64-bit integer, in the low bits of the sum */
-    const __m256d magic = _mm256_set1_pd(6755399441055744.0);
-    __m256i ni = _mm256_sub_epi64(_mm256_castpd_si256(_mm256_add_pd(n, magic)),
-                                  _mm256_castpd_si256(magic));
-    __m256i e = _mm256_slli_epi64(_mm256_add_epi64(ni, _mm256_set1_epi64x(1023)), 52);
+    const __m256i e = _mm256_slli_epi64(_mm256_castpd_si256(t), 52);
     y = _mm256_mul_pd(y, _mm256_castsi256_pd(e));
-    y = _mm256_andnot_pd(dead, y);
-    return _mm256_blendv_pd(y, x, nan);
+    return _mm256_andnot_pd(dead, y);
 }
 
 #endif
