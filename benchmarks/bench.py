@@ -61,6 +61,8 @@ def _cases(quick):
         for E in Es:
             for causal in (False, True):
                 attn.append((1, 8, L, E, causal))
+    if not quick:                         # the other common head dims
+        attn += [(1, 8, 1024, 80, False), (1, 8, 1024, 96, False)]
     return mm, attn
 
 
