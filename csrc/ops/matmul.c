@@ -199,10 +199,12 @@ int pa_matmul(int dtype, const pa_batch *bt, pa_ssize M, pa_ssize N, pa_ssize K,
     c.A = A; c.B = B; c.C = C; c.bias = bias; c.bias_s = bias_s;
     c.g = pa_kernels.gemm[dtype];
     c.nblocks = (N + c.g.nc - 1) / c.g.nc;
-    {   /* about 3 tasks per thread over (batch, M chunks, N blocks) */
+    {   /* about 3 tasks per thread over (batch, M chunks, N blocks), for
+         * balance; one thread needs no balance, and every extra M chunk packs
+         * the same B panels again (10 % of 1024^3), so it takes one chunk */
         const pa_ssize mblocks = (M + c.g.mc - 1) / c.g.mc;
         const pa_ssize others = bt->count * c.nblocks;
-        const pa_ssize want = 3 * (pa_ssize)(nthreads < 1 ? 1 : nthreads);
+        const pa_ssize want = nthreads <= 1 ? 1 : 3 * (pa_ssize)nthreads;
         pa_ssize per = (want + others - 1) / others;         /* chunks wanted per (b, N block) */
         if (per < 1) per = 1;
         if (per > mblocks) per = mblocks;
