@@ -49,7 +49,7 @@ typedef struct {
     pa_attn_ws_fn ws;
     pa_attn_merge_fn merge;   /* NULL: the kernel cannot work on key chunks */
     int bq;               /* query rows per task: a multiple of lcm(MR, NR) of
-                             the family's micro-kernel, at most PA_FLASH_MAXBQ */
+                             the family's micro-kernel */
     const char *name;
 } pa_attn_kernel;
 
