@@ -82,16 +82,21 @@ def _default_threads() -> int:
         return max(1, _os.cpu_count() or 1)
 
 
-def _init() -> None:
+def _env_isa_code(warn: bool = True) -> int:
+    """The kernel-family code PYATTN_ISA asks for (-1: the best the CPU has)."""
     isa = _os.environ.get("PYATTN_ISA", "").strip().lower()
-    code = -1
-    if isa:
-        if isa in _ISA_CODES:
-            code = _ISA_CODES[isa]
-        else:
-            _warnings.warn(f"PYATTN_ISA={isa!r} is not one of generic, avx2, avx512, avx512emu; ignored",
-                           RuntimeWarning, stacklevel=2)
-    _C.select_isa(code)
+    if not isa:
+        return -1
+    if isa in _ISA_CODES:
+        return _ISA_CODES[isa]
+    if warn:
+        _warnings.warn(f"PYATTN_ISA={isa!r} is not one of generic, avx2, avx512, avx512emu; ignored",
+                       RuntimeWarning, stacklevel=3)
+    return -1
+
+
+def _init() -> None:
+    _C.select_isa(_env_isa_code())
     _C.set_num_threads(min(_default_threads(), 1024))
 
 

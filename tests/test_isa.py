@@ -2,8 +2,6 @@
 (run through their AVX2-pair build where the CPU lacks AVX-512) on shapes
 that cut every tile edge, the real AVX-512 kernels against that build bit
 for bit where the CPU has AVX-512, and the vectorised exp's accuracy."""
-import os
-
 import numpy as np
 import pytest
 
@@ -23,7 +21,7 @@ def family():
         got = C.select_isa(code)
         return got, C.config()
     yield select
-    C.select_isa(pyattn._ISA_CODES.get(os.environ.get("PYATTN_ISA", "").strip().lower(), -1))
+    C.select_isa(pyattn._env_isa_code(warn=False))
 
 
 needs_avx2 = pytest.mark.skipif(MACHINE == "generic", reason="the AVX-512 emulation needs AVX2")
@@ -75,11 +73,12 @@ def test_emulated_attention_edges(family, rng, dtype, L, S, E, causal):
     got = pyattn.scaled_dot_product_attention(q, k, v, is_causal=causal)
     want, w = R.scaled_dot_product_attention(q, k, v, is_causal=causal, return_weights=True)
     check(got, want, mag_attention(q, k, v, w, 1 / np.sqrt(E)))
+    before = pyattn.get_num_threads()
     pyattn.set_num_threads(1)
     try:
         one = pyattn.scaled_dot_product_attention(q, k, v, is_causal=causal)
     finally:
-        pyattn.set_num_threads(2)
+        pyattn.set_num_threads(before)
     assert np.array_equal(one, got)                       # any thread count, same bits
 
 
