@@ -36,6 +36,11 @@ typedef struct {
     char *data;
 } view;
 
+/* Kernel calls running with the GIL released. Changed only with the GIL
+ * held (just before releasing it, just after taking it back), so a plain
+ * int is enough; select_isa refuses to swap the kernel table under them. */
+static int calls_in_flight = 0;
+
 static const char *dtype_name(int d)
 {
     return d == PA_F32 ? "float32" : d == PA_F64 ? "float64" : "bool";
@@ -241,9 +246,11 @@ static PyObject *py_matmul(PyObject *self, PyObject *args, PyObject *kw)
     operand_of(&b, nb, &B);
     operand_of(&o, nb, &C);
     int rc, nt = pa_get_num_threads();
+    calls_in_flight++;
     Py_BEGIN_ALLOW_THREADS
     rc = pa_matmul(a.dtype, &bt, M, N, K, &A, &B, &C, bias_p, bias_s, nt);
     Py_END_ALLOW_THREADS
+    calls_in_flight--;
     if (rc < 0) { PyErr_NoMemory(); goto fail; }
     return (PyObject *)res;
 fail:
@@ -311,9 +318,11 @@ static PyObject *py_softmax(PyObject *self, PyObject *args, PyObject *kw)
     operand_of(&o, x.nd - 1, &O);
     if (kind) operand_of(&m, x.nd - 1, &Mk);
     int rc, nt = pa_get_num_threads();
+    calls_in_flight++;
     Py_BEGIN_ALLOW_THREADS
     rc = pa_softmax(x.dtype, &bt, x.shape[x.nd - 1], &X, kind ? &Mk : NULL, kind, causal, scale, &O, nt);
     Py_END_ALLOW_THREADS
+    calls_in_flight--;
     if (rc < 0) { PyErr_NoMemory(); goto fail; }
     return (PyObject *)res;
 fail:
@@ -382,10 +391,12 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
     if (kind) operand_of(&m, nb, &Mk);
     if (want_w) operand_of(&w, nb, &W);
     int rc, nt = pa_get_num_threads();
+    calls_in_flight++;
     Py_BEGIN_ALLOW_THREADS
     rc = pa_attention(q.dtype, &bt, L, S, E, Ev, &Q, &Kk, &V, kind ? &Mk : NULL, kind, causal,
                       scale, dropout_p, (uint64_t)key, &O, want_w ? &W : NULL, nt);
     Py_END_ALLOW_THREADS
+    calls_in_flight--;
     if (rc < 0) { PyErr_NoMemory(); goto fail; }
     if (want_w) return Py_BuildValue("(NN)", res, wres);
     return Py_BuildValue("(NO)", res, Py_None);
@@ -427,6 +438,11 @@ static PyObject *py_select_isa(PyObject *self, PyObject *arg)
     if (req == -1 && PyErr_Occurred()) return NULL;
     if (req < -1 || req > PA_ISA_AVX512_EMU) {
         PyErr_SetString(PyExc_ValueError, "isa code must be -1, 0, 1, 2 or 3");
+        return NULL;
+    }
+    if (calls_in_flight > 0) {   /* their kernels and workspaces come from the table */
+        PyErr_SetString(PyExc_RuntimeError,
+                        "select_isa: a kernel call is running in another thread");
         return NULL;
     }
     return PyLong_FromLong(pa_dispatch_init((int)req));
@@ -478,7 +494,8 @@ static PyMethodDef methods[] = {
     {"sdpa", (PyCFunction)(void (*)(void))py_sdpa, METH_VARARGS | METH_KEYWORDS, sdpa_doc},
     {"set_num_threads", py_set_num_threads, METH_O, "set_num_threads(n): threads for the kernels"},
     {"get_num_threads", py_get_num_threads, METH_NOARGS, "get_num_threads() -> int"},
-    {"select_isa", py_select_isa, METH_O, "select_isa(code) -> code chosen (-1: best)"},
+    {"select_isa", py_select_isa, METH_O,
+     "select_isa(code) -> code chosen (-1: best); RuntimeError while a kernel call runs"},
     {"config", py_config, METH_NOARGS, "config() -> dict of the kernels in use"},
     {"fma_probe", py_fma_probe, METH_O, "fma_probe(iters) -> float32 flops done (None without AVX2)"},
     {NULL, NULL, 0, NULL},

@@ -5,6 +5,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -137,6 +138,33 @@ def test_set_num_threads_while_running(rng, restore_threads):
     assert not t1.is_alive() and not any(w.is_alive() for w in ws), "deadlock"
     assert not errors, errors
 
+
+def test_select_isa_refused_while_a_call_runs(rng):
+    # swapping the kernel table under a running call would hand it kernels
+    # whose tiles do not match the workspace it sized: select_isa refuses
+    cur = pyattn._ISA_CODES[_C.config()["isa"]]
+    q = rng.standard_normal((1, 8, 1024, 64)).astype(np.float32)
+    started = threading.Event()
+
+    def work():
+        started.set()
+        for _ in range(5):
+            pyattn.scaled_dot_product_attention(q, q, q)
+
+    t = threading.Thread(target=work)
+    t.start()
+    started.wait()
+    refused = 0
+    while t.is_alive():
+        try:
+            _C.select_isa(cur)
+        except RuntimeError as exc:
+            assert "running" in str(exc)
+            refused += 1
+        time.sleep(0.001)
+    t.join()
+    assert refused > 0
+    assert _C.select_isa(cur) == cur
 
 def _run(code, **env):
     # run outside the source tree, so the installed pyattn is the one imported
