@@ -14,7 +14,10 @@ seconds, so that the worker threads of the library timed just before (which
 spin for a while after a call: OpenBLAS, OpenMP) have gone to sleep and do
 not steal the cores from the next one. GFLOP/s counts 2 flops per multiply-add: matmul
 2MNK; attention 4·B·H·L·S·E (QKᵀ and PV), halved for causal. The peak is
-measured by a float32 FMA probe at the start (per core, times threads).
+measured by a float32 FMA probe at the start (per core, times threads), at
+the vector width of pyattn's kernels in use (16 lanes on AVX-512, else 8);
+the 1-thread worker also times the GEMM micro-kernel alone on L1-resident
+panels (_C.gemm_probe), the ceiling for everything built on it.
 """
 from __future__ import annotations
 
@@ -52,6 +55,28 @@ def _peak(pyattn):
     return best
 
 
+def _kernel_alone(pyattn, rounds=7):
+    """The GEMM micro-kernel in use alone, on panels that stay in L1
+    (_C.gemm_probe), as % of the FMA peak probed between its runs (float64
+    against half of it): best of `rounds`, interleaved with the peak probe.
+    What the kernel can do before memory, packing and softmax take a share."""
+    from pyattn import _C
+    cases = (("float32", 256), ("float32", 64), ("float64", 256))
+    best = dict.fromkeys(cases, 0.0)
+    pk = 0.0
+    for _ in range(rounds):
+        t = time.perf_counter()
+        flops = _C.fma_probe(3_000_000)
+        if flops is None:
+            return None
+        pk = max(pk, flops / (time.perf_counter() - t))
+        for dt, kc in cases:
+            t = time.perf_counter()
+            f = _C.gemm_probe(dt, kc, int(2e9 / (2 * 6 * 16 * kc)))
+            best[dt, kc] = max(best[dt, kc], f / (time.perf_counter() - t))
+    return {f"{dt} KC={kc}": 100 * g / (pk if dt == "float32" else pk / 2) for (dt, kc), g in best.items()}
+
+
 def _cases(quick):
     mm = [512, 1024] if quick else [512, 1024, 2048]
     attn = []
@@ -79,7 +104,8 @@ def worker(args):
     rows = []
     peak1 = _peak(pyattn)
     emit = lambda r: print("ROW " + json.dumps(r), flush=True)
-    emit({"kind": "peak", "gflops_core": None if peak1 is None else peak1 / 1e9, "threads": args.threads})
+    emit({"kind": "peak", "gflops_core": None if peak1 is None else peak1 / 1e9, "threads": args.threads,
+          "kernel_pct": _kernel_alone(pyattn) if args.threads == 1 else None})
     mm, attn = _cases(args.quick)
     rep = args.repeat
 
@@ -347,6 +373,10 @@ def main():
     head = head[:4] + [
             "speed-up column: that implementation's median time / pyattn's median time "
             "(above 1: pyattn is faster); numpy = the seeds' naive attention, L <= 2048"]
+    kern = next((r.get("kernel_pct") for r in rows if r.get("kind") == "peak" and r.get("kernel_pct")), None)
+    if kern:
+        head.append("GEMM micro-kernel alone, panels in L1, 1 thread, best of 7: " + ", ".join(
+            f"{k} {v:.0f} %" for k, v in kern.items()) + " of the FMA peak (float64: of half of it)")
     if mem is not None:
         head.append(f"causal attention L=S=32768, E=64, one head: peak resident memory grew by {mem:.1f} MB "
                     "during the call, beyond its inputs and output (the (L, S) float32 matrix would be 4096 MB)")

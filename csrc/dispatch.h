@@ -111,8 +111,10 @@ void pa_gemm_ukr_f64_avx512_12x16(pa_ssize, const void *, pa_ssize, pa_ssize, co
 void pa_gemm_ukr_f32_avx512emu_12x32(pa_ssize, const void *, pa_ssize, pa_ssize, const void *, pa_ssize, void *, pa_ssize, pa_ssize, int, int, int);
 void pa_gemm_ukr_f64_avx512emu_12x16(pa_ssize, const void *, pa_ssize, pa_ssize, const void *, pa_ssize, void *, pa_ssize, pa_ssize, int, int, int);
 
-/* benchmark probe: float32 FMA throughput; returns flops done (0: no AVX2) */
+/* benchmark probes (kernels/x86/peak.c): float32 FMA throughput at 8 and 16
+ * lanes; return the flops done (0: not compiled here) */
 double pa_fma_probe_avx2(long long iters, float *sink);
+double pa_fma_probe_avx512(long long iters, float *sink);
 
 /* tiled attention (kernels/attn_flash.c), on any family's micro-kernel */
 void pa_attn_f32_flash(const pa_attn_args *, pa_ssize, pa_ssize, void *);

@@ -470,7 +470,9 @@ static PyObject *py_config(PyObject *self, PyObject *unused)
         "threads", pa_get_num_threads(), "max_threads", PA_MAX_THREADS);
 }
 
-/* fma_probe(iters) -> flops: the benchmark's peak probe (time it around). */
+/* fma_probe(iters) -> flops: the benchmark's peak probe (time it around), at
+ * the vector width of the kernels in use: 16 lanes on the AVX-512 family,
+ * else 8. None without AVX2. */
 static PyObject *py_fma_probe(PyObject *self, PyObject *arg)
 {
     long long iters = PyLong_AsLongLong(arg);
@@ -480,12 +482,46 @@ static PyObject *py_fma_probe(PyObject *self, PyObject *arg)
         return NULL;
     }
     if (pa_kernels.isa_machine < PA_ISA_AVX2 || !pa_have_avx2_kernels()) Py_RETURN_NONE;
+    const int wide = pa_kernels.isa == PA_ISA_AVX512 && pa_have_avx512_kernels();
     double flops;
     float sink;
     Py_BEGIN_ALLOW_THREADS
-    flops = pa_fma_probe_avx2(iters, &sink);
+    flops = wide ? pa_fma_probe_avx512(iters, &sink) : pa_fma_probe_avx2(iters, &sink);
     Py_END_ALLOW_THREADS
     return PyFloat_FromDouble(flops + 0.0 * (double)sink);
+}
+
+/* gemm_probe(dtype, kc, iters) -> flops: the GEMM micro-kernel in use, alone
+ * on L1-resident panels (pa_gemm_probe); time it around. */
+static PyObject *py_gemm_probe(PyObject *self, PyObject *args)
+{
+    const char *dt;
+    Py_ssize_t kc;
+    long long iters;
+    if (!PyArg_ParseTuple(args, "snL:gemm_probe", &dt, &kc, &iters)) return NULL;
+    int dtype;
+    if (strcmp(dt, "float32") == 0) dtype = PA_F32;
+    else if (strcmp(dt, "float64") == 0) dtype = PA_F64;
+    else {
+        PyErr_Format(PyExc_ValueError, "dtype must be 'float32' or 'float64', got '%s'", dt);
+        return NULL;
+    }
+    if (kc < 1 || kc > 4096) {
+        PyErr_Format(PyExc_ValueError, "kc must be between 1 and 4096, got %zd", kc);
+        return NULL;
+    }
+    if (iters < 0) {
+        PyErr_SetString(PyExc_ValueError, "iters must be >= 0");
+        return NULL;
+    }
+    double flops, sink;
+    calls_in_flight++;
+    Py_BEGIN_ALLOW_THREADS
+    flops = pa_gemm_probe(dtype, kc, iters, &sink);
+    Py_END_ALLOW_THREADS
+    calls_in_flight--;
+    if (flops < 0) return PyErr_NoMemory();
+    return PyFloat_FromDouble(flops + 0.0 * sink);
 }
 
 static PyMethodDef methods[] = {
@@ -497,7 +533,10 @@ static PyMethodDef methods[] = {
     {"select_isa", py_select_isa, METH_O,
      "select_isa(code) -> code chosen (-1: best); RuntimeError while a kernel call runs"},
     {"config", py_config, METH_NOARGS, "config() -> dict of the kernels in use"},
-    {"fma_probe", py_fma_probe, METH_O, "fma_probe(iters) -> float32 flops done (None without AVX2)"},
+    {"fma_probe", py_fma_probe, METH_O,
+     "fma_probe(iters) -> float32 flops done at the kernels' vector width (None without AVX2)"},
+    {"gemm_probe", py_gemm_probe, METH_VARARGS,
+     "gemm_probe(dtype, kc, iters) -> flops done by the GEMM micro-kernel on L1-resident panels"},
     {NULL, NULL, 0, NULL},
 };
 

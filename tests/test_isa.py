@@ -121,3 +121,43 @@ def test_exp_accuracy_through_softmax(family, dtype, code):
     k = np.array([[0], [1]], dtype)
     out = pyattn.scaled_dot_product_attention(q, k, k, scale=1.0)[:, 0].astype(np.float64)
     assert np.all(np.abs(out - want) <= 4 * ulp), np.max(np.abs(out - want) / ulp)
+
+
+# the benchmark's probes, in every family this machine can select
+@pytest.mark.parametrize("code", [GENERIC, AVX2, AVX512, AVX512_EMU])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_gemm_probe_counts_the_kernels_flops(family, code, dtype):
+    if code == AVX512_EMU and MACHINE == "generic":
+        pytest.skip("the AVX-512 emulation needs AVX2")
+    _, cfg = family(code)
+    mr, nr = map(int, cfg["gemm_f" + dtype[-2:]].rsplit("_", 1)[1].split("x"))   # ..._6x16
+    for kc in (1, 5, 64, 256):
+        assert C.gemm_probe(dtype, kc, 3) == 2 * mr * nr * kc * 3
+    assert C.gemm_probe(dtype, 7, 0) == 0
+
+
+def test_probes_reject_bad_arguments():
+    with pytest.raises(ValueError, match="dtype"):
+        C.gemm_probe("float16", 64, 1)
+    with pytest.raises(ValueError, match="kc"):
+        C.gemm_probe("float32", 0, 1)
+    with pytest.raises(ValueError, match="kc"):
+        C.gemm_probe("float32", 4097, 1)
+    with pytest.raises(ValueError, match="iters"):
+        C.gemm_probe("float64", 8, -1)
+    with pytest.raises(ValueError, match="iters"):
+        C.fma_probe(-1)
+    with pytest.raises(TypeError):
+        C.gemm_probe("float32", 64)
+
+
+def test_fma_probe_width_follows_the_family(family):
+    # 12 chains x 2 flops per round: 8 lanes, or 16 on the real AVX-512 family
+    for code in (GENERIC, AVX2, AVX512):
+        got, cfg = family(code)
+        flops = C.fma_probe(10)
+        if MACHINE == "generic":
+            assert flops is None
+        else:
+            lanes = 16 if cfg["isa"] == "avx512" else 8
+            assert flops == 10 * 12 * lanes * 2

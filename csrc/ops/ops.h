@@ -67,4 +67,10 @@ int pa_attention(int dtype, const pa_batch *bt, pa_ssize L, pa_ssize S, pa_ssize
                  double dropout_p, uint64_t dropout_key,
                  const pa_operand *out, const pa_operand *w, int nthreads);
 
+/* Benchmark probe: the family's GEMM micro-kernel alone, on packed panels
+ * that stay in L1 (A: MR x kc, B: kc x NR), accumulating into one MR x NR
+ * tile, iters times. Returns the flops done (2 MR NR kc per call), or -1
+ * when the panels cannot be allocated. *sink receives a C element. */
+double pa_gemm_probe(int dtype, pa_ssize kc, long long iters, double *sink);
+
 #endif
