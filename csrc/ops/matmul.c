@@ -251,7 +251,7 @@ double pa_gemm_probe(int dtype, pa_ssize kc, long long iters, double *sink)
     char *buf = (char *)pa_alloc64((na + nb + nc) * es);
     if (!buf) return -1;
     char *A = buf, *B = buf + na * es, *C = B + nb * es;
-    /* normal values whose sums stay far from overflow and from subnormals */
+    /* normal values: no subnormal operands to slow the FMAs down */
     for (size_t i = 0; i < na + nb + nc; i++) {
         const double x = i < na ? 0.5 : i < na + nb ? 1.0 / 1024 : 0.0;
         if (dtype == PA_F32) ((float *)buf)[i] = (float)x;
