@@ -82,6 +82,33 @@ def test_emulated_attention_edges(family, rng, dtype, L, S, E, causal):
     assert np.array_equal(one, got)                       # any thread count, same bits
 
 
+# Every element's arithmetic is fixed by the contract, not by the tile shape:
+# each GEMM element sums its KC=256 panels in order, one FMA per term; the
+# flash kernel's key tiles are 60 wide in every family, and its tile step works
+# column by column. So the AVX2 family and the AVX-512 one (6x16 vs 12x32
+# tiles, 8- vs 16-lane tile step, query blocks of 48 vs 96) give the same bits.
+@needs_avx2
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_avx2_and_avx512_families_agree_bit_for_bit(family, rng, dtype):
+    cases = []
+    for L, S, E in [(150, 170, 40), (97, 300, 64), (5, 9000, 64), (300, 61, 128), (1, 20, 7), (200, 200, 16)]:
+        q = rng.standard_normal((2, L, E)).astype(dtype)
+        k = rng.standard_normal((2, S, E)).astype(dtype)
+        v = rng.standard_normal((2, S, E + 3)).astype(dtype)
+        cases.append((q, k, v))
+    a = rng.standard_normal((131, 600)).astype(dtype)
+    b = rng.standard_normal((600, 77)).astype(dtype)
+    x = rng.standard_normal((7, 300)).astype(dtype)
+    outs = {}
+    for code in (AVX2, AVX512_EMU):
+        family(code)
+        outs[code] = [pyattn.scaled_dot_product_attention(q, k, v, is_causal=c)
+                      for q, k, v in cases for c in (False, True)]
+        outs[code] += [pyattn.matmul(a, b), pyattn.softmax(x)]
+    for got, want in zip(outs[AVX512_EMU], outs[AVX2]):
+        assert np.array_equal(got, want)
+
+
 @pytest.mark.skipif(MACHINE != "avx512", reason="this CPU has no AVX-512: only the emulated build can run")
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_real_avx512_matches_emulation_bit_for_bit(family, rng, dtype):
