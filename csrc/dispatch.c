@@ -104,7 +104,7 @@ int pa_dispatch_init(int requested)
         pa_kernels.softmax_name[PA_F32] = "pyattn_softmax_f32_avx2";
         pa_kernels.softmax_name[PA_F64] = "pyattn_softmax_f64_avx2";
     }
-    /* AVX-512: 12 x 2-vector micro-kernels (the tile step stays AVX2). The
+    /* AVX-512: 12 x 2-vector micro-kernels and the 16-lane tile step. The
      * blocking (KC 256; MC 96, NC 2048 for f32) is sized from the L1/L2 of
      * AVX-512 Xeons, not tuned on one: none was at hand when it was written. */
     int avx512_real = isa == PA_ISA_AVX512 && pa_have_avx512_kernels();
@@ -117,6 +117,9 @@ int pa_dispatch_init(int requested)
             avx512_real ? pa_gemm_ukr_f64_avx512_12x16 : pa_gemm_ukr_f64_avx512emu_12x16,
             12, 16, 256, 96, 1024,
             avx512_real ? "pyattn_gemm_f64_avx512_12x16" : "pyattn_gemm_f64_avx512emu_12x16"};
+        pa_kernels.tilesm_float = avx512_real ? pa_tilesm_f32_avx512 : pa_tilesm_f32_avx512emu;
+        pa_kernels.tilesm_double = avx512_real ? pa_tilesm_f64_avx512 : pa_tilesm_f64_avx512emu;
+        pa_kernels.tilesm_name = avx512_real ? "pyattn_tilesm_avx512" : "pyattn_tilesm_avx512emu";
         pa_kernels.attn[PA_F32].bq = 96;
         pa_kernels.attn[PA_F32].name = "pyattn_attn_f32_flash_96x60";
     }

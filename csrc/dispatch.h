@@ -12,7 +12,7 @@
 
 /* Families, in order. PA_ISA_AVX512_EMU is not a level of its own: a request
  * for it (tests only) installs the AVX-512 kernel bodies built over pairs of
- * AVX2 registers (gemm_avx512_emu.c), so CPUs without AVX-512 can test them. */
+ * AVX2 registers (avx512_emu.c), so CPUs without AVX-512 can test them. */
 enum { PA_ISA_GENERIC = 0, PA_ISA_AVX2 = 1, PA_ISA_AVX512 = 2, PA_ISA_AVX512_EMU = 3 };
 
 /* GEMM micro-kernel.
@@ -104,7 +104,7 @@ void pa_gemm_ukr_f32_avx2_6x16(pa_ssize, const void *, pa_ssize, pa_ssize, const
 void pa_gemm_ukr_f64_avx2_6x8(pa_ssize, const void *, pa_ssize, pa_ssize, const void *, pa_ssize, void *, pa_ssize, pa_ssize, int, int, int);
 
 /* AVX-512 kernels (kernels/x86/gemm_avx512.c; 0: not compiled here) and the
- * same bodies over AVX2 register pairs (gemm_avx512_emu.c, for tests) */
+ * same bodies over AVX2 register pairs (avx512_emu.c, for tests) */
 int pa_have_avx512_kernels(void);
 void pa_gemm_ukr_f32_avx512_12x32(pa_ssize, const void *, pa_ssize, pa_ssize, const void *, pa_ssize, void *, pa_ssize, pa_ssize, int, int, int);
 void pa_gemm_ukr_f64_avx512_12x16(pa_ssize, const void *, pa_ssize, pa_ssize, const void *, pa_ssize, void *, pa_ssize, pa_ssize, int, int, int);
@@ -127,6 +127,10 @@ void pa_tilesm_f32_ref(float *, pa_ssize, pa_ssize, pa_ssize, float *, float *, 
 void pa_tilesm_f64_ref(double *, pa_ssize, pa_ssize, pa_ssize, double *, double *, double *);
 void pa_tilesm_f32_avx2(float *, pa_ssize, pa_ssize, pa_ssize, float *, float *, float *);
 void pa_tilesm_f64_avx2(double *, pa_ssize, pa_ssize, pa_ssize, double *, double *, double *);
+void pa_tilesm_f32_avx512(float *, pa_ssize, pa_ssize, pa_ssize, float *, float *, float *);
+void pa_tilesm_f64_avx512(double *, pa_ssize, pa_ssize, pa_ssize, double *, double *, double *);
+void pa_tilesm_f32_avx512emu(float *, pa_ssize, pa_ssize, pa_ssize, float *, float *, float *);
+void pa_tilesm_f64_avx512emu(double *, pa_ssize, pa_ssize, pa_ssize, double *, double *, double *);
 
 /* reference kernels (kernels/ref) */
 void pa_gemm_ukr_f32_ref_4x16(pa_ssize, const void *, pa_ssize, pa_ssize, const void *, pa_ssize, void *, pa_ssize, pa_ssize, int, int, int);

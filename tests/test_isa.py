@@ -34,12 +34,14 @@ def test_emulated_family_is_installed(family):
     assert cfg["gemm_f32"] == "pyattn_gemm_f32_avx512emu_12x32"
     assert cfg["gemm_f64"] == "pyattn_gemm_f64_avx512emu_12x16"
     assert cfg["attn_f32"] == "pyattn_attn_f32_flash_96x60"
+    assert cfg["attn_tile_softmax"] == "pyattn_tilesm_avx512emu"
 
 
 def test_avx512_request_is_capped_by_the_machine(family):
     got, cfg = family(AVX512)
     if MACHINE == "avx512":
         assert cfg["gemm_f32"] == "pyattn_gemm_f32_avx512_12x32"
+        assert cfg["attn_tile_softmax"] == "pyattn_tilesm_avx512"
     else:
         assert cfg["isa"] == MACHINE and "avx512" not in cfg["gemm_f32"]
 
@@ -85,8 +87,9 @@ def test_emulated_attention_edges(family, rng, dtype, L, S, E, causal):
 # Every element's arithmetic is fixed by the contract, not by the tile shape:
 # each GEMM element sums its KC=256 panels in order, one FMA per term; the
 # flash kernel's key tiles are 60 wide in every family, and its tile step works
-# column by column. So the AVX2 family and the AVX-512 one (6x16 vs 12x32
-# tiles, 8- vs 16-lane tile step, query blocks of 48 vs 96) give the same bits.
+# column by column with the same exp in every lane. So the AVX2 family and the
+# AVX-512 one (6x16 vs 12x32 tiles, 8- vs 16-lane tile step, query blocks of
+# 48 vs 96) give the same bits.
 @needs_avx2
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_avx2_and_avx512_families_agree_bit_for_bit(family, rng, dtype):

@@ -1,13 +1,15 @@
 /*
  * exp_avx2.c -- the online-softmax tile steps of the flash kernel (AVX2+FMA),
  * float32 (8 query columns per vector) and float64 (4), on the vectorised
- * exp of exp_avx2.h; the body is tilesm_avx2.inc.
+ * exp of exp_avx2.h; the body is tilesm_vec.inc.
  */
 #include <math.h>
 #include "dispatch.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include "exp_avx2.h"
+
+#define PA_FN PA_AVX2_FN
 
 #define T float
 #define VT __m256
@@ -20,12 +22,11 @@
 #define VMAX _mm256_max_ps
 #define VFMA _mm256_fmadd_ps
 #define VZERO _mm256_setzero_ps
-#define VCMPEQ(a, b) _mm256_cmp_ps((a), (b), _CMP_EQ_OQ)
-#define VANDNOT _mm256_andnot_ps
+#define VNINF0(x) _mm256_andnot_ps(_mm256_cmp_ps((x), VSET1(-INFINITY), _CMP_EQ_OQ), (x))
 #define VEXP pa_exp8_nonpos
 #define PA_NAME pa_tilesm_f32_avx2
 #define PA_REF_NAME pa_tilesm_f32_ref
-#include "tilesm_avx2.inc"
+#include "tilesm_vec.inc"
 #undef T
 #undef VT
 #undef VL
@@ -37,8 +38,7 @@
 #undef VMAX
 #undef VFMA
 #undef VZERO
-#undef VCMPEQ
-#undef VANDNOT
+#undef VNINF0
 #undef VEXP
 #undef PA_NAME
 #undef PA_REF_NAME
@@ -54,12 +54,11 @@
 #define VMAX _mm256_max_pd
 #define VFMA _mm256_fmadd_pd
 #define VZERO _mm256_setzero_pd
-#define VCMPEQ(a, b) _mm256_cmp_pd((a), (b), _CMP_EQ_OQ)
-#define VANDNOT _mm256_andnot_pd
+#define VNINF0(x) _mm256_andnot_pd(_mm256_cmp_pd((x), VSET1(-INFINITY), _CMP_EQ_OQ), (x))
 #define VEXP pa_exp4_nonpos
 #define PA_NAME pa_tilesm_f64_avx2
 #define PA_REF_NAME pa_tilesm_f64_ref
-#include "tilesm_avx2.inc"
+#include "tilesm_vec.inc"
 
 #else
 void pa_tilesm_f32_avx2(float *St, pa_ssize nj, pa_ssize ncols, pa_ssize ld,
