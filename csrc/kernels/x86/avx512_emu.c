@@ -23,112 +23,51 @@
 typedef struct { __m256 lo, hi; } pa_emu_v16f;
 typedef struct { __m256d lo, hi; } pa_emu_v8d;
 
-PA_ATTR static inline pa_emu_v16f emu_zero_ps(void)
-{
-    return (pa_emu_v16f){_mm256_setzero_ps(), _mm256_setzero_ps()};
-}
-PA_ATTR static inline pa_emu_v16f emu_load_ps(const float *p)
-{
-    return (pa_emu_v16f){_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)};
-}
-PA_ATTR static inline void emu_store_ps(float *p, pa_emu_v16f x)
-{
-    _mm256_storeu_ps(p, x.lo);
-    _mm256_storeu_ps(p + 8, x.hi);
-}
-PA_ATTR static inline pa_emu_v16f emu_bcast_ps(const float *p)
-{
-    const __m256 x = _mm256_broadcast_ss(p);
-    return (pa_emu_v16f){x, x};
-}
-PA_ATTR static inline pa_emu_v16f emu_fma_ps(pa_emu_v16f a, pa_emu_v16f b, pa_emu_v16f c)
-{
-    return (pa_emu_v16f){_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
-}
-PA_ATTR static inline pa_emu_v16f emu_add_ps(pa_emu_v16f a, pa_emu_v16f b)
-{
-    return (pa_emu_v16f){_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)};
-}
+/* The operations the bodies use, on pairs: emu_<op>_<SFX> applies the AVX2
+ * operation _mm256_<op>_<SFX> to each half. SFX: ps / pd; V: the pair type;
+ * H: a half; T: the element; HL: lanes per half; EXP: the half-width exp. */
+#define PA_EMU_BINARY(op, SFX, V)                                                \
+    PA_ATTR static inline V emu_##op##_##SFX(V a, V b)                          \
+    {                                                                           \
+        return (V){_mm256_##op##_##SFX(a.lo, b.lo), _mm256_##op##_##SFX(a.hi, b.hi)}; \
+    }
+#define PA_EMU_OPS(SFX, V, H, T, HL, EXP)                                       \
+    PA_ATTR static inline V emu_set1_##SFX(T x)                                 \
+    {                                                                           \
+        const H v = _mm256_set1_##SFX(x);                                       \
+        return (V){v, v};                                                       \
+    }                                                                           \
+    PA_ATTR static inline V emu_zero_##SFX(void) { return emu_set1_##SFX(0); } \
+    PA_ATTR static inline V emu_bcast_##SFX(const T *p) { return emu_set1_##SFX(*p); } \
+    PA_ATTR static inline V emu_load_##SFX(const T *p)                          \
+    {                                                                           \
+        return (V){_mm256_loadu_##SFX(p), _mm256_loadu_##SFX(p + HL)};          \
+    }                                                                           \
+    PA_ATTR static inline void emu_store_##SFX(T *p, V x)                       \
+    {                                                                           \
+        _mm256_storeu_##SFX(p, x.lo);                                           \
+        _mm256_storeu_##SFX(p + HL, x.hi);                                      \
+    }                                                                           \
+    PA_EMU_BINARY(add, SFX, V)                                                  \
+    PA_EMU_BINARY(sub, SFX, V)                                                  \
+    PA_EMU_BINARY(max, SFX, V)                                                  \
+    PA_ATTR static inline V emu_fma_##SFX(V a, V b, V c)                        \
+    {                                                                           \
+        return (V){_mm256_fmadd_##SFX(a.lo, b.lo, c.lo), _mm256_fmadd_##SFX(a.hi, b.hi, c.hi)}; \
+    }                                                                           \
+    /* lanes equal to -inf -> +0 */                                             \
+    PA_ATTR static inline H emu_ninf0_half_##SFX(H x)                           \
+    {                                                                           \
+        return _mm256_andnot_##SFX(_mm256_cmp_##SFX(x, _mm256_set1_##SFX(-INFINITY), _CMP_EQ_OQ), x); \
+    }                                                                           \
+    PA_ATTR static inline V emu_ninf0_##SFX(V x)                                \
+    {                                                                           \
+        return (V){emu_ninf0_half_##SFX(x.lo), emu_ninf0_half_##SFX(x.hi)};     \
+    }                                                                           \
+    PA_ATTR static inline V emu_exp_##SFX(V x) { return (V){EXP(x.lo), EXP(x.hi)}; }
 
-PA_ATTR static inline pa_emu_v8d emu_zero_pd(void)
-{
-    return (pa_emu_v8d){_mm256_setzero_pd(), _mm256_setzero_pd()};
-}
-PA_ATTR static inline pa_emu_v8d emu_load_pd(const double *p)
-{
-    return (pa_emu_v8d){_mm256_loadu_pd(p), _mm256_loadu_pd(p + 4)};
-}
-PA_ATTR static inline void emu_store_pd(double *p, pa_emu_v8d x)
-{
-    _mm256_storeu_pd(p, x.lo);
-    _mm256_storeu_pd(p + 4, x.hi);
-}
-PA_ATTR static inline pa_emu_v8d emu_bcast_pd(const double *p)
-{
-    const __m256d x = _mm256_broadcast_sd(p);
-    return (pa_emu_v8d){x, x};
-}
-PA_ATTR static inline pa_emu_v8d emu_fma_pd(pa_emu_v8d a, pa_emu_v8d b, pa_emu_v8d c)
-{
-    return (pa_emu_v8d){_mm256_fmadd_pd(a.lo, b.lo, c.lo), _mm256_fmadd_pd(a.hi, b.hi, c.hi)};
-}
-PA_ATTR static inline pa_emu_v8d emu_add_pd(pa_emu_v8d a, pa_emu_v8d b)
-{
-    return (pa_emu_v8d){_mm256_add_pd(a.lo, b.lo), _mm256_add_pd(a.hi, b.hi)};
-}
-
-/* the tile step's further operations, and its exp, pair by pair */
-PA_ATTR static inline pa_emu_v16f emu_set1_ps(float x)
-{
-    const __m256 v = _mm256_set1_ps(x);
-    return (pa_emu_v16f){v, v};
-}
-PA_ATTR static inline pa_emu_v16f emu_sub_ps(pa_emu_v16f a, pa_emu_v16f b)
-{
-    return (pa_emu_v16f){_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)};
-}
-PA_ATTR static inline pa_emu_v16f emu_max_ps(pa_emu_v16f a, pa_emu_v16f b)
-{
-    return (pa_emu_v16f){_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)};
-}
-PA_ATTR static inline __m256 emu_ninf0_half_ps(__m256 x)
-{
-    return _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ), x);
-}
-PA_ATTR static inline pa_emu_v16f emu_ninf0_ps(pa_emu_v16f x)
-{
-    return (pa_emu_v16f){emu_ninf0_half_ps(x.lo), emu_ninf0_half_ps(x.hi)};
-}
-PA_ATTR static inline pa_emu_v16f emu_exp_ps(pa_emu_v16f x)
-{
-    return (pa_emu_v16f){pa_exp8_nonpos(x.lo), pa_exp8_nonpos(x.hi)};
-}
-
-PA_ATTR static inline pa_emu_v8d emu_set1_pd(double x)
-{
-    const __m256d v = _mm256_set1_pd(x);
-    return (pa_emu_v8d){v, v};
-}
-PA_ATTR static inline pa_emu_v8d emu_sub_pd(pa_emu_v8d a, pa_emu_v8d b)
-{
-    return (pa_emu_v8d){_mm256_sub_pd(a.lo, b.lo), _mm256_sub_pd(a.hi, b.hi)};
-}
-PA_ATTR static inline pa_emu_v8d emu_max_pd(pa_emu_v8d a, pa_emu_v8d b)
-{
-    return (pa_emu_v8d){_mm256_max_pd(a.lo, b.lo), _mm256_max_pd(a.hi, b.hi)};
-}
-PA_ATTR static inline __m256d emu_ninf0_half_pd(__m256d x)
-{
-    return _mm256_andnot_pd(_mm256_cmp_pd(x, _mm256_set1_pd(-INFINITY), _CMP_EQ_OQ), x);
-}
-PA_ATTR static inline pa_emu_v8d emu_ninf0_pd(pa_emu_v8d x)
-{
-    return (pa_emu_v8d){emu_ninf0_half_pd(x.lo), emu_ninf0_half_pd(x.hi)};
-}
-PA_ATTR static inline pa_emu_v8d emu_exp_pd(pa_emu_v8d x)
-{
-    return (pa_emu_v8d){pa_exp4_nonpos(x.lo), pa_exp4_nonpos(x.hi)};
-}
+PA_EMU_OPS(ps, pa_emu_v16f, __m256, float, 8, pa_exp8_nonpos)
+PA_EMU_OPS(pd, pa_emu_v8d, __m256d, double, 4, pa_exp4_nonpos)
 
 #define T float
 #define VT pa_emu_v16f
