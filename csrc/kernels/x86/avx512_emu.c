@@ -131,22 +131,7 @@ PA_EMU_OPS(pd, pa_emu_v8d, __m256d, double, 4, pa_exp4_nonpos)
 #define VEXP emu_exp_ps
 #define PA_NAME pa_tilesm_f32_avx512emu
 #define PA_REF_NAME pa_tilesm_f32_ref
-#include "tilesm_vec.inc"
-#undef T
-#undef VT
-#undef VL
-#undef VLOAD
-#undef VSTORE
-#undef VSET1
-#undef VSUB
-#undef VADD
-#undef VMAX
-#undef VFMA
-#undef VZERO
-#undef VNINF0
-#undef VEXP
-#undef PA_NAME
-#undef PA_REF_NAME
+#include "tilesm_vec.inc"         /* (it #undefs the macros it takes) */
 
 #define T double
 #define VT pa_emu_v8d

@@ -26,22 +26,7 @@
 #define VEXP pa_exp8_nonpos
 #define PA_NAME pa_tilesm_f32_avx2
 #define PA_REF_NAME pa_tilesm_f32_ref
-#include "tilesm_vec.inc"
-#undef T
-#undef VT
-#undef VL
-#undef VLOAD
-#undef VSTORE
-#undef VSET1
-#undef VSUB
-#undef VADD
-#undef VMAX
-#undef VFMA
-#undef VZERO
-#undef VNINF0
-#undef VEXP
-#undef PA_NAME
-#undef PA_REF_NAME
+#include "tilesm_vec.inc"         /* (it #undefs the macros it takes) */
 
 #define T double
 #define VT __m256d
