@@ -79,17 +79,7 @@ PA_EMU_OPS(pd, pa_emu_v8d, __m256d, double, 4, pa_exp4_nonpos)
 #define VFMA(a, b, c) emu_fma_ps((a), (b), (c))
 #define VADD(a, b) emu_add_ps((a), (b))
 #define PA_NAME pa_gemm_ukr_f32_avx512emu_12x32
-#include "gemm_avx512.inc"
-#undef T
-#undef VT
-#undef VL
-#undef VZERO
-#undef VLOAD
-#undef VSTORE
-#undef VBCAST
-#undef VFMA
-#undef VADD
-#undef PA_NAME
+#include "gemm_avx512.inc"         /* (it #undefs the macros it takes) */
 
 #define T double
 #define VT pa_emu_v8d
@@ -101,17 +91,7 @@ PA_EMU_OPS(pd, pa_emu_v8d, __m256d, double, 4, pa_exp4_nonpos)
 #define VFMA(a, b, c) emu_fma_pd((a), (b), (c))
 #define VADD(a, b) emu_add_pd((a), (b))
 #define PA_NAME pa_gemm_ukr_f64_avx512emu_12x16
-#include "gemm_avx512.inc"
-#undef T
-#undef VT
-#undef VL
-#undef VZERO
-#undef VLOAD
-#undef VSTORE
-#undef VBCAST
-#undef VFMA
-#undef VADD
-#undef PA_NAME
+#include "gemm_avx512.inc"         /* (it #undefs the macros it takes) */
 
 /* the tile step: the macro names of tilesm_vec.inc over the pairs */
 #define PA_FN PA_ATTR

@@ -22,17 +22,7 @@
 #define VFMA(a, b, c) _mm512_fmadd_ps((a), (b), (c))
 #define VADD(a, b) _mm512_add_ps((a), (b))
 #define PA_NAME pa_gemm_ukr_f32_avx512_12x32
-#include "gemm_avx512.inc"
-#undef T
-#undef VT
-#undef VL
-#undef VZERO
-#undef VLOAD
-#undef VSTORE
-#undef VBCAST
-#undef VFMA
-#undef VADD
-#undef PA_NAME
+#include "gemm_avx512.inc"         /* (it #undefs the macros it takes) */
 
 #define T double
 #define VT __m512d

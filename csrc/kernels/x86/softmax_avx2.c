@@ -20,19 +20,7 @@
 #define VZERO _mm256_setzero_ps
 #define VEXP pa_exp8_nonpos
 #define PA_NAME pa_softmax_f32_avx2
-#include "softmax_avx2.inc"
-#undef T
-#undef VT
-#undef VL
-#undef VLOAD
-#undef VSTORE
-#undef VSET1
-#undef VSUB
-#undef VADD
-#undef VMUL
-#undef VZERO
-#undef VEXP
-#undef PA_NAME
+#include "softmax_avx2.inc"         /* (it #undefs the macros it takes) */
 
 #define T double
 #define VT __m256d
