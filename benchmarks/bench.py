@@ -71,8 +71,9 @@ def _kernel_round(best):
         return
     best["peak"] = max(best.get("peak", 0.0), flops / (time.perf_counter() - t))
     for dt, kc in KERNEL_CASES:
+        per_call = _C.gemm_probe(dt, kc, 1)      # 2 MR NR kc: the kernel's own tile
         t = time.perf_counter()
-        f = _C.gemm_probe(dt, kc, int(2e9 / (2 * 6 * 16 * kc)))
+        f = _C.gemm_probe(dt, kc, int(2e9 / per_call))
         best[dt, kc] = max(best.get((dt, kc), 0.0), f / (time.perf_counter() - t))
 
 
