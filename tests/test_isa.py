@@ -191,3 +191,22 @@ def test_fma_probe_width_follows_the_family(family):
         else:
             lanes = 16 if cfg["isa"] == "avx512" else 8
             assert flops == 10 * 12 * lanes * 2
+
+
+# The recorded bits (tests/family_cases.py, data/simd_hashes.json, made by the
+# avx2 family): every SIMD family on every machine must give them, because
+# the kernel contract fixes each element's arithmetic. This ties the real
+# AVX-512 and NEON kernels, which only some machines can run, to the AVX2 ones.
+@pytest.mark.parametrize("name", ["avx2", "avx512", "avx512emu"])
+def test_simd_family_gives_the_recorded_bits(family, name):
+    import json
+    import family_cases
+    got, cfg = family(pyattn._ISA_CODES[name])
+    if cfg["isa"] != name:
+        pytest.skip(f"the {name} family cannot run on this CPU ({MACHINE})")
+    with open(family_cases.HASHES) as f:
+        want = json.load(f)
+    have = family_cases.compute()
+    assert sorted(have) == sorted(want)
+    bad = [k for k in want if have[k] != want[k]]
+    assert not bad, f"{len(bad)} of {len(want)} results changed bits: {bad[:8]}"
