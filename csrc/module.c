@@ -36,14 +36,15 @@ typedef struct {
     char *data;
 } view;
 
-/* Kernel calls running with the GIL released. Changed only with the GIL
- * held (just before releasing it, just after taking it back), so a plain
- * int is enough; select_isa refuses to swap the kernel table under them. */
-static int calls_in_flight = 0;
+/* The kernel family new calls use (dispatch.c chooses it; select_isa
+ * changes it). Read and written with the GIL held only: each entry point
+ * reads it once, before releasing the GIL, and hands it to its op, so a
+ * call keeps its family even if another thread changes this meanwhile. */
+static const pa_family *family = NULL;
 
 static const char *dtype_name(int d)
 {
-    return d == PA_F32 ? "float32" : d == PA_F64 ? "float64" : "bool";
+    return d == PA_BOOL ? "bool" : pa_dtypes[d].name;
 }
 
 /* Validate obj as an ndarray the kernels can read (or write) in place. */
@@ -246,11 +247,10 @@ static PyObject *py_matmul(PyObject *self, PyObject *args, PyObject *kw)
     operand_of(&b, nb, &B);
     operand_of(&o, nb, &C);
     int rc, nt = pa_get_num_threads();
-    calls_in_flight++;
+    const pa_family *fam = family;
     Py_BEGIN_ALLOW_THREADS
-    rc = pa_matmul(a.dtype, &bt, M, N, K, &A, &B, &C, bias_p, bias_s, nt);
+    rc = pa_matmul(fam, a.dtype, &bt, M, N, K, &A, &B, &C, bias_p, bias_s, nt);
     Py_END_ALLOW_THREADS
-    calls_in_flight--;
     if (rc < 0) { PyErr_NoMemory(); goto fail; }
     return (PyObject *)res;
 fail:
@@ -318,11 +318,10 @@ static PyObject *py_softmax(PyObject *self, PyObject *args, PyObject *kw)
     operand_of(&o, x.nd - 1, &O);
     if (kind) operand_of(&m, x.nd - 1, &Mk);
     int rc, nt = pa_get_num_threads();
-    calls_in_flight++;
+    const pa_family *fam = family;
     Py_BEGIN_ALLOW_THREADS
-    rc = pa_softmax(x.dtype, &bt, x.shape[x.nd - 1], &X, kind ? &Mk : NULL, kind, causal, scale, &O, nt);
+    rc = pa_softmax(fam, x.dtype, &bt, x.shape[x.nd - 1], &X, kind ? &Mk : NULL, kind, causal, scale, &O, nt);
     Py_END_ALLOW_THREADS
-    calls_in_flight--;
     if (rc < 0) { PyErr_NoMemory(); goto fail; }
     return (PyObject *)res;
 fail:
@@ -391,12 +390,11 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
     if (kind) operand_of(&m, nb, &Mk);
     if (want_w) operand_of(&w, nb, &W);
     int rc, nt = pa_get_num_threads();
-    calls_in_flight++;
+    const pa_family *fam = family;
     Py_BEGIN_ALLOW_THREADS
-    rc = pa_attention(q.dtype, &bt, L, S, E, Ev, &Q, &Kk, &V, kind ? &Mk : NULL, kind, causal,
+    rc = pa_attention(fam, q.dtype, &bt, L, S, E, Ev, &Q, &Kk, &V, kind ? &Mk : NULL, kind, causal,
                       scale, dropout_p, (uint64_t)key, &O, want_w ? &W : NULL, nt);
     Py_END_ALLOW_THREADS
-    calls_in_flight--;
     if (rc < 0) { PyErr_NoMemory(); goto fail; }
     if (want_w) return Py_BuildValue("(NN)", res, wres);
     return Py_BuildValue("(NO)", res, Py_None);
@@ -436,21 +434,17 @@ static PyObject *py_select_isa(PyObject *self, PyObject *arg)
 {
     long req = PyLong_AsLong(arg);
     if (req == -1 && PyErr_Occurred()) return NULL;
-    if (req < -1 || req > PA_ISA_AVX512_EMU) {
-        PyErr_SetString(PyExc_ValueError, "isa code must be -1, 0, 1, 2 or 3");
+    if (req < -1 || req >= PA_ISA_COUNT) {
+        PyErr_Format(PyExc_ValueError, "isa code must be -1 to %d", PA_ISA_COUNT - 1);
         return NULL;
     }
-    if (calls_in_flight > 0) {   /* their kernels and workspaces come from the table */
-        PyErr_SetString(PyExc_RuntimeError,
-                        "select_isa: a kernel call is running in another thread");
-        return NULL;
-    }
-    return PyLong_FromLong(pa_dispatch_init((int)req));
+    family = pa_choose_family((int)req);      /* running calls keep theirs */
+    return PyLong_FromLong(family->isa);
 }
 
 static PyObject *py_config(PyObject *self, PyObject *unused)
 {
-    const pa_dispatch *k = &pa_kernels;
+    const pa_family *f = family;
 #if defined(__clang__)
     const char *cc = "clang " __clang_version__;
 #elif defined(__GNUC__)
@@ -461,18 +455,18 @@ static PyObject *py_config(PyObject *self, PyObject *unused)
     const char *cc = "unknown";
 #endif
     return Py_BuildValue(
-        "{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:i,s:i}",
-        "isa", pa_isa_name(k->isa), "isa_machine", pa_isa_name(k->isa_machine),
-        "gemm_f32", k->gemm[PA_F32].name, "gemm_f64", k->gemm[PA_F64].name,
-        "attn_f32", k->attn[PA_F32].name, "attn_f64", k->attn[PA_F64].name,
-        "softmax_f32", k->softmax_name[PA_F32], "softmax_f64", k->softmax_name[PA_F64],
-        "attn_tile_softmax", k->tilesm_name, "compiler", cc,
-        "threads", pa_get_num_threads(), "max_threads", PA_MAX_THREADS);
+        "{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:i,s:i}",
+        "isa", f->name, "isa_machine", pa_isa_name(pa_isa_machine()),
+        "gemm_f32", f->gemm[PA_F32].name, "gemm_f64", f->gemm[PA_F64].name,
+        "attn_f32", f->attn_name[PA_F32], "attn_f64", f->attn_name[PA_F64],
+        "tilesm_f32", f->tilesm[PA_F32].name, "tilesm_f64", f->tilesm[PA_F64].name,
+        "softmax_f32", f->softmax[PA_F32].name, "softmax_f64", f->softmax[PA_F64].name,
+        "compiler", cc, "threads", pa_get_num_threads(), "max_threads", PA_MAX_THREADS);
 }
 
 /* fma_probe(iters) -> flops: the benchmark's peak probe (time it around), at
- * the vector width of the kernels in use: 16 lanes on the AVX-512 family,
- * else 8. None without AVX2. */
+ * the float32 vector width of the family in use (16 lanes on avx512, 8 on
+ * avx2 and avx512emu, 4 on neon). None for the generic family. */
 static PyObject *py_fma_probe(PyObject *self, PyObject *arg)
 {
     long long iters = PyLong_AsLongLong(arg);
@@ -481,12 +475,12 @@ static PyObject *py_fma_probe(PyObject *self, PyObject *arg)
         PyErr_SetString(PyExc_ValueError, "iters must be >= 0");
         return NULL;
     }
-    if (pa_kernels.isa_machine < PA_ISA_AVX2 || !pa_have_avx2_kernels()) Py_RETURN_NONE;
-    const int wide = pa_kernels.isa == PA_ISA_AVX512 && pa_have_avx512_kernels();
+    const pa_fma_probe_fn probe = family->fma_probe;
+    if (!probe) Py_RETURN_NONE;
     double flops;
     float sink;
     Py_BEGIN_ALLOW_THREADS
-    flops = wide ? pa_fma_probe_avx512(iters, &sink) : pa_fma_probe_avx2(iters, &sink);
+    flops = probe(iters, &sink);
     Py_END_ALLOW_THREADS
     return PyFloat_FromDouble(flops + 0.0 * (double)sink);
 }
@@ -515,11 +509,10 @@ static PyObject *py_gemm_probe(PyObject *self, PyObject *args)
         return NULL;
     }
     double flops, sink;
-    calls_in_flight++;
+    const pa_family *fam = family;
     Py_BEGIN_ALLOW_THREADS
-    flops = pa_gemm_probe(dtype, kc, iters, &sink);
+    flops = pa_gemm_probe(fam, dtype, kc, iters, &sink);
     Py_END_ALLOW_THREADS
-    calls_in_flight--;
     if (flops < 0) return PyErr_NoMemory();
     return PyFloat_FromDouble(flops + 0.0 * sink);
 }
@@ -531,10 +524,10 @@ static PyMethodDef methods[] = {
     {"set_num_threads", py_set_num_threads, METH_O, "set_num_threads(n): threads for the kernels"},
     {"get_num_threads", py_get_num_threads, METH_NOARGS, "get_num_threads() -> int"},
     {"select_isa", py_select_isa, METH_O,
-     "select_isa(code) -> code chosen (-1: best); RuntimeError while a kernel call runs"},
+     "select_isa(code) -> code chosen (-1: best); calls already running keep their family"},
     {"config", py_config, METH_NOARGS, "config() -> dict of the kernels in use"},
     {"fma_probe", py_fma_probe, METH_O,
-     "fma_probe(iters) -> float32 flops done at the kernels' vector width (None without AVX2)"},
+     "fma_probe(iters) -> float32 flops done at the family's vector width (None: generic)"},
     {"gemm_probe", py_gemm_probe, METH_VARARGS,
      "gemm_probe(dtype, kc, iters) -> flops done by the GEMM micro-kernel on L1-resident panels"},
     {NULL, NULL, 0, NULL},
@@ -548,6 +541,6 @@ static struct PyModuleDef moddef = {
 PyMODINIT_FUNC PyInit__C(void)
 {
     import_array();
-    pa_dispatch_init(-1);
+    family = pa_choose_family(-1);
     return PyModule_Create(&moddef);
 }

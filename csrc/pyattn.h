@@ -1,5 +1,6 @@
 /*
- * pyattn.h -- types shared by the ops and the kernels. No Python here.
+ * pyattn.h -- what the frame (ops/) and the kernels share: sizes, element
+ * types, the mask and causal rules, dropout. No Python here.
  *
  * Shape legend (used in every C file of pyattn):
  *   B   batch (all leading axes, flattened by the op layer)
@@ -17,13 +18,29 @@
 #define PYATTN_H
 
 #include <stddef.h>
+#include <math.h>
 #include <stdint.h>
 
 /* ptrdiff_t is Py_ssize_t on every platform CPython supports; the C layers
  * below the binding use it so that they never include Python.h. */
 typedef ptrdiff_t pa_ssize;
 
-enum { PA_F32 = 0, PA_F64 = 1 };
+/* ---- element types ------------------------------------------------------
+ * One descriptor per dtype: the type an operand is stored in, the type its
+ * arithmetic runs in, and the stored size. Today storage == compute; a
+ * 16-bit storage type (float16, bfloat16) is a row here with compute
+ * PA_F32, whose widening happens where the frame packs or reads operands. */
+enum { PA_F32 = 0, PA_F64 = 1, PA_NDTYPES = 2 };
+
+typedef struct {
+    const char *name;       /* NumPy's name: "float32" */
+    size_t size;            /* bytes of one stored element */
+    int compute;            /* the dtype its arithmetic runs in (PA_F32 / PA_F64) */
+} pa_dtype_info;
+
+extern const pa_dtype_info pa_dtypes[PA_NDTYPES];   /* ops/common.c */
+
+static inline size_t pa_elsize(int dtype) { return pa_dtypes[dtype].size; }
 
 /* a*b for sizes; returns 0 (and leaves *r untouched) on overflow. */
 static inline int pa_mul_ok(size_t a, size_t b, size_t *r)
@@ -51,6 +68,45 @@ static inline pa_ssize pa_causal_limit(int causal, pa_ssize i, pa_ssize L, pa_ss
     return n;
 }
 
+/* A mask operand: element (i, j) at p + (i*rs + j*cs) elements; bool masks
+ * are bytes (True: may attend), additive ones are of the compute dtype. */
+typedef struct {
+    const void *p;
+    pa_ssize rs, cs;
+    int kind;               /* PA_MASK_*; p is NULL for PA_MASK_NONE */
+} pa_mask;
+
+/* THE admissibility rule of a score, written once for every frame and
+ * kernel: key j of query row i counts when it lies in the row's key range
+ * [lo, hi) (the causal limit; next, a sliding window) and a bool mask is
+ * True there; an additive mask is added to the scaled score. Applied to n
+ * scores s[t*ss] (t = 0..n-1) of keys j0 + t of row i, with lo and hi
+ * relative to j0: an inadmissible score becomes -inf, which every softmax
+ * step reads as "weight exactly 0". */
+#define PA_DEFINE_ADMIT(T, DT)                                                      \
+    static inline void pa_admit_##DT(const pa_mask *mk, pa_ssize i, pa_ssize j0,    \
+                                     T *s, pa_ssize ss, pa_ssize n,                 \
+                                     pa_ssize lo, pa_ssize hi)                      \
+    {                                                                               \
+        if (lo < 0) lo = 0;                                                         \
+        if (hi > n) hi = n;                                                         \
+        if (hi < lo) hi = lo;                                                       \
+        for (pa_ssize t = 0; t < lo; t++) s[t * ss] = (T)-INFINITY;                 \
+        const pa_ssize off = i * mk->rs + j0 * mk->cs;                              \
+        if (mk->kind == PA_MASK_BOOL) {                                             \
+            const uint8_t *m = (const uint8_t *)mk->p + off;                        \
+            for (pa_ssize t = lo; t < hi; t++)                                      \
+                if (!m[t * mk->cs]) s[t * ss] = (T)-INFINITY;                       \
+        } else if (mk->kind == PA_MASK_ADD) {                                       \
+            const T *m = (const T *)mk->p + off;                                    \
+            for (pa_ssize t = lo; t < hi; t++) s[t * ss] += m[t * mk->cs];          \
+        }                                                                           \
+        for (pa_ssize t = hi; t < n; t++) s[t * ss] = (T)-INFINITY;                 \
+    }
+PA_DEFINE_ADMIT(float, f32)
+PA_DEFINE_ADMIT(double, f64)
+#undef PA_DEFINE_ADMIT
+
 /* ---- dropout: a counter-based generator ---------------------------------
  * The keep/drop decision for score element (b, i, j) depends only on the key
  * drawn from the user's generator and on the element's flat index
@@ -70,33 +126,11 @@ static inline double pa_uniform(uint64_t key, uint64_t ctr)
     return (double)(h >> 11) * (1.0 / 9007199254740992.0);
 }
 
-/* ---- attention arguments (one head: one flattened batch index) ---------- */
-typedef struct {
-    pa_ssize L, S, E, Ev;
-    const void *q; pa_ssize q_rs, q_cs;     /* (L, E)  */
-    const void *k; pa_ssize k_rs, k_cs;     /* (S, E)  */
-    const void *v; pa_ssize v_rs, v_cs;     /* (S, Ev) */
-    const void *mask; pa_ssize m_rs, m_cs;  /* (L, S) bool (uint8) or float of the compute dtype */
-    int mask_kind;                          /* PA_MASK_* */
-    int causal;                             /* PA_CAUSAL_* */
-    double scale;
-    double dropout_p;                       /* 0 <= p < 1 */
-    uint64_t dropout_key;
-    uint64_t ctr_base;                      /* b * L * S: counter of element (b, 0, 0) */
-    pa_ssize key_begin, key_end;            /* the keys this call covers, [0, S) unless split */
-    void *partial;                          /* NULL, or per query row (2 + Ev) values of the
-                                               compute dtype: running max m, sum l and the
-                                               unnormalised output, for a later merge */
-    void *out; pa_ssize o_rs, o_cs;         /* (L, Ev) */
-    void *w; pa_ssize w_rs, w_cs;           /* (L, S) weights, or NULL */
-} pa_attn_args;
-
 /* ---- softmax arguments: n rows of length S ------------------------------ */
 typedef struct {
     pa_ssize S;                             /* row length */
     const void *x; pa_ssize x_cs;           /* row of x */
-    const void *mask; pa_ssize m_cs;        /* row of the mask, or NULL */
-    int mask_kind;
+    pa_mask mask;                           /* this row of the mask (rs unused) */
     pa_ssize limit;                         /* columns >= limit are masked (causal); S if none */
     double scale;
     void *out; pa_ssize o_cs;

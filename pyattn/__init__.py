@@ -23,9 +23,10 @@ __all__ = [
     "set_num_threads", "get_num_threads", "show_config", "nn", "__version__",
 ]
 
-# "avx512emu" is for tests: the AVX-512 kernels built over pairs of AVX2
-# registers, so a CPU without AVX-512 can check them (slow; needs AVX2)
-_ISA_CODES = {"generic": 0, "avx2": 1, "avx512": 2, "avx512emu": 3}
+# The kernel families (csrc/family.h). "avx512emu" is for tests: the AVX-512
+# kernels built over pairs of AVX2 registers, so a CPU without AVX-512 can
+# check them (slow; needs AVX2). "neon" is aarch64's.
+_ISA_CODES = {"generic": 0, "avx2": 1, "avx512": 2, "avx512emu": 3, "neon": 4}
 
 
 def set_num_threads(n: int) -> None:
@@ -52,17 +53,28 @@ def get_num_threads() -> int:
 
 
 def show_config() -> None:
-    """Print the version, compiler, CPU kernel family and kernels in use, and threads."""
+    """Print the version, compiler, kernel family and its kernels, and threads.
+
+    A kernel family is one instruction set's complete kernel set (``generic``
+    portable C, ``avx2``, ``avx512``, ``neon``): the best one the CPU has is
+    chosen at import, ``PYATTN_ISA`` caps it. The attention driver (the
+    ``flash`` line: query block x key tile) is portable C around the family's
+    GEMM micro-kernels and online-softmax tile steps.
+
+    >>> import pyattn
+    >>> pyattn.show_config()  # doctest: +SKIP
+    """
     c = _C.config()
     print(f"pyattn {__version__}")
-    print(f"  compiler        : {c['compiler']}")
-    print(f"  CPU supports    : {c['isa_machine']}")
-    print(f"  family allowed  : {c['isa']}"
+    print(f"  compiler          : {c['compiler']}")
+    print(f"  CPU supports      : {c['isa_machine']}")
+    print(f"  kernel family     : {c['isa']}"
           + ("  (PYATTN_ISA)" if _os.environ.get("PYATTN_ISA") else ""))
-    print(f"  matmul kernels  : {c['gemm_f32']}, {c['gemm_f64']}")
-    print(f"  attention       : {c['attn_f32']}, {c['attn_f64']} (tile softmax {c['attn_tile_softmax']})")
-    print(f"  softmax         : {c['softmax_f32']}, {c['softmax_f64']}")
-    print(f"  threads         : {c['threads']}")
+    print(f"  GEMM micro-kernels: {c['gemm_f32']}, {c['gemm_f64']}")
+    print(f"  attention (flash) : {c['attn_f32']}, {c['attn_f64']}")
+    print(f"  tile softmax steps: {c['tilesm_f32']}, {c['tilesm_f64']}")
+    print(f"  softmax rows      : {c['softmax_f32']}, {c['softmax_f64']}")
+    print(f"  threads           : {c['threads']}")
 
 
 def _default_threads() -> int:
@@ -90,13 +102,20 @@ def _env_isa_code(warn: bool = True) -> int:
     if isa in _ISA_CODES:
         return _ISA_CODES[isa]
     if warn:
-        _warnings.warn(f"PYATTN_ISA={isa!r} is not one of generic, avx2, avx512, avx512emu; ignored",
+        _warnings.warn(f"PYATTN_ISA={isa!r} is not one of {', '.join(_ISA_CODES)}; ignored",
                        RuntimeWarning, stacklevel=3)
     return -1
 
 
 def _init() -> None:
-    _C.select_isa(_env_isa_code())
+    want = _env_isa_code()
+    got = _C.select_isa(want)
+    if want > 0 and got != want and not (want == 2 and got == 1):
+        # a family this CPU cannot run at all (avx2 and avx512 are levels:
+        # asking for more than the CPU has quietly gives what it has)
+        names = {v: k for k, v in _ISA_CODES.items()}
+        _warnings.warn(f"PYATTN_ISA={names[want]!r} cannot run on this CPU; "
+                       f"using the {names[got]!r} kernel family", RuntimeWarning, stacklevel=2)
     _C.set_num_threads(min(_default_threads(), 1024))
 
 

@@ -10,7 +10,7 @@ import pyattn._C as C
 from pyattn import _reference as R
 from conftest import DTYPES, check, mag_attention, mag_matmul
 
-GENERIC, AVX2, AVX512, AVX512_EMU = 0, 1, 2, 3
+GENERIC, AVX2, AVX512, AVX512_EMU, NEON = 0, 1, 2, 3, 4
 MACHINE = C.config()["isa_machine"]
 
 
@@ -34,14 +34,15 @@ def test_emulated_family_is_installed(family):
     assert cfg["gemm_f32"] == "pyattn_gemm_f32_avx512emu_12x32"
     assert cfg["gemm_f64"] == "pyattn_gemm_f64_avx512emu_12x16"
     assert cfg["attn_f32"] == "pyattn_attn_f32_flash_96x60"
-    assert cfg["attn_tile_softmax"] == "pyattn_tilesm_avx512emu"
+    assert cfg["tilesm_f32"] == "pyattn_tilesm_f32_avx512emu"
+    assert cfg["tilesm_f64"] == "pyattn_tilesm_f64_avx512emu"
 
 
 def test_avx512_request_is_capped_by_the_machine(family):
     got, cfg = family(AVX512)
     if MACHINE == "avx512":
         assert cfg["gemm_f32"] == "pyattn_gemm_f32_avx512_12x32"
-        assert cfg["attn_tile_softmax"] == "pyattn_tilesm_avx512"
+        assert cfg["tilesm_f32"] == "pyattn_tilesm_f32_avx512"
     else:
         assert cfg["isa"] == MACHINE and "avx512" not in cfg["gemm_f32"]
 
@@ -182,15 +183,14 @@ def test_probes_reject_bad_arguments():
 
 
 def test_fma_probe_width_follows_the_family(family):
-    # 12 chains x 2 flops per round: 8 lanes, or 16 on the real AVX-512 family
-    for code in (GENERIC, AVX2, AVX512):
+    # 12 chains x 2 flops per round at the family's float32 width; the
+    # generic family has no SIMD probe
+    lanes = {"generic": None, "avx2": 8, "avx512emu": 8, "avx512": 16, "neon": 4}
+    for code in (GENERIC, AVX2, AVX512, AVX512_EMU, NEON):
         got, cfg = family(code)
         flops = C.fma_probe(10)
-        if MACHINE == "generic":
-            assert flops is None
-        else:
-            lanes = 16 if cfg["isa"] == "avx512" else 8
-            assert flops == 10 * 12 * lanes * 2
+        want = lanes[cfg["isa"]]
+        assert flops == (None if want is None else 10 * 12 * want * 2)
 
 
 # The recorded bits (tests/family_cases.py, data/simd_hashes.json, made by the

@@ -139,32 +139,49 @@ def test_set_num_threads_while_running(rng, restore_threads):
     assert not errors, errors
 
 
-def test_select_isa_refused_while_a_call_runs(rng):
-    # swapping the kernel table under a running call would hand it kernels
-    # whose tiles do not match the workspace it sized: select_isa refuses
-    cur = pyattn._ISA_CODES[_C.config()["isa"]]
-    q = rng.standard_normal((1, 8, 1024, 64)).astype(np.float32)
-    started = threading.Event()
+def test_select_isa_while_calls_run_leaves_each_call_its_family(rng):
+    # A call takes the kernel family once, at its start, and passes it down
+    # (no kernel or frame reads a global table), so switching families from
+    # another thread cannot change the kernels or the workspace sizes of a
+    # call that is running. The generic and the best family give different
+    # bits here: every result must be exactly one of the two, never a mix.
+    best = _C.select_isa(-1)
+    if best == 0:
+        pytest.skip("this CPU has only the generic family: nothing to switch between")
+    q = rng.standard_normal((1, 4, 700, 64)).astype(np.float32)
+    a = rng.standard_normal((300, 300)).astype(np.float32)
+    want = {}
+    for code in (0, best):
+        _C.select_isa(code)
+        want[code] = (pyattn.scaled_dot_product_attention(q, q, q), pyattn.matmul(a, a))
+    assert not np.array_equal(want[0][0], want[best][0])
+    assert not np.array_equal(want[0][1], want[best][1])
+    got, errors = [], []
 
     def work():
-        started.set()
-        for _ in range(5):
-            pyattn.scaled_dot_product_attention(q, q, q)
+        try:
+            for _ in range(6):
+                got.append((pyattn.scaled_dot_product_attention(q, q, q), pyattn.matmul(a, a)))
+        except Exception as exc:      # pragma: no cover - reported below
+            errors.append(exc)
 
     t = threading.Thread(target=work)
     t.start()
-    started.wait()
-    refused = 0
-    while t.is_alive():
-        try:
-            _C.select_isa(cur)
-        except RuntimeError as exc:
-            assert "running" in str(exc)
-            refused += 1
-        time.sleep(0.001)
-    t.join()
-    assert refused > 0
-    assert _C.select_isa(cur) == cur
+    flips = 0
+    try:
+        while t.is_alive():
+            _C.select_isa((0, best)[flips % 2])
+            flips += 1
+            time.sleep(0.002)
+    finally:
+        t.join()
+        _C.select_isa(pyattn._env_isa_code(warn=False))
+    assert not errors, errors
+    assert flips > 2
+    for o, m in got:
+        assert any(np.array_equal(o, w[0]) for w in want.values())
+        assert any(np.array_equal(m, w[1]) for w in want.values())
+
 
 def _run(code, **env):
     # run outside the source tree, so the installed pyattn is the one imported
@@ -173,16 +190,21 @@ def _run(code, **env):
                           cwd=tempfile.gettempdir()).stdout
 
 
-@pytest.mark.parametrize("isa", ["generic", "avx2", "avx512"])
+@pytest.mark.parametrize("isa", ["generic", "avx2", "avx512", "neon"])
 def test_pyattn_isa(isa):
     code = ("import numpy as np, pyattn, pyattn._C as C; c = C.config(); "
             "rng = np.random.default_rng(1); q = rng.standard_normal((2, 33, 20)); a = rng.standard_normal((50, 70)); "
             "o = pyattn.scaled_dot_product_attention(q, q, q, is_causal=True); m = pyattn.matmul(a, a.T); "
             "print(c['isa'], c['isa_machine'], o.sum().hex(), m.sum().hex())")
     got = _run(code, PYATTN_ISA=isa).split()
-    order = ["generic", "avx2", "avx512"]
+    x86 = ["generic", "avx2", "avx512"]        # levels: a request is capped at the CPU's
     chosen, machine = got[0], got[1]
-    assert order.index(chosen) == min(order.index(isa), order.index(machine))
+    if isa == "generic":
+        assert chosen == "generic"
+    elif isa in x86 and machine in x86:
+        assert x86.index(chosen) == min(x86.index(isa), x86.index(machine))
+    else:                                      # another architecture's family: the CPU's best
+        assert chosen == (isa if isa == machine else machine)
     base = _run(code, PYATTN_ISA="generic").split()
     ref = np.array([float.fromhex(base[2]), float.fromhex(base[3])])
     val = np.array([float.fromhex(got[2]), float.fromhex(got[3])])
@@ -196,3 +218,10 @@ def test_env_threads_and_bad_isa():
                        capture_output=True, text=True, env=dict(os.environ, PYATTN_ISA="sse9"),
                        cwd=tempfile.gettempdir())
     assert r.returncode != 0 and "PYATTN_ISA" in r.stderr
+    machine = _C.config()["isa_machine"]
+    other = "avx2" if machine == "neon" else "neon"
+    r = subprocess.run([sys.executable, "-c", "import pyattn, pyattn._C as C; print(C.config()['isa'])"],
+                       capture_output=True, text=True, env=dict(os.environ, PYATTN_ISA=other),
+                       cwd=tempfile.gettempdir())
+    assert r.stdout.strip() == machine
+    assert "cannot run on this CPU" in r.stderr

@@ -4,7 +4,7 @@
  * Shapes (per flat batch index b, which covers batch and head axes):
  *   q (L, E), k (S, E), v (S, Ev), mask (L, S) or none, out (L, Ev),
  *   w (L, S) only when the weights are asked for.
- * A task is (b, block of BQ query rows); the kernel streams all key tiles for
+ * A task is (b, block of BQ query rows, BQ = the family's attn_bq); the kernel streams all key tiles for
  * that block, so each output row is computed by exactly one task with a fixed
  * order of arithmetic: results do not depend on the thread count, nor on the
  * batch a row came in. Within each b, blocks are handed out last-first so
@@ -19,18 +19,19 @@
  * rows computed among more than PA_SPLIT_MAXL queries).
  */
 #include "ops.h"
-#include "dispatch.h"
+#include "attention.h"
 #include "threads.h"
 
 typedef struct {
+    const pa_family *fam;   /* the call's kernels, fixed for the whole call */
     int dtype;
+    pa_ssize bq;            /* query rows per task (the family's attn_bq) */
     const pa_batch *bt;
     pa_ssize L, S, E, Ev, nblk;
     const pa_operand *q, *k, *v, *mask, *out, *w;
     int mask_kind, causal;
     double scale, dropout_p;
     uint64_t key;
-    pa_attn_kernel kern;
     void **ws;
     pa_ssize nchunks;        /* key chunks per head (split mode), else 0 */
     char *partials;          /* (count, nchunks, L, 2 + Ev) in split mode */
@@ -38,7 +39,7 @@ typedef struct {
 
 static void attn_args(const attn_ctx *c, pa_ssize b, pa_attn_args *out)
 {
-    const pa_ssize es = c->dtype == PA_F32 ? (pa_ssize)sizeof(float) : (pa_ssize)sizeof(double);
+    const pa_ssize es = (pa_ssize)pa_elsize(c->dtype);
     pa_attn_args a;
     a.L = c->L; a.S = c->S; a.E = c->E; a.Ev = c->Ev;
     a.q = (const char *)c->q->p + pa_batch_offset(c->bt, c->q->bs, b) * es;
@@ -47,14 +48,7 @@ static void attn_args(const attn_ctx *c, pa_ssize b, pa_attn_args *out)
     a.k_rs = c->k->rs; a.k_cs = c->k->cs;
     a.v = (const char *)c->v->p + pa_batch_offset(c->bt, c->v->bs, b) * es;
     a.v_rs = c->v->rs; a.v_cs = c->v->cs;
-    a.mask_kind = c->mask_kind;
-    if (c->mask_kind != PA_MASK_NONE) {
-        const pa_ssize ms = c->mask_kind == PA_MASK_BOOL ? 1 : es;
-        a.mask = (const char *)c->mask->p + pa_batch_offset(c->bt, c->mask->bs, b) * ms;
-        a.m_rs = c->mask->rs; a.m_cs = c->mask->cs;
-    } else {
-        a.mask = NULL; a.m_rs = a.m_cs = 0;
-    }
+    a.mask = pa_mask_of(c->bt, c->mask, c->mask_kind, c->dtype, b);
     a.causal = c->causal;
     a.scale = c->scale;
     a.dropout_p = c->dropout_p;
@@ -79,40 +73,40 @@ static void attn_task(void *ctx_, pa_ssize t, int tid)
     const attn_ctx *c = (const attn_ctx *)ctx_;
     const pa_ssize b = t / c->nblk;
     const pa_ssize blk = c->nblk - 1 - t % c->nblk;
-    const pa_ssize i0 = blk * c->kern.bq;
-    const pa_ssize i1 = i0 + c->kern.bq < c->L ? i0 + c->kern.bq : c->L;
+    const pa_ssize i0 = blk * c->bq;
+    const pa_ssize i1 = i0 + c->bq < c->L ? i0 + c->bq : c->L;
     pa_attn_args a;
     attn_args(c, b, &a);
-    c->kern.run(&a, i0, i1, c->ws[tid]);
+    pa_flash_run(c->fam, c->dtype, &a, i0, i1, c->ws[tid]);
 }
 
 /* split mode, pass 1: (b, key chunk) -> partial (m, l, O) of every row */
 static void chunk_task(void *ctx_, pa_ssize t, int tid)
 {
     const attn_ctx *c = (const attn_ctx *)ctx_;
-    const pa_ssize es = c->dtype == PA_F32 ? (pa_ssize)sizeof(float) : (pa_ssize)sizeof(double);
+    const pa_ssize es = (pa_ssize)pa_elsize(c->dtype);
     const pa_ssize b = t / c->nchunks, ch = t % c->nchunks;
     pa_attn_args a;
     attn_args(c, b, &a);
     a.key_begin = ch * PA_SPLIT_CHUNK;
     a.key_end = a.key_begin + PA_SPLIT_CHUNK < c->S ? a.key_begin + PA_SPLIT_CHUNK : c->S;
     a.partial = c->partials + (t * c->L * (2 + c->Ev)) * es;
-    c->kern.run(&a, 0, c->L, c->ws[tid]);
+    pa_flash_run(c->fam, c->dtype, &a, 0, c->L, c->ws[tid]);
 }
 
 /* split mode, pass 2: b -> merge every row's chunks, in chunk order */
 static void merge_task(void *ctx_, pa_ssize b, int tid)
 {
     const attn_ctx *c = (const attn_ctx *)ctx_;
-    const pa_ssize es = c->dtype == PA_F32 ? (pa_ssize)sizeof(float) : (pa_ssize)sizeof(double);
+    const pa_ssize es = (pa_ssize)pa_elsize(c->dtype);
     pa_attn_args a;
     attn_args(c, b, &a);
     const pa_ssize stride = c->L * (2 + c->Ev);
     const char *P = c->partials + (b * c->nchunks * stride) * es;
-    for (pa_ssize i = 0; i < c->L; i++) c->kern.merge(&a, i, P, c->nchunks, stride, c->ws[tid]);
+    for (pa_ssize i = 0; i < c->L; i++) pa_flash_merge(c->dtype, &a, i, P, c->nchunks, stride, c->ws[tid]);
 }
 
-int pa_attention(int dtype, const pa_batch *bt, pa_ssize L, pa_ssize S, pa_ssize E, pa_ssize Ev,
+int pa_attention(const pa_family *fam, int dtype, const pa_batch *bt, pa_ssize L, pa_ssize S, pa_ssize E, pa_ssize Ev,
                  const pa_operand *q, const pa_operand *k, const pa_operand *v,
                  const pa_operand *mask, int mask_kind, int causal, double scale,
                  double dropout_p, uint64_t dropout_key,
@@ -120,31 +114,32 @@ int pa_attention(int dtype, const pa_batch *bt, pa_ssize L, pa_ssize S, pa_ssize
 {
     if (bt->count == 0 || L == 0 || (Ev == 0 && w == NULL)) return 0;
     attn_ctx c;
+    c.fam = fam;
     c.dtype = dtype; c.bt = bt; c.L = L; c.S = S; c.E = E; c.Ev = Ev;
     c.q = q; c.k = k; c.v = v; c.mask = mask; c.out = out; c.w = w;
     c.mask_kind = mask_kind; c.causal = causal; c.scale = scale;
     c.dropout_p = dropout_p; c.key = dropout_key;
-    c.kern = pa_kernels.attn[dtype];
-    c.nblk = (L + c.kern.bq - 1) / c.kern.bq;
+    c.bq = fam->attn_bq[dtype];
+    c.nblk = (L + c.bq - 1) / c.bq;
     c.nchunks = 0;
     c.partials = NULL;
     size_t ntasks;
     if (!pa_mul_ok((size_t)bt->count, (size_t)c.nblk, &ntasks) || ntasks > (size_t)PTRDIFF_MAX)
         return -1;
-    if (c.kern.merge && w == NULL && L <= PA_SPLIT_MAXL && S >= PA_SPLIT_MINS &&
+    if (w == NULL && L <= PA_SPLIT_MAXL && S >= PA_SPLIT_MINS &&
         E <= PA_FLASH_MAXD && Ev <= PA_FLASH_MAXD) {
         size_t n, bytes;
         c.nchunks = (S + PA_SPLIT_CHUNK - 1) / PA_SPLIT_CHUNK;
         if (!pa_mul_ok((size_t)bt->count, (size_t)c.nchunks, &ntasks) ||
             !pa_mul_ok(ntasks, (size_t)(L * (2 + Ev)), &n) ||
-            !pa_mul_ok(n, dtype == PA_F32 ? sizeof(float) : sizeof(double), &bytes) ||
+            !pa_mul_ok(n, pa_elsize(dtype), &bytes) ||
             ntasks > (size_t)PTRDIFF_MAX)
             return -1;
         c.partials = (char *)pa_alloc64(bytes);
         if (!c.partials) return -1;
     }
-    const size_t bytes = c.kern.ws(E, Ev);
-    if (bytes == 0) return -1;
+    const size_t bytes = pa_flash_ws(fam, dtype, E, Ev);
+    if (bytes == 0) { pa_free64(c.partials); return -1; }
     int nt = nthreads < 1 ? 1 : nthreads;
     if ((size_t)nt > ntasks) nt = (int)ntasks;
     void *wsv[PA_MAX_THREADS];

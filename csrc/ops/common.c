@@ -2,6 +2,11 @@
 #include <stdlib.h>
 #include "ops.h"
 
+const pa_dtype_info pa_dtypes[PA_NDTYPES] = {
+    [PA_F32] = {"float32", sizeof(float), PA_F32},
+    [PA_F64] = {"float64", sizeof(double), PA_F64},
+};
+
 /* 64-byte aligned block; the raw pointer is kept just before it. */
 void *pa_alloc64(size_t bytes)
 {

@@ -6,14 +6,13 @@
  * A task is (batch b, a chunk of rows -- whole MC blocks --, a block of NC
  * columns) of C. Inside a task: for each KC panel, in order: pack B
  * (KC x NC) once, then for each MC block of the chunk pack A (MC x KC) and
- * run the micro-kernel over MR x NR tiles (from the dispatch table). The
+ * run the micro-kernel over MR x NR tiles (the call's family's). The
  * chunk size only spreads the work over threads (a few chunks per thread,
  * so B is packed a few times, not once per MC block); the reduction over K
  * never leaves a task and always runs in the same KC panels, so an element's
  * arithmetic does not depend on the thread count or on its batch.
  */
 #include "ops.h"
-#include "dispatch.h"
 #include "threads.h"
 
 #define PA_CAT2(a, b) a##b
@@ -48,7 +47,7 @@ static void gemm_block(const gemm_ctx *c, const char *Ablk, pa_ssize mc, pa_ssiz
                        const char *Bp, pa_ssize nc, char *Cblk, int accumulate, char *Ap)
 {
     const pa_gemm_kernel *g = &c->g;
-    const size_t es = c->dtype == PA_F32 ? sizeof(float) : sizeof(double);
+    const size_t es = pa_elsize(c->dtype);
     const pa_ssize crs = c->C->rs, ccs = c->C->cs;
     if (c->dtype == PA_F32)
         pack_a_f32((const float *)Ablk, c->A->rs, c->A->cs, mc, kc, g->mr, (float *)Ap);
@@ -73,7 +72,7 @@ static void gemm_task(void *ctx_, pa_ssize t, int tid)
     const pa_ssize jb = t % c->nblocks;
     const pa_ssize ib = (t / c->nblocks) % c->mchunks;
     const pa_ssize b = t / (c->nblocks * c->mchunks);
-    const size_t es = c->dtype == PA_F32 ? sizeof(float) : sizeof(double);
+    const size_t es = pa_elsize(c->dtype);
     const pa_ssize i0 = ib * c->mchunk, j0 = jb * g->nc;
     const pa_ssize mt = c->M - i0 < c->mchunk ? c->M - i0 : c->mchunk;
     const pa_ssize nc = c->N - j0 < g->nc ? c->N - j0 : g->nc;
@@ -124,7 +123,7 @@ static void shared_pack_task(void *ctx_, pa_ssize t, int tid)
 {
     const shared_ctx *s = (const shared_ctx *)ctx_;
     const gemm_ctx *c = s->c;
-    const size_t es = c->dtype == PA_F32 ? sizeof(float) : sizeof(double);
+    const size_t es = pa_elsize(c->dtype);
     const pa_ssize p0 = t * s->per, p1 = p0 + s->per < s->npanels ? p0 + s->per : s->npanels;
     const pa_ssize j0 = p0 * c->g.nr;
     const pa_ssize j1 = p1 * c->g.nr < s->nc ? p1 * c->g.nr : s->nc;
@@ -140,7 +139,7 @@ static void shared_compute_task(void *ctx_, pa_ssize t, int tid)
 {
     const shared_ctx *s = (const shared_ctx *)ctx_;
     const gemm_ctx *c = s->c;
-    const size_t es = c->dtype == PA_F32 ? sizeof(float) : sizeof(double);
+    const size_t es = pa_elsize(c->dtype);
     const pa_ssize i0 = t * c->g.mc;
     const pa_ssize mc = c->M - i0 < c->g.mc ? c->M - i0 : c->g.mc;
     gemm_block(c, s->A + i0 * c->A->rs * (pa_ssize)es, mc, s->kc, s->Bp, s->nc,
@@ -149,7 +148,7 @@ static void shared_compute_task(void *ctx_, pa_ssize t, int tid)
 
 static int gemm_shared(gemm_ctx *c, int nt)
 {
-    const size_t es = c->dtype == PA_F32 ? sizeof(float) : sizeof(double);
+    const size_t es = pa_elsize(c->dtype);
     const pa_gemm_kernel *g = &c->g;
     const pa_ssize ncp = ((c->N < g->nc ? c->N : g->nc) + g->nr - 1) / g->nr * g->nr;
     const pa_ssize kcm = c->K < g->kc ? (c->K > 0 ? c->K : 1) : g->kc;
@@ -189,7 +188,7 @@ static int gemm_shared(gemm_ctx *c, int nt)
     return 0;
 }
 
-int pa_matmul(int dtype, const pa_batch *bt, pa_ssize M, pa_ssize N, pa_ssize K,
+int pa_matmul(const pa_family *fam, int dtype, const pa_batch *bt, pa_ssize M, pa_ssize N, pa_ssize K,
               const pa_operand *A, const pa_operand *B, const pa_operand *C,
               const void *bias, pa_ssize bias_s, int nthreads)
 {
@@ -197,7 +196,7 @@ int pa_matmul(int dtype, const pa_batch *bt, pa_ssize M, pa_ssize N, pa_ssize K,
     gemm_ctx c;
     c.dtype = dtype; c.bt = bt; c.M = M; c.N = N; c.K = K;
     c.A = A; c.B = B; c.C = C; c.bias = bias; c.bias_s = bias_s;
-    c.g = pa_kernels.gemm[dtype];
+    c.g = fam->gemm[dtype];
     c.nblocks = (N + c.g.nc - 1) / c.g.nc;
     {   /* about 3 tasks per thread over (batch, M chunks, N blocks), for
          * balance; one thread needs no balance, and every extra M chunk packs
@@ -212,7 +211,7 @@ int pa_matmul(int dtype, const pa_batch *bt, pa_ssize M, pa_ssize N, pa_ssize K,
         c.mchunk = blocks * c.g.mc;
         c.mchunks = (M + c.mchunk - 1) / c.mchunk;
     }
-    const size_t es = dtype == PA_F32 ? sizeof(float) : sizeof(double);
+    const size_t es = pa_elsize(dtype);
     const pa_ssize kc = K < c.g.kc ? (K > 0 ? K : 1) : c.g.kc;
     const pa_ssize mcp = ((M < c.g.mc ? M : c.g.mc) + c.g.mr - 1) / c.g.mr * c.g.mr;
     const pa_ssize ncp = ((N < c.g.nc ? N : c.g.nc) + c.g.nr - 1) / c.g.nr * c.g.nr;
@@ -243,10 +242,10 @@ int pa_matmul(int dtype, const pa_batch *bt, pa_ssize M, pa_ssize N, pa_ssize K,
     return ok ? 0 : -1;
 }
 
-double pa_gemm_probe(int dtype, pa_ssize kc, long long iters, double *sink)
+double pa_gemm_probe(const pa_family *fam, int dtype, pa_ssize kc, long long iters, double *sink)
 {
-    const pa_gemm_kernel g = pa_kernels.gemm[dtype];
-    const size_t es = dtype == PA_F32 ? sizeof(float) : sizeof(double);
+    const pa_gemm_kernel g = fam->gemm[dtype];
+    const size_t es = pa_elsize(dtype);
     const size_t na = (size_t)(g.mr * kc), nb = (size_t)(g.nr * kc), nc = (size_t)(g.mr * g.nr);
     char *buf = (char *)pa_alloc64((na + nb + nc) * es);
     if (!buf) return -1;

@@ -1,6 +1,8 @@
 /*
- * ops.h -- the ops: loops over batch / heads / tiles, threading, masks.
- * They call kernels only through the dispatch table and never touch Python.
+ * ops.h -- the ops (the frame): loops over batch / heads / tiles, threading,
+ * packing, masks. Each takes the kernel family of the call as its first
+ * argument and passes it down; it reads no global table and never touches
+ * Python.
  *
  * Batch axes: every operand of an op has the same leading batch shape
  * bshape[0..nb-1] (the binding broadcast them with stride-0 views); each
@@ -13,7 +15,7 @@
 #ifndef PYATTN_OPS_H
 #define PYATTN_OPS_H
 
-#include "pyattn.h"
+#include "family.h"
 
 #define PA_MAXDIMS 64
 
@@ -42,26 +44,41 @@ typedef struct {
     pa_ssize rs, cs;
 } pa_operand;
 
+/* The mask of flat batch index b (kind PA_MASK_NONE: none). Bool masks are
+ * bytes, additive ones of the compute dtype. */
+static inline pa_mask pa_mask_of(const pa_batch *bt, const pa_operand *m, int kind, int dtype,
+                                 pa_ssize b)
+{
+    pa_mask r = {NULL, 0, 0, PA_MASK_NONE};
+    if (kind == PA_MASK_NONE) return r;
+    const pa_ssize es = kind == PA_MASK_BOOL ? 1 : (pa_ssize)pa_elsize(dtype);
+    r.p = (const char *)m->p + pa_batch_offset(bt, m->bs, b) * es;
+    r.rs = m->rs;
+    r.cs = m->cs;
+    r.kind = kind;
+    return r;
+}
+
 /* Aligned scratch (64 bytes). */
 void *pa_alloc64(size_t bytes);
 void pa_free64(void *p);
 
 /* C[b] = A[b] @ B[b] (+ bias). A (M, K), B (K, N), C (M, N), bias (N,) with
  * element stride bias_s, or NULL. */
-int pa_matmul(int dtype, const pa_batch *bt, pa_ssize M, pa_ssize N, pa_ssize K,
+int pa_matmul(const pa_family *fam, int dtype, const pa_batch *bt, pa_ssize M, pa_ssize N, pa_ssize K,
               const pa_operand *A, const pa_operand *B, const pa_operand *C,
               const void *bias, pa_ssize bias_s, int nthreads);
 
 /* Rows of x (bt = all axes but the last, the last of them being L when
  * causal), each of length S. x, mask, out share bt; mask may be NULL. */
-int pa_softmax(int dtype, const pa_batch *bt, pa_ssize S,
+int pa_softmax(const pa_family *fam, int dtype, const pa_batch *bt, pa_ssize S,
                const pa_operand *x, const pa_operand *mask, int mask_kind,
                int causal, double scale, const pa_operand *out, int nthreads);
 
 /* Attention per flat batch index b (all axes but the last two).
  * q (L, E), k (S, E), v (S, Ev), mask (L, S) or NULL, out (L, Ev),
  * w (L, S) or NULL. */
-int pa_attention(int dtype, const pa_batch *bt, pa_ssize L, pa_ssize S, pa_ssize E, pa_ssize Ev,
+int pa_attention(const pa_family *fam, int dtype, const pa_batch *bt, pa_ssize L, pa_ssize S, pa_ssize E, pa_ssize Ev,
                  const pa_operand *q, const pa_operand *k, const pa_operand *v,
                  const pa_operand *mask, int mask_kind, int causal, double scale,
                  double dropout_p, uint64_t dropout_key,
@@ -71,6 +88,6 @@ int pa_attention(int dtype, const pa_batch *bt, pa_ssize L, pa_ssize S, pa_ssize
  * that stay in L1 (A: MR x kc, B: kc x NR), accumulating into one MR x NR
  * tile, iters times. Returns the flops done (2 MR NR kc per call), or -1
  * when the panels cannot be allocated. *sink receives a C element. */
-double pa_gemm_probe(int dtype, pa_ssize kc, long long iters, double *sink);
+double pa_gemm_probe(const pa_family *fam, int dtype, pa_ssize kc, long long iters, double *sink);
 
 #endif

@@ -8,10 +8,10 @@
  * not depend on the thread count.
  */
 #include "ops.h"
-#include "dispatch.h"
 #include "threads.h"
 
 typedef struct {
+    pa_softmax_fn fn;       /* the call's family's row kernel */
     int dtype;
     const pa_batch *bt;
     pa_ssize S, rows, chunk, L;
@@ -23,10 +23,9 @@ typedef struct {
 static void softmax_task(void *ctx_, pa_ssize t, int tid)
 {
     const softmax_ctx *c = (const softmax_ctx *)ctx_;
-    const pa_ssize es = c->dtype == PA_F32 ? (pa_ssize)sizeof(float) : (pa_ssize)sizeof(double);
+    const pa_ssize es = (pa_ssize)pa_elsize(c->dtype);
     const pa_ssize r0 = t * c->chunk;
     const pa_ssize r1 = r0 + c->chunk < c->rows ? r0 + c->chunk : c->rows;
-    pa_softmax_fn fn = pa_kernels.softmax[c->dtype];
     for (pa_ssize r = r0; r < r1; r++) {
         pa_softmax_row row;
         row.S = c->S;
@@ -34,27 +33,20 @@ static void softmax_task(void *ctx_, pa_ssize t, int tid)
         row.x_cs = c->x->cs;
         row.out = (char *)c->out->p + pa_batch_offset(c->bt, c->out->bs, r) * es;
         row.o_cs = c->out->cs;
-        row.mask_kind = c->mask_kind;
-        if (c->mask_kind != PA_MASK_NONE) {
-            const pa_ssize ms = c->mask_kind == PA_MASK_BOOL ? 1 : es;
-            row.mask = (const char *)c->mask->p + pa_batch_offset(c->bt, c->mask->bs, r) * ms;
-            row.m_cs = c->mask->cs;
-        } else {
-            row.mask = NULL;
-            row.m_cs = 0;
-        }
+        row.mask = pa_mask_of(c->bt, c->mask, c->mask_kind, c->dtype, r);
         row.limit = c->causal ? pa_causal_limit(c->causal, r % c->L, c->L, c->S) : c->S;
         row.scale = c->scale;
-        fn(&row);
+        c->fn(&row);
     }
 }
 
-int pa_softmax(int dtype, const pa_batch *bt, pa_ssize S,
+int pa_softmax(const pa_family *fam, int dtype, const pa_batch *bt, pa_ssize S,
                const pa_operand *x, const pa_operand *mask, int mask_kind,
                int causal, double scale, const pa_operand *out, int nthreads)
 {
     if (bt->count == 0 || S == 0) return 0;
     softmax_ctx c;
+    c.fn = fam->softmax[dtype].fn;
     c.dtype = dtype; c.bt = bt; c.S = S; c.rows = bt->count;
     c.x = x; c.mask = mask; c.out = out; c.mask_kind = mask_kind;
     c.causal = causal; c.scale = scale;

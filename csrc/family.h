@@ -1,0 +1,98 @@
+/*
+ * family.h -- the kernel contract and `pa_family`, the complete, const
+ * kernel set of one instruction-set family. kernels/README.md says what each
+ * kernel kind receives and must compute; this header is its C form.
+ *
+ * A family is a const struct built at compile time (kernels/<isa>/family.c);
+ * dispatch.c chooses one; the binding hands it to an op, which passes it
+ * down in the call's context. No kernel and no frame reads global state, so
+ * a call keeps the family it started with whatever happens meanwhile.
+ */
+#ifndef PYATTN_FAMILY_H
+#define PYATTN_FAMILY_H
+
+#include "pyattn.h"
+
+/* Families (PYATTN_ISA's words: pa_isa_name). x86 families are levels, a
+ * request is capped at what the CPU has; avx512emu (tests only) runs the
+ * AVX-512 bodies over pairs of AVX2 registers; neon is aarch64's. */
+enum { PA_ISA_GENERIC = 0, PA_ISA_AVX2 = 1, PA_ISA_AVX512 = 2, PA_ISA_AVX512_EMU = 3,
+       PA_ISA_NEON = 4, PA_ISA_COUNT = 5 };
+
+/* Where the SIMD families can be compiled (GCC and clang intrinsics) */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define PA_HAVE_X86_KERNELS 1
+#endif
+#if defined(__aarch64__) && defined(__ARM_NEON) && (defined(__GNUC__) || defined(__clang__))
+#define PA_HAVE_NEON_KERNELS 1
+#endif
+
+/* ---- the contract constants: every family's tiles honour them, so an
+ * element's arithmetic (and so its bits) does not depend on the family ---- */
+#define PA_GEMM_KC 256      /* K panel: every GEMM element sums KC panels in order */
+#define PA_FLASH_BK 60      /* keys per flash tile: a multiple of every MR (4, 6, 12) */
+#define PA_FLASH_MAXD 512   /* larger head dims take the exact (reference) path */
+
+/* GEMM micro-kernel.
+ *   A : MR rows, element (i, p) at A[i*a_rs + p*a_cs] -- a packed A panel
+ *       (a_rs = 1, a_cs = MR) or rows of a row-major tile (a_rs = lda, a_cs = 1)
+ *   B : kc x NR, element (p, j) at B[p*b_rs + j] -- a packed B panel
+ *       (b_rs = NR) or NR columns of a row-major matrix (b_rs = ldb)
+ *   C : (m, n) with element strides rs, cs; m <= MR, n <= NR
+ * acc = sum over p = 0..kc-1, in order, one fused multiply-add per term
+ * (the portable kernel: multiply, then add); then C = acc (accumulate == 0)
+ * or C += acc, writing only the m x n corner. */
+typedef void (*pa_gemm_ukr)(pa_ssize kc, const void *A, pa_ssize a_rs, pa_ssize a_cs,
+                            const void *B, pa_ssize b_rs, void *C, pa_ssize rs, pa_ssize cs,
+                            int m, int n, int accumulate);
+
+typedef struct {
+    pa_gemm_ukr ukr;
+    int mr, nr;           /* register tile */
+    int kc, mc, nc;       /* cache blocking: K panel (PA_GEMM_KC), A block rows, B block cols */
+    const char *name;
+} pa_gemm_kernel;
+
+/* Online-softmax tile step on scores stored key-major: St (nj, ncols), row
+ * stride ld, column c = one query; m, l, alpha (ncols,); all of the compute
+ * dtype. Per column: tile max (a NaN never becomes the max) -> mnew =
+ * max(m, tile max); alpha = exp(m - mnew) (0 while nothing was admissible);
+ * St = exp(St - mnew) (0 for -inf); l = l * alpha + column sum (one FMA);
+ * m = mnew. The caller rescales its accumulator rows by alpha. Vertical:
+ * a column's result does not depend on the vector width. */
+typedef void (*pa_tilesm_fn)(void *St, pa_ssize nj, pa_ssize ncols, pa_ssize ld,
+                             void *m, void *l, void *alpha);
+
+/* One row of masked, scaled softmax (pa_softmax_row in pyattn.h). */
+typedef void (*pa_softmax_fn)(const pa_softmax_row *r);
+
+/* Benchmark probe: iters rounds of 12 independent float32 FMA chains at the
+ * family's vector width; returns the flops done. */
+typedef double (*pa_fma_probe_fn)(long long iters, float *sink);
+
+typedef struct { pa_tilesm_fn fn; const char *name; } pa_tilesm_kernel;
+typedef struct { pa_softmax_fn fn; const char *name; } pa_softmax_kernel;
+
+typedef struct pa_family {
+    const char *name;                       /* PYATTN_ISA's word, e.g. "avx2" */
+    int isa;                                /* PA_ISA_* */
+    pa_gemm_kernel gemm[PA_NDTYPES];
+    pa_tilesm_kernel tilesm[PA_NDTYPES];
+    pa_softmax_kernel softmax[PA_NDTYPES];
+    int attn_bq[PA_NDTYPES];                /* flash query block: a multiple of
+                                               lcm(MR, NR) of the gemm kernel */
+    const char *attn_name[PA_NDTYPES];
+    pa_fma_probe_fn fma_probe;              /* NULL: no SIMD probe */
+    int fma_lanes;                          /* float32 lanes of the probe */
+} pa_family;
+
+/* The families (kernels/ref/family.c, kernels/x86/family.c, kernels/arm/family.c) */
+extern const pa_family pa_family_generic;
+#ifdef PA_HAVE_X86_KERNELS
+extern const pa_family pa_family_avx2, pa_family_avx512, pa_family_avx512emu;
+#endif
+#ifdef PA_HAVE_NEON_KERNELS
+extern const pa_family pa_family_neon;
+#endif
+
+#endif

@@ -1,0 +1,19 @@
+/*
+ * family.c -- the aarch64 family. Blocking: KC = PA_GEMM_KC (the
+ * contract); MC 96 / NC 2048 sized for 64 KiB L1d and >= 1 MiB L2 (Apple
+ * M-series, Neoverse N1/V1/V2), not tuned on one: none was at hand.
+ */
+#include "kernels/kernels.h"
+
+#ifdef PA_HAVE_NEON_KERNELS
+const pa_family pa_family_neon = {
+    .name = "neon", .isa = PA_ISA_NEON,
+    .gemm = {{pa_gemm_f32_neon, 12, 8, PA_GEMM_KC, 96, 2048, "pyattn_gemm_f32_neon_12x8"},
+             {pa_gemm_f64_neon, 12, 4, PA_GEMM_KC, 96, 1024, "pyattn_gemm_f64_neon_12x4"}},
+    .tilesm = {{pa_tilesm_f32_neon, "pyattn_tilesm_f32_neon"}, {pa_tilesm_f64_neon, "pyattn_tilesm_f64_neon"}},
+    .softmax = {{pa_softmax_f32_neon, "pyattn_softmax_f32_neon"}, {pa_softmax_f64_neon, "pyattn_softmax_f64_neon"}},
+    .attn_bq = {48, 48},
+    .attn_name = {"pyattn_attn_f32_flash_48x60", "pyattn_attn_f64_flash_48x60"},
+    .fma_probe = pa_fma_probe_neon, .fma_lanes = 4,
+};
+#endif

@@ -1,0 +1,44 @@
+/*
+ * kernels.h -- the symbols of every leaf kernel, by family. Their contract
+ * (what each kind receives and computes) is in family.h and README.md;
+ * each family.c puts a family's kernels into its pa_family.
+ *
+ *   pa_gemm_<dt>_<isa>     GEMM micro-kernel (pa_gemm_ukr)
+ *   pa_tilesm_<dt>_<isa>   online-softmax tile step (pa_tilesm_fn)
+ *   pa_softmax_<dt>_<isa>  one softmax row (pa_softmax_fn)
+ *   pa_fma_probe_<isa>     the benchmark's FMA peak probe (pa_fma_probe_fn)
+ */
+#ifndef PYATTN_KERNELS_H
+#define PYATTN_KERNELS_H
+
+#include "family.h"
+
+#define PA_KERNELS_OF(ISA, DT)                                                                    \
+    void pa_gemm_##DT##_##ISA(pa_ssize kc, const void *A, pa_ssize a_rs, pa_ssize a_cs,         \
+                              const void *B, pa_ssize b_rs, void *C, pa_ssize rs, pa_ssize cs,  \
+                              int m, int n, int accumulate);                                     \
+    void pa_tilesm_##DT##_##ISA(void *St, pa_ssize nj, pa_ssize ncols, pa_ssize ld,              \
+                                void *m, void *l, void *alpha);                                  \
+    void pa_softmax_##DT##_##ISA(const pa_softmax_row *r);
+
+PA_KERNELS_OF(ref, f32)
+PA_KERNELS_OF(ref, f64)
+#ifdef PA_HAVE_X86_KERNELS
+PA_KERNELS_OF(avx2, f32)
+PA_KERNELS_OF(avx2, f64)
+PA_KERNELS_OF(avx512, f32)      /* (no softmax rows: the AVX2 ones serve) */
+PA_KERNELS_OF(avx512, f64)
+PA_KERNELS_OF(avx512emu, f32)
+PA_KERNELS_OF(avx512emu, f64)
+double pa_fma_probe_avx2(long long iters, float *sink);
+double pa_fma_probe_avx512(long long iters, float *sink);
+double pa_fma_probe_avx512emu(long long iters, float *sink);
+#endif
+#ifdef PA_HAVE_NEON_KERNELS
+PA_KERNELS_OF(neon, f32)
+PA_KERNELS_OF(neon, f64)
+double pa_fma_probe_neon(long long iters, float *sink);
+#endif
+#undef PA_KERNELS_OF
+
+#endif

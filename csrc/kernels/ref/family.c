@@ -1,0 +1,13 @@
+/* family.c -- the generic family: the portable kernels of ref.c. */
+#include "kernels/kernels.h"
+
+const pa_family pa_family_generic = {
+    .name = "generic", .isa = PA_ISA_GENERIC,
+    .gemm = {{pa_gemm_f32_ref, 4, 16, PA_GEMM_KC, 64, 2048, "pyattn_gemm_f32_ref_4x16"},
+             {pa_gemm_f64_ref, 4, 8, PA_GEMM_KC, 64, 1024, "pyattn_gemm_f64_ref_4x8"}},
+    .tilesm = {{pa_tilesm_f32_ref, "pyattn_tilesm_f32_ref"}, {pa_tilesm_f64_ref, "pyattn_tilesm_f64_ref"}},
+    .softmax = {{pa_softmax_f32_ref, "pyattn_softmax_f32_ref"}, {pa_softmax_f64_ref, "pyattn_softmax_f64_ref"}},
+    .attn_bq = {48, 48},
+    .attn_name = {"pyattn_attn_f32_flash_48x60", "pyattn_attn_f64_flash_48x60"},
+    .fma_probe = NULL, .fma_lanes = 0,
+};

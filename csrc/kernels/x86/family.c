@@ -1,0 +1,44 @@
+/*
+ * family.c -- the x86-64 families: which kernels, tiles and names each one
+ * has. Blocking: KC = PA_GEMM_KC for all (the contract); MC and NC from the
+ * L1/L2 of the CPUs each targets (AVX-512: sized for Xeons and Zen 4/5).
+ * The flash query block is the smallest multiple of lcm(MR, NR) >= 48.
+ */
+#include "kernels/kernels.h"
+
+#ifdef PA_HAVE_X86_KERNELS
+const pa_family pa_family_avx2 = {
+    .name = "avx2", .isa = PA_ISA_AVX2,
+    .gemm = {{pa_gemm_f32_avx2, 6, 16, PA_GEMM_KC, 96, 2048, "pyattn_gemm_f32_avx2_6x16"},
+             {pa_gemm_f64_avx2, 6, 8, PA_GEMM_KC, 72, 1024, "pyattn_gemm_f64_avx2_6x8"}},
+    .tilesm = {{pa_tilesm_f32_avx2, "pyattn_tilesm_f32_avx2"}, {pa_tilesm_f64_avx2, "pyattn_tilesm_f64_avx2"}},
+    .softmax = {{pa_softmax_f32_avx2, "pyattn_softmax_f32_avx2"}, {pa_softmax_f64_avx2, "pyattn_softmax_f64_avx2"}},
+    .attn_bq = {48, 48},
+    .attn_name = {"pyattn_attn_f32_flash_48x60", "pyattn_attn_f64_flash_48x60"},
+    .fma_probe = pa_fma_probe_avx2, .fma_lanes = 8,
+};
+
+const pa_family pa_family_avx512 = {
+    .name = "avx512", .isa = PA_ISA_AVX512,
+    .gemm = {{pa_gemm_f32_avx512, 12, 32, PA_GEMM_KC, 96, 2048, "pyattn_gemm_f32_avx512_12x32"},
+             {pa_gemm_f64_avx512, 12, 16, PA_GEMM_KC, 96, 1024, "pyattn_gemm_f64_avx512_12x16"}},
+    .tilesm = {{pa_tilesm_f32_avx512, "pyattn_tilesm_f32_avx512"}, {pa_tilesm_f64_avx512, "pyattn_tilesm_f64_avx512"}},
+    .softmax = {{pa_softmax_f32_avx2, "pyattn_softmax_f32_avx2"}, {pa_softmax_f64_avx2, "pyattn_softmax_f64_avx2"}},
+    .attn_bq = {96, 48},
+    .attn_name = {"pyattn_attn_f32_flash_96x60", "pyattn_attn_f64_flash_48x60"},
+    .fma_probe = pa_fma_probe_avx512, .fma_lanes = 16,
+};
+
+/* the avx512 family, bit for bit, on AVX2 hardware (tests) */
+const pa_family pa_family_avx512emu = {
+    .name = "avx512emu", .isa = PA_ISA_AVX512_EMU,
+    .gemm = {{pa_gemm_f32_avx512emu, 12, 32, PA_GEMM_KC, 96, 2048, "pyattn_gemm_f32_avx512emu_12x32"},
+             {pa_gemm_f64_avx512emu, 12, 16, PA_GEMM_KC, 96, 1024, "pyattn_gemm_f64_avx512emu_12x16"}},
+    .tilesm = {{pa_tilesm_f32_avx512emu, "pyattn_tilesm_f32_avx512emu"},
+               {pa_tilesm_f64_avx512emu, "pyattn_tilesm_f64_avx512emu"}},
+    .softmax = {{pa_softmax_f32_avx2, "pyattn_softmax_f32_avx2"}, {pa_softmax_f64_avx2, "pyattn_softmax_f64_avx2"}},
+    .attn_bq = {96, 48},
+    .attn_name = {"pyattn_attn_f32_flash_96x60", "pyattn_attn_f64_flash_48x60"},
+    .fma_probe = pa_fma_probe_avx2, .fma_lanes = 8,
+};
+#endif

@@ -1,0 +1,56 @@
+/*
+ * simd_avx2.h -- the vector vocabulary (kernels/vec/family_vec.inc) on
+ * AVX2+FMA: 8 floats / 4 doubles per vector; lane masks are vectors whose
+ * true lanes are all ones. Every function carries the AVX2+FMA target, so
+ * this file (like every x86 kernel file) builds with the baseline flags.
+ */
+#ifndef PYATTN_SIMD_AVX2_H
+#define PYATTN_SIMD_AVX2_H
+
+#include <immintrin.h>
+
+#define PA_AVX2_FN __attribute__((target("avx2,fma"))) static inline
+
+typedef __m256 pa_avx2_v_f32, pa_avx2_m_f32;
+typedef __m256d pa_avx2_v_f64, pa_avx2_m_f64;
+enum { pa_avx2_lanes_f32 = 8, pa_avx2_lanes_f64 = 4 };
+
+PA_AVX2_FN __m256 pa_avx2_load_f32(const float *p) { return _mm256_loadu_ps(p); }
+PA_AVX2_FN void pa_avx2_store_f32(float *p, __m256 x) { _mm256_storeu_ps(p, x); }
+PA_AVX2_FN __m256 pa_avx2_set1_f32(float x) { return _mm256_set1_ps(x); }
+PA_AVX2_FN __m256 pa_avx2_zero_f32(void) { return _mm256_setzero_ps(); }
+PA_AVX2_FN __m256 pa_avx2_bcast_f32(const float *p) { return _mm256_broadcast_ss(p); }
+PA_AVX2_FN __m256 pa_avx2_add_f32(__m256 a, __m256 b) { return _mm256_add_ps(a, b); }
+PA_AVX2_FN __m256 pa_avx2_sub_f32(__m256 a, __m256 b) { return _mm256_sub_ps(a, b); }
+PA_AVX2_FN __m256 pa_avx2_mul_f32(__m256 a, __m256 b) { return _mm256_mul_ps(a, b); }
+PA_AVX2_FN __m256 pa_avx2_max_f32(__m256 a, __m256 b) { return _mm256_max_ps(a, b); }
+PA_AVX2_FN __m256 pa_avx2_fma_f32(__m256 a, __m256 b, __m256 c) { return _mm256_fmadd_ps(a, b, c); }
+PA_AVX2_FN __m256 pa_avx2_fnma_f32(__m256 a, __m256 b, __m256 c) { return _mm256_fnmadd_ps(a, b, c); }
+PA_AVX2_FN __m256 pa_avx2_lt_f32(__m256 a, __m256 b) { return _mm256_cmp_ps(a, b, _CMP_LT_OQ); }
+PA_AVX2_FN __m256 pa_avx2_eq_f32(__m256 a, __m256 b) { return _mm256_cmp_ps(a, b, _CMP_EQ_OQ); }
+PA_AVX2_FN __m256 pa_avx2_zero_where_f32(__m256 m, __m256 y) { return _mm256_andnot_ps(m, y); }
+PA_AVX2_FN __m256 pa_avx2_pow2i_f32(__m256 t)
+{
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(t), 23));
+}
+
+PA_AVX2_FN __m256d pa_avx2_load_f64(const double *p) { return _mm256_loadu_pd(p); }
+PA_AVX2_FN void pa_avx2_store_f64(double *p, __m256d x) { _mm256_storeu_pd(p, x); }
+PA_AVX2_FN __m256d pa_avx2_set1_f64(double x) { return _mm256_set1_pd(x); }
+PA_AVX2_FN __m256d pa_avx2_zero_f64(void) { return _mm256_setzero_pd(); }
+PA_AVX2_FN __m256d pa_avx2_bcast_f64(const double *p) { return _mm256_broadcast_sd(p); }
+PA_AVX2_FN __m256d pa_avx2_add_f64(__m256d a, __m256d b) { return _mm256_add_pd(a, b); }
+PA_AVX2_FN __m256d pa_avx2_sub_f64(__m256d a, __m256d b) { return _mm256_sub_pd(a, b); }
+PA_AVX2_FN __m256d pa_avx2_mul_f64(__m256d a, __m256d b) { return _mm256_mul_pd(a, b); }
+PA_AVX2_FN __m256d pa_avx2_max_f64(__m256d a, __m256d b) { return _mm256_max_pd(a, b); }
+PA_AVX2_FN __m256d pa_avx2_fma_f64(__m256d a, __m256d b, __m256d c) { return _mm256_fmadd_pd(a, b, c); }
+PA_AVX2_FN __m256d pa_avx2_fnma_f64(__m256d a, __m256d b, __m256d c) { return _mm256_fnmadd_pd(a, b, c); }
+PA_AVX2_FN __m256d pa_avx2_lt_f64(__m256d a, __m256d b) { return _mm256_cmp_pd(a, b, _CMP_LT_OQ); }
+PA_AVX2_FN __m256d pa_avx2_eq_f64(__m256d a, __m256d b) { return _mm256_cmp_pd(a, b, _CMP_EQ_OQ); }
+PA_AVX2_FN __m256d pa_avx2_zero_where_f64(__m256d m, __m256d y) { return _mm256_andnot_pd(m, y); }
+PA_AVX2_FN __m256d pa_avx2_pow2i_f64(__m256d t)
+{
+    return _mm256_castsi256_pd(_mm256_slli_epi64(_mm256_castpd_si256(t), 52));
+}
+
+#endif

@@ -1,0 +1,58 @@
+/*
+ * simd_avx512.h -- the vector vocabulary (kernels/vec/family_vec.inc) on
+ * AVX-512F: 16 floats / 8 doubles per vector; lane masks are mask
+ * registers, and dead lanes are zeroed by a masked move. The same IEEE
+ * operation per lane as simd_avx2.h, so the bodies give the same bits.
+ */
+#ifndef PYATTN_SIMD_AVX512_H
+#define PYATTN_SIMD_AVX512_H
+
+#include <immintrin.h>
+
+#define PA_AVX512_FN __attribute__((target("avx512f,fma"))) static inline
+
+typedef __m512 pa_avx512_v_f32;
+typedef __mmask16 pa_avx512_m_f32;
+typedef __m512d pa_avx512_v_f64;
+typedef __mmask8 pa_avx512_m_f64;
+enum { pa_avx512_lanes_f32 = 16, pa_avx512_lanes_f64 = 8 };
+
+PA_AVX512_FN __m512 pa_avx512_load_f32(const float *p) { return _mm512_loadu_ps(p); }
+PA_AVX512_FN void pa_avx512_store_f32(float *p, __m512 x) { _mm512_storeu_ps(p, x); }
+PA_AVX512_FN __m512 pa_avx512_set1_f32(float x) { return _mm512_set1_ps(x); }
+PA_AVX512_FN __m512 pa_avx512_zero_f32(void) { return _mm512_setzero_ps(); }
+PA_AVX512_FN __m512 pa_avx512_bcast_f32(const float *p) { return _mm512_set1_ps(*p); }
+PA_AVX512_FN __m512 pa_avx512_add_f32(__m512 a, __m512 b) { return _mm512_add_ps(a, b); }
+PA_AVX512_FN __m512 pa_avx512_sub_f32(__m512 a, __m512 b) { return _mm512_sub_ps(a, b); }
+PA_AVX512_FN __m512 pa_avx512_mul_f32(__m512 a, __m512 b) { return _mm512_mul_ps(a, b); }
+PA_AVX512_FN __m512 pa_avx512_max_f32(__m512 a, __m512 b) { return _mm512_max_ps(a, b); }
+PA_AVX512_FN __m512 pa_avx512_fma_f32(__m512 a, __m512 b, __m512 c) { return _mm512_fmadd_ps(a, b, c); }
+PA_AVX512_FN __m512 pa_avx512_fnma_f32(__m512 a, __m512 b, __m512 c) { return _mm512_fnmadd_ps(a, b, c); }
+PA_AVX512_FN __mmask16 pa_avx512_lt_f32(__m512 a, __m512 b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
+PA_AVX512_FN __mmask16 pa_avx512_eq_f32(__m512 a, __m512 b) { return _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ); }
+PA_AVX512_FN __m512 pa_avx512_zero_where_f32(__mmask16 m, __m512 y) { return _mm512_maskz_mov_ps((__mmask16)~m, y); }
+PA_AVX512_FN __m512 pa_avx512_pow2i_f32(__m512 t)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_castps_si512(t), 23));
+}
+
+PA_AVX512_FN __m512d pa_avx512_load_f64(const double *p) { return _mm512_loadu_pd(p); }
+PA_AVX512_FN void pa_avx512_store_f64(double *p, __m512d x) { _mm512_storeu_pd(p, x); }
+PA_AVX512_FN __m512d pa_avx512_set1_f64(double x) { return _mm512_set1_pd(x); }
+PA_AVX512_FN __m512d pa_avx512_zero_f64(void) { return _mm512_setzero_pd(); }
+PA_AVX512_FN __m512d pa_avx512_bcast_f64(const double *p) { return _mm512_set1_pd(*p); }
+PA_AVX512_FN __m512d pa_avx512_add_f64(__m512d a, __m512d b) { return _mm512_add_pd(a, b); }
+PA_AVX512_FN __m512d pa_avx512_sub_f64(__m512d a, __m512d b) { return _mm512_sub_pd(a, b); }
+PA_AVX512_FN __m512d pa_avx512_mul_f64(__m512d a, __m512d b) { return _mm512_mul_pd(a, b); }
+PA_AVX512_FN __m512d pa_avx512_max_f64(__m512d a, __m512d b) { return _mm512_max_pd(a, b); }
+PA_AVX512_FN __m512d pa_avx512_fma_f64(__m512d a, __m512d b, __m512d c) { return _mm512_fmadd_pd(a, b, c); }
+PA_AVX512_FN __m512d pa_avx512_fnma_f64(__m512d a, __m512d b, __m512d c) { return _mm512_fnmadd_pd(a, b, c); }
+PA_AVX512_FN __mmask8 pa_avx512_lt_f64(__m512d a, __m512d b) { return _mm512_cmp_pd_mask(a, b, _CMP_LT_OQ); }
+PA_AVX512_FN __mmask8 pa_avx512_eq_f64(__m512d a, __m512d b) { return _mm512_cmp_pd_mask(a, b, _CMP_EQ_OQ); }
+PA_AVX512_FN __m512d pa_avx512_zero_where_f64(__mmask8 m, __m512d y) { return _mm512_maskz_mov_pd((__mmask8)~m, y); }
+PA_AVX512_FN __m512d pa_avx512_pow2i_f64(__m512d t)
+{
+    return _mm512_castsi512_pd(_mm512_slli_epi64(_mm512_castpd_si512(t), 52));
+}
+
+#endif

@@ -1,0 +1,34 @@
+/* attention_ref.c -- the exact attention path, portable C
+ * (attention_ref.inc, once per dtype). */
+#include <math.h>
+#include "attention.h"
+
+#define PA_CAT_(a, b) a##b
+#define PA_CAT(a, b) PA_CAT_(a, b)
+
+/* s[BQ*BK] + acc[BQ*Ev] + m[BQ] + l[BQ] elements; 0 on overflow */
+size_t pa_attn_ref_ws(int dtype, pa_ssize E, pa_ssize Ev)
+{
+    size_t a, b;
+    const size_t n = PA_REF_BQ * PA_REF_BK + 2 * PA_REF_BQ;
+    (void)E;
+    if (!pa_mul_ok(PA_REF_BQ, (size_t)Ev, &a) || a > SIZE_MAX - n) return 0;
+    if (!pa_mul_ok(a + n, pa_elsize(dtype), &b)) return 0;
+    return b;
+}
+
+#define T float
+#define PA_DT f32
+#define PA_EXP expf
+#include "attention_ref.inc"
+#undef T
+#undef PA_DT
+#undef PA_EXP
+
+#define T double
+#define PA_DT f64
+#define PA_EXP exp
+#include "attention_ref.inc"
+#undef T
+#undef PA_DT
+#undef PA_EXP
