@@ -1,7 +1,8 @@
-"""Kernel families switched inside one process: the AVX-512 kernel bodies
-(run through their AVX2-pair build where the CPU lacks AVX-512) on shapes
-that cut every tile edge, the real AVX-512 kernels against that build bit
-for bit where the CPU has AVX-512, and the vectorised exp's accuracy."""
+"""Kernel families switched inside one process: the 12-row kernel bodies
+(AVX-512, run through their AVX2-pair build where the CPU lacks AVX-512;
+NEON on aarch64) on shapes that cut every tile edge, the real AVX-512
+kernels against that build bit for bit where the CPU has AVX-512, every
+SIMD family against recorded bits, and the vectorised exp's accuracy."""
 import numpy as np
 import pytest
 
@@ -24,7 +25,12 @@ def family():
     C.select_isa(pyattn._env_isa_code(warn=False))
 
 
-needs_avx2 = pytest.mark.skipif(MACHINE == "generic", reason="the AVX-512 emulation needs AVX2")
+needs_avx2 = pytest.mark.skipif(MACHINE not in ("avx2", "avx512"),
+                                reason="the AVX-512 emulation needs an x86 CPU with AVX2")
+# the 12-row family this machine can run: the AVX-512 bodies (emulated on
+# x86, so every x86 CPU with AVX2 tests them) or NEON on aarch64
+WIDE = {"avx2": AVX512_EMU, "avx512": AVX512_EMU, "neon": NEON}.get(MACHINE)
+needs_wide = pytest.mark.skipif(WIDE is None, reason="no SIMD family on this CPU")
 
 
 @needs_avx2
@@ -38,6 +44,19 @@ def test_emulated_family_is_installed(family):
     assert cfg["tilesm_f64"] == "pyattn_tilesm_f64_avx512emu"
 
 
+@pytest.mark.skipif(MACHINE != "neon", reason="the neon family is aarch64's")
+def test_neon_family_is_chosen_on_aarch64(family):
+    got, cfg = family(-1)
+    assert got == NEON and cfg["isa"] == "neon"
+    assert cfg["gemm_f32"] == "pyattn_gemm_f32_neon_12x8"
+    assert cfg["gemm_f64"] == "pyattn_gemm_f64_neon_12x4"
+    assert cfg["tilesm_f32"] == "pyattn_tilesm_f32_neon"
+    assert cfg["softmax_f32"] == "pyattn_softmax_f32_neon"
+    for code in (AVX2, AVX512, AVX512_EMU):              # x86 families: not here
+        assert family(code)[0] == NEON
+    assert family(GENERIC)[1]["gemm_f32"] == "pyattn_gemm_f32_ref_4x16"
+
+
 def test_avx512_request_is_capped_by_the_machine(family):
     got, cfg = family(AVX512)
     if MACHINE == "avx512":
@@ -47,14 +66,14 @@ def test_avx512_request_is_capped_by_the_machine(family):
         assert cfg["isa"] == MACHINE and "avx512" not in cfg["gemm_f32"]
 
 
-# M around MR = 12, N around NR = 32 (f32) / 16 (f64) and NC, K around KC = 256
-@needs_avx2
+# M around MR = 12, N around NR (AVX-512 32 / 16, NEON 8 / 4) and NC, K around KC = 256
+@needs_wide
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("M", [1, 11, 12, 13, 97])
-@pytest.mark.parametrize("N", [1, 15, 16, 17, 31, 32, 33, 100])
+@pytest.mark.parametrize("N", [1, 3, 5, 8, 9, 15, 16, 17, 31, 32, 33, 100])
 @pytest.mark.parametrize("K", [1, 7, 256, 300])
-def test_emulated_gemm_edges(family, rng, dtype, M, N, K):
-    family(AVX512_EMU)
+def test_wide_gemm_edges(family, rng, dtype, M, N, K):
+    assert family(WIDE)[0] == WIDE
     a = rng.standard_normal((M, K)).astype(dtype)
     b = rng.standard_normal((K, N)).astype(dtype)
     got = pyattn.matmul(a, b)
@@ -63,13 +82,13 @@ def test_emulated_gemm_edges(family, rng, dtype, M, N, K):
     check(got_t, got.T.astype(np.float64), 2 * mag_matmul(b.T, a.T))
 
 
-@needs_avx2
+@needs_wide
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("L,S", [(9, 700), (95, 61), (96, 96), (97, 130), (200, 59), (300, 300)])
 @pytest.mark.parametrize("E", [1, 31, 33, 64])
 @pytest.mark.parametrize("causal", [False, True])
-def test_emulated_attention_edges(family, rng, dtype, L, S, E, causal):
-    family(AVX512_EMU)
+def test_wide_attention_edges(family, rng, dtype, L, S, E, causal):
+    assert family(WIDE)[0] == WIDE
     q = rng.standard_normal((2, L, E)).astype(dtype)
     k = rng.standard_normal((2, S, E)).astype(dtype)
     v = rng.standard_normal((2, S, E + 3)).astype(dtype)
@@ -197,7 +216,7 @@ def test_fma_probe_width_follows_the_family(family):
 # avx2 family): every SIMD family on every machine must give them, because
 # the kernel contract fixes each element's arithmetic. This ties the real
 # AVX-512 and NEON kernels, which only some machines can run, to the AVX2 ones.
-@pytest.mark.parametrize("name", ["avx2", "avx512", "avx512emu"])
+@pytest.mark.parametrize("name", ["avx2", "avx512", "avx512emu", "neon"])
 def test_simd_family_gives_the_recorded_bits(family, name):
     import json
     import family_cases
