@@ -25,6 +25,10 @@
  * below the binding use it so that they never include Python.h. */
 typedef ptrdiff_t pa_ssize;
 
+/* token pasting after expansion: PA_CAT(pa_gemm_, PA_DT) -> pa_gemm_f32 */
+#define PA_CAT_(a, b) a##b
+#define PA_CAT(a, b) PA_CAT_(a, b)
+
 /* ---- element types ------------------------------------------------------
  * One descriptor per dtype: the type an operand is stored in, the type its
  * arithmetic runs in, and the stored size. Today storage == compute; a

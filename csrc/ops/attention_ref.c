@@ -3,9 +3,6 @@
 #include <math.h>
 #include "attention.h"
 
-#define PA_CAT_(a, b) a##b
-#define PA_CAT(a, b) PA_CAT_(a, b)
-
 /* s[BQ*BK] + acc[BQ*Ev] + m[BQ] + l[BQ] elements; 0 on overflow */
 size_t pa_attn_ref_ws(int dtype, pa_ssize E, pa_ssize Ev)
 {
@@ -17,18 +14,6 @@ size_t pa_attn_ref_ws(int dtype, pa_ssize E, pa_ssize Ev)
     return b;
 }
 
-#define T float
-#define PA_DT f32
-#define PA_EXP expf
-#include "attention_ref.inc"
-#undef T
-#undef PA_DT
-#undef PA_EXP
-
-#define T double
-#define PA_DT f64
-#define PA_EXP exp
-#include "attention_ref.inc"
-#undef T
-#undef PA_DT
-#undef PA_EXP
+#define PA_TEMPLATE "ops/attention_ref.inc"
+#include "dtypes.inc"
+#undef PA_TEMPLATE

@@ -3,28 +3,9 @@
 #include <math.h>
 #include "attention.h"
 
-#define PA_CAT_(a, b) a##b
-#define PA_CAT(a, b) PA_CAT_(a, b)
-
-#define T float
-#define PA_DT f32
-#define PA_DTYPE PA_F32
-#define PA_EXP expf
-#include "attn_flash.inc"
-#undef T
-#undef PA_DT
-#undef PA_DTYPE
-#undef PA_EXP
-
-#define T double
-#define PA_DT f64
-#define PA_DTYPE PA_F64
-#define PA_EXP exp
-#include "attn_flash.inc"
-#undef T
-#undef PA_DT
-#undef PA_DTYPE
-#undef PA_EXP
+#define PA_TEMPLATE "ops/attn_flash.inc"
+#include "dtypes.inc"
+#undef PA_TEMPLATE
 
 size_t pa_flash_ws(const pa_family *f, int dtype, pa_ssize E, pa_ssize Ev)
 {

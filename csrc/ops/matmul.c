@@ -15,19 +15,9 @@
 #include "ops.h"
 #include "threads.h"
 
-#define PA_CAT2(a, b) a##b
-#define PA_CAT(a, b) PA_CAT2(a, b)
-
-#define T float
-#define SFX f32
-#include "pack.inc"
-#undef T
-#undef SFX
-#define T double
-#define SFX f64
-#include "pack.inc"
-#undef T
-#undef SFX
+#define PA_TEMPLATE "ops/pack.inc"
+#include "dtypes.inc"
+#undef PA_TEMPLATE
 
 typedef struct {
     int dtype;

@@ -10,13 +10,16 @@
 
 #ifdef PA_HAVE_NEON_KERNELS
 #include "simd_neon.h"
+#include "kernels/vec/vocab.h"
 
 #define PA_SIMD neon
 #define PA_ISA neon
 #define PA_VFN
 #define PA_MR 12
 #define PA_WITH_SOFTMAX 1
-#include "kernels/vec/family_vec.inc"
+#define PA_TEMPLATE "kernels/vec/family_vec.inc"
+#include "dtypes.inc"
+#undef PA_TEMPLATE
 #undef PA_SIMD
 #undef PA_ISA
 #undef PA_VFN

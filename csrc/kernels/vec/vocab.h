@@ -1,0 +1,52 @@
+/* vocab.h -- the dtype-generic names the kernel bodies of kernels/vec are
+ * written in, mapped onto the vocabulary of the ISA in use (PA_SIMD) and the
+ * dtype in use (PA_DT, set by dtypes.inc): V is pa_<PA_SIMD>_v_<PA_DT>,
+ * vadd is pa_<PA_SIMD>_add_<PA_DT>, and so on. PA_KERNEL(op) names an
+ * exported kernel: pa_<op>_<PA_DT>_<PA_ISA>.
+ *
+ * T is the element, V a vector of VL elements, VM a lane mask. Every
+ * vocabulary (simd_<isa>.h) defines, for each dtype:
+ *   vload(p) vstore(p, x)     VL elements, unaligned
+ *   vset1(x) vzero() vbcast(p) every lane x, 0, or *p
+ *   vadd vsub vmul            IEEE, lane by lane
+ *   vmax(a, b)                a > b ? a : b per lane (x86 maxps: b when
+ *                             either is NaN -- the softmax NaN rule needs it)
+ *   vfma(a, b, c)             a*b + c, one rounding
+ *   vfnma(a, b, c)            c - a*b, one rounding
+ *   vlt(a, b) veq(a, b)       ordered compares -> VM (false for NaN)
+ *   vzero_where(m, y)         lanes of m -> +0, others y
+ *   vpow2i(t)                 t's low mantissa bits moved into the exponent
+ *                             field (shift left by 23 / 52)
+ * and exp_vec.inc adds vexp(x) for x <= 0. */
+#ifndef PYATTN_VEC_VOCAB_H
+#define PYATTN_VEC_VOCAB_H
+
+#define PA_V(op) PA_CAT(PA_CAT(PA_CAT(pa_, PA_SIMD), _##op##_), PA_DT)
+#define PA_KERNEL(op) PA_CAT(PA_CAT(pa_##op##_, PA_DT), PA_CAT(_, PA_ISA))
+#if defined(__clang__)
+#define PA_UNROLL _Pragma("unroll")
+#else
+#define PA_UNROLL _Pragma("GCC unroll 32")
+#endif
+
+#define V PA_V(v)
+#define VM PA_V(m)
+#define VL PA_V(lanes)
+#define vload PA_V(load)
+#define vstore PA_V(store)
+#define vset1 PA_V(set1)
+#define vzero PA_V(zero)
+#define vbcast PA_V(bcast)
+#define vadd PA_V(add)
+#define vsub PA_V(sub)
+#define vmul PA_V(mul)
+#define vmax PA_V(max)
+#define vfma PA_V(fma)
+#define vfnma PA_V(fnma)
+#define vlt PA_V(lt)
+#define veq PA_V(eq)
+#define vzero_where PA_V(zero_where)
+#define vpow2i PA_V(pow2i)
+#define vexp PA_CAT(vexp_, PA_DT)        /* exp_vec.inc */
+
+#endif
