@@ -3,7 +3,7 @@
  * kernel set of one instruction-set family. kernels/README.md says what each
  * kernel kind receives and must compute; this header is its C form.
  *
- * A family is a const struct built at compile time (kernels/<isa>/family.c);
+ * A family is a const struct built at compile time (kernels/<arch>/family.c);
  * dispatch.c chooses one; the binding hands it to an op, which passes it
  * down in the call's context. No kernel and no frame reads global state, so
  * a call keeps the family it started with whatever happens meanwhile.

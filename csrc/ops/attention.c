@@ -4,10 +4,10 @@
  * Shapes (per flat batch index b, which covers batch and head axes):
  *   q (L, E), k (S, E), v (S, Ev), mask (L, S) or none, out (L, Ev),
  *   w (L, S) only when the weights are asked for.
- * A task is (b, block of BQ query rows, BQ = the family's attn_bq); the kernel streams all key tiles for
- * that block, so each output row is computed by exactly one task with a fixed
- * order of arithmetic: results do not depend on the thread count, nor on the
- * batch a row came in. Within each b, blocks are handed out last-first so
+ * A task is (b, block of BQ query rows; BQ = the family's attn_bq); the
+ * flash frame streams all key tiles for that block, so each output row is
+ * computed by exactly one task with a fixed order of arithmetic: results do
+ * not depend on the thread count, nor on the batch a row came in. Within each b, blocks are handed out last-first so
  * that with causal masking the long rows start early (better balance).
  *
  * Decode shapes (L <= PA_SPLIT_MAXL queries, S >= PA_SPLIT_MINS keys) have too
