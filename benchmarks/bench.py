@@ -113,6 +113,7 @@ def worker(args):
     rows = []
     peak1 = _peak(pyattn)
     emit = lambda r: print("ROW " + json.dumps(r), flush=True)
+    emit({"kind": "impls", "torch": None if torch is None else torch.__version__, "threads": args.threads})
     emit({"kind": "peak", "gflops_core": None if peak1 is None else peak1 / 1e9, "threads": args.threads})
     kbest = {}
     mm, attn = _cases(args.quick)
@@ -222,7 +223,7 @@ def memory_probe():
 
 # ---------------------------------------------------------------- driver side
 
-def spawn(threads, args):
+def spawn(threads, args, first=True):
     env = dict(os.environ, PYATTN_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
                OPENBLAS_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--threads", str(threads),
@@ -230,12 +231,22 @@ def spawn(threads, args):
     # run outside the source tree so that the installed pyattn is imported
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env, cwd="/")
     rows = []
+    t = 1                                   # 1 while PyTorch is there to compare with
     for line in p.stdout:
         if line.startswith("ROW "):
             rows.append(json.loads(line[4:]))
+            if rows[-1].get("kind") == "impls" and rows[-1]["torch"] is None:
+                t = 0
+                if first:
+                    sys.stderr.write("  PyTorch is not installed: comparing with NumPy only "
+                                     "(pip install torch==2.13.0 to add its columns)\n")
             done = sum(1 for r in rows if "kind" not in r)
             mm, attn = _cases(args.quick)
-            n_expected = len(mm) * 3 + sum(3 if c[2] <= 2048 else 2 for c in attn) + 4
+            # pyattn + numpy (+ torch) per matmul and per attention shape up to
+            # L = 2048 (the naive NumPy way stops there); decode and the layer:
+            # pyattn (+ torch)
+            n_expected = (len(mm) * (2 + t) + sum((2 + t) if c[2] <= 2048 else (1 + t) for c in attn)
+                          + 2 * (1 + t))
             frac = min(1.0, done / n_expected)
             bar = "#" * int(30 * frac)
             sys.stderr.write(f"\r  threads={threads} [{bar:<30}] {done}/{n_expected} ")
@@ -271,8 +282,9 @@ def table(rows):
 
 
 def targets(rows, mem):
-    """The "Fast" issue's targets, each with the measured figure and whether it
-    is met (min times; GFLOP/s against the probed peak)."""
+    """The performance targets (issues "Fast" and "Fast, part 2" of the
+    project's tracker), each with the measured figure and whether it is met
+    (min times; GFLOP/s against the probed peak)."""
     peak = {r["threads"]: r["gflops_core"] for r in rows if r.get("kind") == "peak"}
     data = [r for r in rows if "kind" not in r]
 
@@ -370,8 +382,8 @@ def main():
         threads = sorted({r["threads"] for r in rows})
     else:
         rows = []
-        for t in threads:
-            rows += spawn(t, args)
+        for i, t in enumerate(threads):
+            rows += spawn(t, args, first=i == 0)
         mem = None if args.no_memory else memory_probe()
     tab = table(rows)
     peak = {r["threads"]: r["gflops_core"] for r in rows if r.get("kind") == "peak"}
@@ -386,6 +398,9 @@ def main():
     head = head[:4] + [
             "speed-up column: that implementation's median time / pyattn's median time "
             "(above 1: pyattn is faster); numpy = the seeds' naive attention, L <= 2048"]
+    tv = next((r["torch"] for r in rows if r.get("kind") == "impls"), "unknown")
+    head.append(f"PyTorch {tv}" if tv else "PyTorch: not installed, so no torch rows and no targets "
+                "against it (pip install torch==2.13.0)")
     kern = next((r for r in rows if r.get("kind") == "kernel" and r.get("kernel_pct")), None)
     if kern:
         head.append(f"GEMM micro-kernel alone, panels in L1, 1 thread, best of {kern['rounds']} spread over "
@@ -394,7 +409,7 @@ def main():
     if mem is not None:
         head.append(f"causal attention L=S=32768, E=64, one head: peak resident memory grew by {mem:.1f} MB "
                     "during the call, beyond its inputs and output (the (L, S) float32 matrix would be 4096 MB)")
-    text = "\n".join("- " + h for h in head) + "\n\n" + tab + "\n\n## Targets of the \"Fast\" issue\n\n" + \
+    text = "\n".join("- " + h for h in head) + "\n\n" + tab + "\n\n## Performance targets\n\n" + \
         targets(rows, mem) + "\n"
     if args.md and not args.from_json:
         with open(os.path.join(os.path.dirname(os.path.abspath(args.md)), "results.json"), "w") as f:

@@ -9,8 +9,6 @@ See ``pyattn.nn`` for layers that mirror the classes of the seed notebooks.
 >>> pyattn.scaled_dot_product_attention(x, x, x).shape
 (6, 3)
 """
-from __future__ import annotations
-
 import os as _os
 import warnings as _warnings
 
@@ -122,3 +120,8 @@ def _init() -> None:
 _init()
 
 from . import nn  # noqa: E402  (nn uses the functions above)
+
+
+def __dir__():
+    """The public names only (PEP 562): what tab completion shows."""
+    return sorted(__all__)

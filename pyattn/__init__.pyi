@@ -12,7 +12,7 @@ _Rng = Union[None, int, np.random.Generator]
 
 def matmul(a: ArrayLike, b: ArrayLike, /, *, out: Optional[NDArray[Any]] = ...) -> NDArray[np.floating[Any]]: ...
 def softmax(
-    x: ArrayLike, /, axis: int = ..., *, attn_mask: Optional[ArrayLike] = ...,
+    x: ArrayLike, /, axis: int = ..., *, dim: Optional[int] = ..., attn_mask: Optional[ArrayLike] = ...,
     is_causal: _Causal = ..., scale: Optional[float] = ..., out: Optional[NDArray[Any]] = ...,
 ) -> NDArray[np.floating[Any]]: ...
 @overload

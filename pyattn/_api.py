@@ -94,7 +94,7 @@ def _squeeze(res, a_nd, b_nd):
     return res
 
 
-def softmax(x, /, axis=-1, *, attn_mask=None, is_causal=False, scale=None, out=None):
+def softmax(x, /, axis=-1, *, dim=None, attn_mask=None, is_causal=False, scale=None, out=None):
     """Masked, scaled softmax: ``softmax(x * scale + additive_mask)`` along ``axis``.
 
     Numerically stable for any finite input (the row maximum is subtracted).
@@ -112,6 +112,9 @@ def softmax(x, /, axis=-1, *, attn_mask=None, is_causal=False, scale=None, out=N
     ----------
     x : array_like, at least 1-D
     axis : int, default -1
+    dim : int, optional
+        PyTorch's name for ``axis`` (``torch.softmax(x, dim=-1)``), accepted
+        as an alias; give one of the two.
     attn_mask : array_like of bool or float, optional
     is_causal : bool or {"top_left", "bottom_right"}, default False
     scale : float, optional
@@ -123,6 +126,14 @@ def softmax(x, /, axis=-1, *, attn_mask=None, is_causal=False, scale=None, out=N
     -------
     ndarray of x's shape; float32 for float16/float32 input, else float64.
 
+    Raises
+    ------
+    ValueError
+        A scalar ``x``, an axis out of bounds, both ``axis`` and ``dim``, a mask
+        that does not broadcast, masks with ``axis`` other than the last.
+    TypeError
+        Complex, object, string or datetime input.
+
     Examples
     --------
     >>> import numpy as np, pyattn
@@ -132,7 +143,11 @@ def softmax(x, /, axis=-1, *, attn_mask=None, is_causal=False, scale=None, out=N
     x = as_array(x, "x")
     if x.ndim == 0:
         raise ValueError("softmax: x is a scalar (shape ()); it needs at least one axis")
-    axis = index_value(axis, "axis")
+    if dim is not None:
+        if axis != -1:
+            raise ValueError(f"softmax: give axis or dim (its PyTorch name), not both: axis={axis}, dim={dim}")
+        axis = dim
+    axis = index_value(axis, "dim" if dim is not None else "axis")
     if not -x.ndim <= axis < x.ndim:
         raise ValueError(f"axis {axis} is out of bounds for x of shape {x.shape}")
     axis %= x.ndim
@@ -188,7 +203,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         Axis -3 of key/value may hold ``Hkv`` heads with ``Hq % Hkv == 0``;
         query head h uses key/value head ``h // (Hq // Hkv)``, read in place.
     rng : None, int or numpy.random.Generator
-        Source of the dropout key (SPEC 7); used only when ``dropout_p > 0``.
+        Source of the dropout key, as NumPy's random API takes it (a seed,
+        or a Generator that is advanced); used only when ``dropout_p > 0``.
     return_weights : bool
         Also return the ``(..., L, S)`` weights applied to value (after
         masking and dropout).
@@ -197,7 +213,24 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
     Returns
     -------
-    ndarray, or (output, weights) when ``return_weights``.
+    ndarray, or (output, weights) when ``return_weights``. Dtype: float32
+    when query, key and value are all float32 (or float16, computed in
+    float32); float64 when any of them is float64, integer or bool (NumPy
+    promotion). A float mask is cast to that dtype and does not change it.
+
+    Raises
+    ------
+    ValueError
+        Operands under 2-D; key and query head dims (E) or key and value
+        lengths (S) that differ; batch axes that do not broadcast (with a hint
+        when only the head counts differ: ``enable_gqa=True``); query heads
+        not a multiple of the key/value heads with ``enable_gqa``; a mask
+        that does not broadcast to ``(..., L, S)``; ``dropout_p`` outside
+        [0, 1); an ``is_causal`` string other than the two above; an ``out``
+        of the wrong shape or dtype.
+    TypeError
+        An operand that is not array-like, or complex, object, string or
+        datetime; a mask that is neither bool nor numeric; a bad ``rng``.
 
     A query row with no admissible key gives weights 0 and an output row of 0.
     NaN in query/key (or a float mask) spreads to the rows it touches; a key
@@ -256,8 +289,17 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         v = v[..., None, :, :]
         batch = head_batch + (hkv, groups)
     else:
-        batch = broadcast_shapes([(q.shape[:-2], "query"), (k.shape[:-2], "key"),
-                                  (v.shape[:-2], "value")], "batch axes of query, key and value")
+        try:
+            batch = broadcast_shapes([(q.shape[:-2], "query"), (k.shape[:-2], "key"),
+                                      (v.shape[:-2], "value")], "batch axes of query, key and value")
+        except ValueError as exc:
+            hq = q.shape[-3] if q.ndim >= 3 else None
+            hkv = k.shape[-3] if k.ndim >= 3 else None
+            if not enable_gqa and hq and hkv and hq != hkv and hq % hkv == 0:
+                raise ValueError(f"{exc}. The query has {hq} heads and key/value {hkv}: for grouped-query "
+                                 "attention (each key/value head shared by a group of query heads) "
+                                 "pass enable_gqa=True") from None
+            raise
         full_batch = batch
     mask = None
     if attn_mask is not None:

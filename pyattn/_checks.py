@@ -18,6 +18,8 @@ def as_array(x, name):
     """np.asarray(x) with a TypeError naming the argument when that fails."""
     if isinstance(x, np.ndarray):
         return x
+    if x is None:
+        raise TypeError(f"{name} is None; expected an array (a NumPy array, list, or tensor)")
     try:
         return np.asarray(x)
     except Exception as exc:  # objects whose __array__ raises, ragged lists
@@ -116,7 +118,8 @@ def dropout_p_value(p):
 
 def dropout_key(rng):
     """A 64-bit key for the counter-based dropout generator, drawn from rng
-    (SPEC 7: None, an int seed, a SeedSequence/BitGenerator or a Generator)."""
+    (as NumPy's random API takes it: None, an int seed, a SeedSequence or
+    BitGenerator, or a Generator, which is advanced)."""
     if isinstance(rng, np.random.Generator):
         gen = rng
     elif isinstance(rng, (bool, np.bool_)):

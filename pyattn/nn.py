@@ -1,4 +1,6 @@
-"""Attention layers holding NumPy arrays, mirroring the seed notebooks' classes.
+"""Attention layers holding NumPy arrays, mirroring the seed notebooks' classes
+("seed 000" to "seed 004": the five notebooks pyattn grew out of, listed in
+the README's section "The seed notebooks").
 
 Weights use ``torch.nn.Linear``'s layout ``(d_out, d_in)``; ``load_state_dict``
 takes the seed classes' keys (``W_query.weight``, ..., ``out_proj.weight``)
@@ -52,7 +54,9 @@ class _Attention:
         self.num_heads = index_value(num_heads, "num_heads")
         if self.d_in < 1 or self.d_out < 1:
             raise ValueError(f"d_in and d_out must be positive, got {self.d_in} and {self.d_out}")
-        if self.num_heads < 1 or self.d_out % self.num_heads:
+        if self.num_heads < 1:
+            raise ValueError(f"num_heads must be a positive integer, got {self.num_heads}")
+        if self.d_out % self.num_heads:
             raise ValueError(f"d_out ({self.d_out}) must be divisible by num_heads ({self.num_heads})")
         self.context_length = None if context_length is None else index_value(context_length, "context_length")
         if self.context_length is not None and self.context_length < 1:
@@ -241,3 +245,8 @@ class MultiHeadAttention(_Attention):
                  qkv_bias=False, *, causal=True, out_bias=True, rng=None):
         super().__init__(d_in, d_out, num_heads, context_length, dropout, qkv_bias,
                          bool(causal), True, out_bias, rng)
+
+
+def __dir__():
+    """The public names only (PEP 562): no helper imports in tab completion."""
+    return sorted(__all__)

@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-# One table per dtype (DESIGN.md habit 9): a result may differ from the exact
+# One table per dtype (the project's design notes: a tolerance is never widened
+# to make a test pass, and scales with the values involved): a result may differ from the exact
 # value by TOL[dtype] times the op's error scale (see the mag_* helpers), which
 # grows with the magnitudes involved, never by a hand-picked absolute number.
 TOL = {

@@ -229,3 +229,52 @@ def test_private_module_never_crashes():
         _C.softmax(np.ones((2, 3)), np.ones((2, 3)).view(np.float64)[:, ::1].copy()[::1].T)
     with pytest.raises(ValueError):
         _C.select_isa(7)
+
+
+# ---- a new user's first hour: messages that say what to do next ----------
+
+def test_head_count_mismatch_suggests_enable_gqa():
+    q = np.zeros((1, 4, 5, 8), np.float32)
+    k = np.zeros((1, 2, 5, 8), np.float32)
+    with pytest.raises(ValueError, match="enable_gqa=True"):
+        pyattn.scaled_dot_product_attention(q, k, k)
+    # not a GQA shape (4 is no multiple of 3): no such hint
+    with pytest.raises(ValueError) as e:
+        pyattn.scaled_dot_product_attention(q, np.zeros((1, 3, 5, 8), np.float32), np.zeros((1, 3, 5, 8)))
+    assert "enable_gqa" not in str(e.value)
+    out = pyattn.scaled_dot_product_attention(q, k, k, enable_gqa=True)
+    assert out.shape == q.shape
+
+
+@pytest.mark.parametrize("name", ["query", "key", "value"])
+def test_none_operand_is_named(name):
+    args = dict(query=np.zeros((2, 3)), key=np.zeros((2, 3)), value=np.zeros((2, 3)))
+    args[name] = None
+    with pytest.raises(TypeError, match=f"{name} is None"):
+        pyattn.scaled_dot_product_attention(**args)
+
+
+def test_num_heads_zero_is_a_clear_error():
+    from pyattn.nn import MultiHeadAttention
+    with pytest.raises(ValueError, match="num_heads must be a positive integer, got 0"):
+        MultiHeadAttention(8, 8, 0, 4)
+
+
+def test_softmax_accepts_pytorchs_dim():
+    x = np.arange(6.0).reshape(2, 3)
+    assert np.array_equal(pyattn.softmax(x, dim=0), pyattn.softmax(x, axis=0))
+    assert np.array_equal(pyattn.softmax(x, dim=-1), pyattn.softmax(x))
+    with pytest.raises(ValueError, match="not both"):
+        pyattn.softmax(x, 0, dim=1)
+    with pytest.raises(ValueError, match="out of bounds"):
+        pyattn.softmax(x, dim=2)
+    with pytest.raises(TypeError, match="dim"):
+        pyattn.softmax(x, dim=1.5)
+
+
+def test_dir_shows_only_the_public_names():
+    import pyattn.nn
+    assert dir(pyattn) == sorted(pyattn.__all__)
+    assert dir(pyattn.nn) == sorted(pyattn.nn.__all__)
+    for name in ("annotations", "np", "check_numeric", "compute_dtype", "index_value"):
+        assert name not in dir(pyattn) and name not in dir(pyattn.nn)
