@@ -7,7 +7,8 @@
 #      file lists the same packages, rebuilt after an interrupted creation;
 #   3. the working tree's source (tracked + untracked, not ignored) copied in,
 #      the extension built in place there with Debian's gcc and NumPy 1.24
-#      headers (setup.py directly, not the pyproject's numpy>=2 build);
+#      headers (setup.py directly, not the pyproject's numpy>=2 build; the
+#      pyproject's setuptools>=77 from wheels);
 #   4. the tests once per kernel family (PYATTN_ISA), after show_config().
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -86,7 +87,19 @@ echo "== source and build (CFLAGS=-Werror)"
 rm -rf "${ARM_ROOT:?}$SRC"; mkdir -p "$ARM_ROOT$SRC"
 git -c safe.directory="$PWD" ls-files -co --exclude-standard -z |
   tar --null --ignore-failed-read -T - -c | tar -x -C "$ARM_ROOT$SRC"
-in_root CFLAGS=-Werror sh -c "cd $SRC && python3 setup.py -q build_ext --inplace"
+# pyproject.toml's build requirement (setuptools >= 77, for its PEP 639
+# license field, with the packaging >= 24.2 it needs) is newer than
+# bookworm's setuptools 66: pure-Python wheels from the package index,
+# unpacked into the root and used for this build only
+ST=/opt/pyattn-setuptools
+if [ ! -d "$ARM_ROOT$ST/setuptools" ] || [ ! -d "$ARM_ROOT$ST/packaging" ]; then
+  whl=$(mktemp -d)
+  python3 -m pip download -q --no-deps --only-binary=:all: -d "$whl" "setuptools>=77" "packaging>=24.2"
+  rm -rf "${ARM_ROOT:?}$ST"; mkdir -p "$ARM_ROOT$ST"
+  for w in "$whl"/*.whl; do python3 -m zipfile -e "$w" "$ARM_ROOT$ST"; done
+  rm -rf "$whl"
+fi
+in_root PYTHONPATH=$ST CFLAGS=-Werror sh -c "cd $SRC && python3 setup.py -q build_ext --inplace"
 lap "build"
 
 failed=()

@@ -517,6 +517,17 @@ static PyObject *py_gemm_probe(PyObject *self, PyObject *args)
     return PyFloat_FromDouble(flops + 0.0 * sink);
 }
 
+/* threadpoolctl (pyattn/_threadpoolctl.py) reaches the pool through ctypes,
+ * as it reaches OpenBLAS's: these two and PyInit__C are the only symbols the
+ * extension exports (it is built with -fvisibility=hidden). */
+#if defined(__GNUC__) || defined(__clang__)
+#define PA_EXPORT __attribute__((visibility("default")))
+#else
+#define PA_EXPORT
+#endif
+PA_EXPORT int pyattn_threadpool_get_num_threads(void) { return pa_get_num_threads(); }
+PA_EXPORT int pyattn_threadpool_set_num_threads(int n) { return pa_set_num_threads(n); }
+
 static PyMethodDef methods[] = {
     {"matmul", (PyCFunction)(void (*)(void))py_matmul, METH_VARARGS | METH_KEYWORDS, matmul_doc},
     {"softmax", (PyCFunction)(void (*)(void))py_softmax, METH_VARARGS | METH_KEYWORDS, softmax_doc},

@@ -12,7 +12,17 @@ See ``pyattn.nn`` for layers that mirror the classes of the seed notebooks.
 import os as _os
 import warnings as _warnings
 
-from . import _C
+try:
+    from . import _C
+except ImportError:
+    if any(f.startswith("_C.") for f in _os.listdir(_os.path.dirname(__file__))):
+        raise                    # built, yet it does not load: the original error says why
+    raise ImportError(           # the source tree, without its extension built in place
+        f"pyattn's C extension (pyattn._C) is not built next to {__file__}: Python is importing "
+        "pyattn's source folder, not an installed pyattn. Build it there with `pip install -e .` "
+        "(run from the folder holding pyproject.toml), or run Python from another folder to use "
+        "the installed copy."
+    ) from None
 from ._api import matmul, multi_head_attention, scaled_dot_product_attention, softmax
 
 __version__ = "0.1.0"
@@ -106,6 +116,12 @@ def _env_isa_code(warn: bool = True) -> int:
 
 
 def _init() -> None:
+    import importlib.util
+    if importlib.util.find_spec("threadpoolctl") is not None:   # optional: register the pool
+        try:
+            from . import _threadpoolctl  # noqa: F401
+        except ImportError:       # a threadpoolctl without the controller API (< 3.5)
+            pass
     want = _env_isa_code()
     got = _C.select_isa(want)
     if want > 0 and got != want and not (want == 2 and got == 1):

@@ -6,6 +6,10 @@ from numpy.typing import ArrayLike, NDArray
 from . import nn as nn
 
 __version__: str
+__all__ = [
+    "matmul", "softmax", "scaled_dot_product_attention", "multi_head_attention",
+    "set_num_threads", "get_num_threads", "show_config", "nn", "__version__",
+]
 
 _Causal = Union[bool, Literal["top_left", "bottom_right"]]
 _Rng = Union[None, int, np.random.Generator]

@@ -1,4 +1,4 @@
-from typing import Any, Dict, Mapping, Optional, Tuple, TypeVar, Union
+from typing import Any, Dict, Literal, Mapping, Optional, Tuple, TypeVar, Union, overload
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -6,7 +6,12 @@ from numpy.typing import ArrayLike, NDArray
 _L = TypeVar("_L", bound="_Attention")
 _Out = Union[NDArray[np.floating[Any]], Tuple[NDArray[np.floating[Any]], NDArray[np.floating[Any]]]]
 
+__all__ = ["SelfAttention", "CausalAttention", "MultiHeadAttention"]
+
 class _Attention:
+    def __init__(self, d_in: int, d_out: int, num_heads: int, context_length: Optional[int],
+                 dropout: float, qkv_bias: bool, causal: bool, out_proj: bool, out_bias: bool,
+                 rng: Union[None, int, np.random.Generator]) -> None: ...
     d_in: int
     d_out: int
     num_heads: int
@@ -27,7 +32,27 @@ class _Attention:
     def eval(self: _L) -> _L: ...
     def state_dict(self) -> Dict[str, NDArray[np.floating[Any]]]: ...
     def load_state_dict(self: _L, state_dict: Mapping[str, Any]) -> _L: ...
+    @overload
+    def __call__(self, x: ArrayLike, attn_mask: Optional[ArrayLike] = ...,
+                 return_weights: Literal[False] = ...) -> NDArray[np.floating[Any]]: ...
+    @overload
+    def __call__(self, x: ArrayLike, attn_mask: Optional[ArrayLike] = ..., *,
+                 return_weights: Literal[True]) -> Tuple[NDArray[np.floating[Any]], NDArray[np.floating[Any]]]: ...
+    @overload
+    def __call__(self, x: ArrayLike, attn_mask: Optional[ArrayLike], return_weights: Literal[True]
+                 ) -> Tuple[NDArray[np.floating[Any]], NDArray[np.floating[Any]]]: ...
+    @overload
     def __call__(self, x: ArrayLike, attn_mask: Optional[ArrayLike] = ..., return_weights: bool = ...) -> _Out: ...
+    @overload
+    def forward(self, x: ArrayLike, attn_mask: Optional[ArrayLike] = ...,
+                return_weights: Literal[False] = ...) -> NDArray[np.floating[Any]]: ...
+    @overload
+    def forward(self, x: ArrayLike, attn_mask: Optional[ArrayLike] = ..., *,
+                return_weights: Literal[True]) -> Tuple[NDArray[np.floating[Any]], NDArray[np.floating[Any]]]: ...
+    @overload
+    def forward(self, x: ArrayLike, attn_mask: Optional[ArrayLike], return_weights: Literal[True]
+                ) -> Tuple[NDArray[np.floating[Any]], NDArray[np.floating[Any]]]: ...
+    @overload
     def forward(self, x: ArrayLike, attn_mask: Optional[ArrayLike] = ..., return_weights: bool = ...) -> _Out: ...
 
 class SelfAttention(_Attention):

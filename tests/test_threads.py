@@ -225,3 +225,28 @@ def test_env_threads_and_bad_isa():
                        cwd=tempfile.gettempdir())
     assert r.stdout.strip() == machine
     assert "cannot run on this CPU" in r.stderr
+
+
+def test_threadpoolctl_sees_and_limits_pyattn():
+    # pyattn registers its pool with threadpoolctl (an optional dependency,
+    # in the test extra): threadpool_info lists it, threadpool_limits caps it
+    # for a block and restores it after, as it does for OpenBLAS
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    before = pyattn.get_num_threads()
+    try:
+        pyattn.set_num_threads(2)
+        info = [i for i in threadpoolctl.threadpool_info() if i["internal_api"] == "pyattn"]
+        assert len(info) == 1, threadpoolctl.threadpool_info()
+        assert info[0]["user_api"] == "pyattn" and info[0]["num_threads"] == 2
+        assert info[0]["version"] == pyattn.__version__
+        assert os.path.basename(info[0]["filepath"]).startswith("_C.")
+        with threadpoolctl.threadpool_limits(limits=1):
+            assert pyattn.get_num_threads() == 1
+            x = np.ones((300, 300))
+            assert np.array_equal(pyattn.matmul(x, x), x @ x)
+        assert pyattn.get_num_threads() == 2
+        with threadpoolctl.threadpool_limits(limits=1, user_api="pyattn"):
+            assert pyattn.get_num_threads() == 1
+        assert pyattn.get_num_threads() == 2
+    finally:
+        pyattn.set_num_threads(before)

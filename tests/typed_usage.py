@@ -1,0 +1,40 @@
+"""Typed use of pyattn's public API, checked with `mypy --strict` in CI
+(.ci/run) against the stubs (pyattn/*.pyi): a user's annotated code must
+type-check without casts. Also runs as a plain script."""
+from typing import Tuple
+
+import numpy as np
+from numpy.typing import NDArray
+
+import pyattn
+from pyattn.nn import CausalAttention, MultiHeadAttention, SelfAttention
+
+
+def attend(q: NDArray[np.float32], k: NDArray[np.float32], v: NDArray[np.float32]) -> NDArray[np.floating]:
+    return pyattn.scaled_dot_product_attention(q, k, v, is_causal="bottom_right", scale=0.125)
+
+
+def attend_with_weights(x: NDArray[np.float64]) -> Tuple[NDArray[np.floating], NDArray[np.floating]]:
+    out, w = pyattn.scaled_dot_product_attention(x, x, x, return_weights=True, rng=0, dropout_p=0.1)
+    return out, w
+
+
+def main() -> None:
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((2, 4, 8, 16), dtype=np.float32)
+    y = attend(q, q, q)
+    o, w = attend_with_weights(rng.standard_normal((5, 3)))
+    p = pyattn.softmax(q, dim=-1, is_causal=True)
+    m = pyattn.matmul(q, np.swapaxes(q, -1, -2))
+    pyattn.set_num_threads(pyattn.get_num_threads())
+    mha = MultiHeadAttention(d_in=16, d_out=16, num_heads=4, context_length=8, rng=0).eval()
+    z = mha(rng.standard_normal((2, 8, 16)).astype(np.float32))
+    z2, zw = mha(np.zeros((8, 16), np.float32), return_weights=True)
+    sa = SelfAttention(3, 2, rng=1)
+    ca = CausalAttention(3, 2, context_length=6, dropout=0.0, rng=2)
+    shapes = [a.shape for a in (y, o, w, p, m, z, z2, zw, sa(np.ones((6, 3))), ca(np.ones((6, 3))))]
+    print(shapes)
+
+
+if __name__ == "__main__":
+    main()
