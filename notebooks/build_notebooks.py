@@ -19,21 +19,47 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SETUP = """\
 import numpy as np
 import matplotlib.pyplot as plt
+from matplotlib.colors import to_rgb
+from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
 import pyattn
 np.set_printoptions(precision=4, suppress=True)
+MASKED = "lightgrey"                       # the colour of masked-out (-inf) cells
 
-def heatmap(ax, m, rows=None, cols=None, title="", fmt="{:.2f}", cmap="viridis"):
+def heatmap(ax, m, rows=None, cols=None, title="", fmt="{:.2f}", cmap="viridis",
+            xlabel="key", ylabel="query", colorbar=True, legend=None, vmin=None, vmax=None):
+    \"\"\"Draw matrix m on ax: rows are queries, columns keys (unless told otherwise), with the
+    values written in the cells when m is small. Non-finite cells (-inf: masked) are grey.
+    Colours are explained by a colorbar (a string names it), or, for a mask, by
+    legend={value: meaning}. Returns the image, e.g. for one colorbar shared by several panels.\"\"\"
     m = np.asarray(m, dtype=float)
-    ax.imshow(np.where(np.isfinite(m), m, np.nan), cmap=cmap)
+    cm = plt.get_cmap(cmap).copy()
+    cm.set_bad(MASKED)
+    im = ax.imshow(np.ma.masked_invalid(m), cmap=cm, vmin=vmin, vmax=vmax)
     ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))   # row and column numbers
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     if rows is not None:
         ax.set_yticks(range(len(rows)), rows)
     if cols is not None:
         ax.set_xticks(range(len(cols)), cols, rotation=45)
+    colour = lambda x: cm(im.norm(x)) if np.isfinite(x) else MASKED
+    if legend is not None:
+        ax.legend(handles=[Patch(facecolor=colour(v), edgecolor="grey", label=text) for v, text in legend.items()],
+                  loc="upper left", bbox_to_anchor=(1.02, 1), borderaxespad=0, fontsize=8)
+    elif colorbar:
+        label = colorbar if isinstance(colorbar, str) else ""
+        if not np.isfinite(m).all():
+            label = (label + "; " if label else "") + "grey: -inf (masked)"
+        ax.figure.colorbar(im, ax=ax, shrink=0.8, label=label)
     if m.size <= 64:
         for (i, j), x in np.ndenumerate(m):
+            r, g, b = to_rgb(colour(x))
             ax.text(j, i, fmt.format(x), ha="center", va="center", fontsize=8,
-                    color="w" if not np.isfinite(x) or x < np.nanmean(np.where(np.isfinite(m), m, np.nan)) else "k")
+                    color="k" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "w")
+    return im
 """
 
 NB = {}
@@ -157,10 +183,14 @@ w1 = pyattn.softmax(scores, is_causal=True)
 w2 = pyattn.softmax(scores, attn_mask=allowed)
 w3 = pyattn.softmax(scores, attn_mask=additive)
 assert np.array_equal(w1, w2) and np.array_equal(w1, w3)
-fig, axs = plt.subplots(1, 3, figsize=(12, 3.6))
-heatmap(axs[0], allowed, title="bool mask (True = may attend)", fmt="{:.0f}")
-heatmap(axs[1], additive, title="float mask (added)", fmt="{:.0f}")
-heatmap(axs[2], w1, title="causal softmax weights")
+from matplotlib.colors import ListedColormap
+may_attend = ListedColormap([MASKED, "yellowgreen"])     # 0 / False: grey, 1 / True: green
+fig, axs = plt.subplots(1, 3, figsize=(15, 3.8), layout="constrained")
+heatmap(axs[0], allowed, title="bool mask (True = may attend)", fmt="{:.0f}", cmap=may_attend,
+        legend={1: "1 (True): may attend", 0: "0 (False): masked"})
+heatmap(axs[1], additive, title="float mask (added to the scores)", fmt="{:.0f}",
+        cmap=ListedColormap(["yellowgreen"]), legend={0: "0: kept", -np.inf: "-inf: masked"})
+heatmap(axs[2], w1, title="causal softmax weights", colorbar="attention weight")
 plt.show()"""),
 ("md", """## Dropout on the weights
 In training, dropout zeroes some weights and scales the rest by `1/(1-p)` ("inverted
@@ -171,19 +201,26 @@ v = np.eye(T)[None]
 _, wd = pyattn.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=0.5, rng=1, return_weights=True)
 _, wd2 = pyattn.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=0.5, rng=1, return_weights=True)
 assert np.array_equal(wd, wd2)
-fig, ax = plt.subplots(figsize=(4.5, 4))
-heatmap(ax, wd[0], title="weights after dropout p=0.5 (kept ones doubled)")
+fig, ax = plt.subplots(figsize=(5, 4), layout="constrained")
+heatmap(ax, wd[0], title="weights after dropout p=0.5 (kept ones doubled)", colorbar="attention weight")
 plt.show()"""),
 ("md", """## When the number of queries differs from the number of keys
 With a cache of past keys, `L` new queries see `S > L` keys. PyTorch's `is_causal=True`
 aligns the mask to the **top left** (`j <= i`), which is right for `L == S` but lets the new
 queries see almost nothing of the cache. FlashAttention aligns it to the **bottom right**
-(`j <= i + S - L`): the last query sees every key. pyattn offers both."""),
-("code", """from pyattn._reference import causal_mask
-L, S = 3, 6
-fig, axs = plt.subplots(1, 2, figsize=(9, 2.8))
-heatmap(axs[0], causal_mask(L, S, "top_left"), title='is_causal=True / "top_left"', fmt="{:.0f}")
-heatmap(axs[1], causal_mask(L, S, "bottom_right"), title='is_causal="bottom_right"', fmt="{:.0f}")
+(`j <= i + S - L`): the last query sees every key. pyattn offers both. In NumPy the two
+masks are `np.tril` with the diagonal shifted by `S - L`, and pyattn's causal softmax over
+equal scores gives weight exactly where they say `True`."""),
+("code", """L, S = 3, 6
+top_left = np.tril(np.ones((L, S), bool))                 # j <= i
+bottom_right = np.tril(np.ones((L, S), bool), k=S - L)    # j <= i + S - L
+assert np.array_equal(pyattn.softmax(np.zeros((L, S)), is_causal="top_left") > 0, top_left)
+assert np.array_equal(pyattn.softmax(np.zeros((L, S)), is_causal="bottom_right") > 0, bottom_right)
+fig, axs = plt.subplots(1, 2, figsize=(11, 2.8), layout="constrained")
+heatmap(axs[0], top_left, title='is_causal=True / "top_left"', fmt="{:.0f}", cmap=may_attend,
+        legend={1: "may attend", 0: "masked"})
+heatmap(axs[1], bottom_right, title='is_causal="bottom_right"', fmt="{:.0f}", cmap=may_attend,
+        legend={1: "may attend", 0: "masked"})
 plt.show()
 q = rng.standard_normal((L, 4)); k = rng.standard_normal((S, 4)); v = rng.standard_normal((S, 2))
 print(pyattn.scaled_dot_product_attention(q, k, v, is_causal="bottom_right"))"""),
@@ -291,9 +328,10 @@ Each head has its own projections, so its own pattern of weights."""),
 ("code", """heads_layer = MultiHeadAttention(16, 16, 4, context_length=10, rng=1).eval()
 xs = rng.standard_normal((10, 16)).astype(np.float32)
 _, w = heads_layer(xs, return_weights=True)        # (H, T, T) for one sequence
-fig, axs = plt.subplots(1, 4, figsize=(14, 3.4))
-for h in range(4):
-    heatmap(axs[h], w[h], title=f"head {h}")
+fig, axs = plt.subplots(1, 4, figsize=(15, 3.6), layout="constrained")
+for h in range(4):      # one colour scale, 0 to 1, for all heads
+    im = heatmap(axs[h], w[h], title=f"head {h}", colorbar=False, vmin=0, vmax=1)
+fig.colorbar(im, ax=axs, shrink=0.8, label="attention weight")
 plt.show()"""),
 ("md", """## Where a seed slipped (kindly)
 Seed **003** writes `weights.masked_fill(tril == 0, float==('-inf'))`. `float==('-inf')`
@@ -315,16 +353,38 @@ The seeds compute attention the direct way: the whole `(L, S)` score matrix, a s
 a matmul. pyattn's kernel streams key tiles through an online softmax instead
 (FlashAttention-2), so it never holds the score matrix, and runs on packed SIMD tiles.
 
-Timings here are a small live run on whatever machine runs the notebook (single thread);
-`benchmarks/bench.py` measures the full table, and `benchmarks/RESULTS.md` holds the
-committed one."""),
-("code", SETUP + """import time, subprocess, sys
+**Whose numbers are these?** The timings and memory figures below are measured when the
+notebook runs (small, single thread). The outputs committed with this notebook come from the
+run that produced it, on the CPU printed by the next cell and named in each figure's title;
+they are not your machine's. Re-running the notebook re-measures everything on your machine.
+`benchmarks/bench.py` measures the full table; `benchmarks/RESULTS.md` holds the committed one."""),
+("code", SETUP + """import os, platform, subprocess, sys, time
 try:
     import torch
     torch.set_num_threads(1)
 except ImportError:
     torch = None
-pyattn.set_num_threads(1)"""),
+pyattn.set_num_threads(1)
+
+def cpu_name():
+    \"\"\"The processor's name as the operating system reports it, else the architecture.\"\"\"
+    try:
+        if os.path.exists("/proc/cpuinfo"):                             # Linux
+            for line in open("/proc/cpuinfo"):
+                if line.split(":")[0].strip() in ("model name", "Hardware", "cpu model"):
+                    return line.split(":", 1)[1].strip()
+            for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
+                if line.startswith("Model name:"):                      # e.g. ARM cores
+                    return line.split(":", 1)[1].strip()
+        if sys.platform == "darwin":                                    # macOS
+            return subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"],
+                                  capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return platform.processor() or platform.machine() or "an unknown CPU"    # Windows: processor()
+
+CPU = f"{cpu_name()} ({os.cpu_count()} logical CPUs, {platform.system()} {platform.machine()})"
+print("measured on:", CPU, "on", time.strftime("%Y-%m-%d"))"""),
 ("code", """def naive_attention(q, k, v, causal):      # the seeds' way
     s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
     if causal:
@@ -351,63 +411,98 @@ for L in (128, 256, 512, 1024):
         tq, tk, tv = map(torch.from_numpy, (q, k, v))
         r["torch"] = flops / best(lambda: torch.nn.functional.scaled_dot_product_attention(tq, tk, tv)) / 1e9
     rows.append(r)
-fig, ax = plt.subplots(figsize=(6, 3.8))
+fig, ax = plt.subplots(figsize=(6.5, 4.2))
 for name in rows[0]:
     if name != "L":
         ax.plot([r["L"] for r in rows], [r[name] for r in rows], marker="o", label=name)
 ax.set_xscale("log", base=2); ax.set_xlabel("sequence length L = S  (H=4, E=64, float32, 1 thread)")
+ax.set_title(f"measured when this notebook ran, on {cpu_name()}\\n(re-run to measure your machine)", fontsize=10)
 ax.set_ylabel("GFLOP/s"); ax.legend(); plt.show()
 for r in rows:
     print(r["L"], {k: round(x, 1) for k, x in r.items() if k != "L"})"""),
 ("md", """## Memory: the score matrix is what grows
 The naive way holds `B·H·L·S` scores (and their exponentials); the fused kernel holds a few
 tiles per thread. Each measurement runs in a fresh process and reports how far the peak
-resident memory rose during the call above the resident memory just before it (inputs and
-output already allocated): Linux's `VmHWM`, reset through `/proc/self/clear_refs`."""),
+resident memory rose during the call above what was resident just before it (inputs and
+output already allocated). On Linux that is `VmHWM` from `/proc/self/status`, its peak
+first reset through `/proc/self/clear_refs`. Without `/proc` (macOS, BSD) it is the rise of
+`resource.getrusage(...).ru_maxrss` over the call: the same peak without the reset, so a
+rise of 0 means no more than the process had already used. On Windows, whose standard
+library has no such counter, the measurement is skipped with a note."""),
 ("code", """code = '''
 import sys, numpy as np, pyattn
-def status(key):
-    for line in open("/proc/self/status"):
-        if line.startswith(key):
-            return int(line.split()[1]) / 1024          # MB
 L, fused = int(sys.argv[1]), sys.argv[2] == "fused"
 rng = np.random.default_rng(0)
 q, k, v = (rng.standard_normal((1, 1, L, 64), dtype=np.float32) for _ in range(3))
 out = np.full((1, 1, L, 64), 1.0, np.float32)      # written: resident before the call
-before = status("VmRSS")
-open("/proc/self/clear_refs", "w").write("5")           # peak := current
+
+def status(key):                                   # Linux: /proc/self/status, in MB
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) / 1024
+try:
+    before = status("VmRSS")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")                               # peak := current
+    how, peak = "Linux_VmHWM", lambda: status("VmHWM")
+except OSError:                                    # no /proc: macOS, BSD, Windows
+    try:
+        import resource
+    except ImportError:                            # Windows
+        print("none 0"); sys.exit()
+    unit = 1 if sys.platform == "darwin" else 1024     # ru_maxrss: bytes on macOS, kB elsewhere
+    how, peak = "ru_maxrss", lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * unit / 2**20
+    before = peak()
 if fused:
     pyattn.scaled_dot_product_attention(q, k, v, is_causal=True, out=out)
 else:
     s = q @ np.swapaxes(k, -1, -2) / 8.0
     s = np.where(np.tril(np.ones((L, L), bool)), s, -np.inf)
     s = np.exp(s - s.max(-1, keepdims=True)); out[...] = (s / s.sum(-1, keepdims=True)) @ v
-print(status("VmHWM") - before)
+print(how, peak() - before)
 '''
+# started through a small Python: a child may begin with its parent's (this kernel's) peak
+# as its own ru_maxrss, which would hide the growth; the small one's peak is below the child's
+launch = "import subprocess, sys; print(subprocess.run(sys.argv[1:], capture_output=True, text=True, check=True).stdout)"
 mem = {"fused": [], "naive": []}
 Ls = [1024, 2048, 4096, 8192]
 for L in Ls:
     for kind in mem:
-        r = subprocess.run([sys.executable, "-c", code, str(L), kind], capture_output=True, text=True, check=True)
-        mem[kind].append(float(r.stdout))
-fig, ax = plt.subplots(figsize=(6, 3.8))
-for kind, ys in mem.items():
-    ax.plot(Ls, ys, marker="o", label=kind)
-ax.plot(Ls, [L * L * 4 / 2**20 for L in Ls], "k--", label="one (L, L) float32 matrix")
-ax.set_xscale("log", base=2); ax.set_yscale("symlog"); ax.set_xlabel("L = S (one head, E = 64)")
-ax.set_ylabel("peak memory growth, MB"); ax.legend(); plt.show()
-print({k: [round(x, 1) for x in ys] for k, ys in mem.items()})"""),
+        r = subprocess.run([sys.executable, "-c", launch, sys.executable, "-c", code, str(L), kind],
+                           capture_output=True, text=True, check=True)
+        how, mb = r.stdout.split()
+        mem[kind].append(float(mb))
+if how == "none":
+    print("Memory not measured: this system has neither /proc nor Python's resource module",
+          "(Windows), so the standard library cannot read a process's peak memory here.")
+else:
+    how = how.replace("_", " ")
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for kind, ys in mem.items():
+        ax.plot(Ls, ys, marker="o", label=kind)
+    ax.plot(Ls, [L * L * 4 / 2**20 for L in Ls], "k--", label="one (L, L) float32 matrix")
+    ax.set_xscale("log", base=2); ax.set_yscale("symlog"); ax.set_xlabel("L = S (one head, E = 64)")
+    ax.set_title(f"measured when this notebook ran, on {cpu_name()}\\n({how}; re-run to measure your machine)",
+                 fontsize=10)
+    ax.set_ylabel("peak memory growth, MB"); ax.legend(); plt.show()
+    print(how, {k: [round(x, 1) for x in ys] for k, ys in mem.items()})"""),
 ("md", """## The committed benchmark
 `python benchmarks/bench.py` runs matmul, attention over `L ∈ {128 … 4096}`, `E ∈ {32, 64, 128}`,
 causal and not, on 1 and all threads, interleaved and repeated, against NumPy and PyTorch.
-Its last committed table:"""),
-("code", """import os
-from IPython.display import Image, display
+Its last committed picture and table follow. Unlike the measurements above, they are files in
+the repository: re-running this notebook shows them again as they are, from the machine named
+in their header, and does not re-measure them. Run `python benchmarks/bench.py` for your own."""),
+("code", """from IPython.display import Image, display
+path = os.path.join("..", "benchmarks", "RESULTS.md")
+results = open(path).read() if os.path.exists(path) else ""
+about = {line[2:].split(":", 1)[0]: line.split(":", 1)[1].strip()
+         for line in results.splitlines() if line.startswith("- ") and ":" in line}
+print(f"committed bench.py run of {about.get('date', '?')} on {about.get('machine', '?')}",
+      "(not this notebook's run, not re-measured here)")
 png = os.path.join("..", "benchmarks", "gflops.png")
 if os.path.exists(png):
-    display(Image(filename=png))          # GFLOP/s vs L, from the committed run
-path = os.path.join("..", "benchmarks", "RESULTS.md")
-print(open(path).read()[:4000] if os.path.exists(path) else "no RESULTS.md yet: run benchmarks/bench.py")"""),
+    display(Image(filename=png))          # GFLOP/s vs L, from the committed bench.py run
+print(results[:4000] if results else "no RESULTS.md yet: run benchmarks/bench.py")"""),
 ]
 
 # ---------------------------------------------------------------------------
@@ -470,15 +565,17 @@ and the next character is drawn from them."""),
 print(generate("the cat "))
 print(generate("your journey "))"""),
 ("md", """## What the heads look at in a real sentence
-Weights of each head for the sentence below (rows: the character being predicted from,
-columns: the characters it may look at; causal, so the upper triangle is empty)."""),
+Weights of each head for the sentence below (rows, the queries: the character being predicted
+from; columns, the keys: the characters it may look at; causal, so the upper triangle is empty)."""),
 ("code", """sentence = "the dog saw the cat"
 h = tok_emb[[stoi[c] for c in sentence]] + pos_emb[:len(sentence)]
 _, w = attn(h, return_weights=True)                     # (H, t, t)
-fig, axs = plt.subplots(1, H, figsize=(16, 4.2))
+fig, axs = plt.subplots(1, H, figsize=(17, 4.6), layout="constrained")
 labels = list(sentence.replace(" ", "_"))
-for i in range(H):
-    heatmap(axs[i], w[i], labels, labels, f"head {i}")
+for i in range(H):      # one colour scale, 0 to 1, for all heads
+    im = heatmap(axs[i], w[i], labels, labels, f"head {i}", xlabel="key: character looked at",
+                 ylabel="query: character predicting" if i == 0 else "", colorbar=False, vmin=0, vmax=1)
+fig.colorbar(im, ax=axs, shrink=0.8, label="attention weight")
 plt.show()"""),
 ]
 
