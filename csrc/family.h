@@ -66,9 +66,12 @@ typedef void (*pa_tilesm_fn)(void *St, pa_ssize nj, pa_ssize ncols, pa_ssize ld,
 /* One row of masked, scaled softmax (pa_softmax_row in pyattn.h). */
 typedef void (*pa_softmax_fn)(const pa_softmax_row *r);
 
-/* Benchmark probe: iters rounds of 12 independent float32 FMA chains at the
- * family's vector width; returns the flops done. */
+/* Benchmark probes. The FMA probe: iters rounds of 12 independent float32
+ * FMA chains at the family's vector width; returns the flops done. The read
+ * probe: the sum of n floats, each read once (time it over a buffer larger
+ * than the caches: read bandwidth). */
 typedef double (*pa_fma_probe_fn)(long long iters, float *sink);
+typedef float (*pa_read_probe_fn)(const float *p, size_t n);
 
 typedef struct { pa_tilesm_fn fn; const char *name; } pa_tilesm_kernel;
 typedef struct { pa_softmax_fn fn; const char *name; } pa_softmax_kernel;
@@ -84,6 +87,7 @@ typedef struct pa_family {
     const char *attn_name[PA_NDTYPES];
     pa_fma_probe_fn fma_probe;              /* NULL: no SIMD probe */
     int fma_lanes;                          /* float32 lanes of the probe */
+    pa_read_probe_fn read_probe;
 } pa_family;
 
 /* The families (kernels/ref/family.c, kernels/x86/family.c, kernels/arm/family.c) */

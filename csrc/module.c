@@ -23,6 +23,7 @@
 #include "pyattn.h"
 #include "dispatch.h"
 #include "threads.h"
+#include "cpu.h"
 #include "ops/ops.h"
 
 #define PA_BOOL 2   /* view dtype code for bool masks */
@@ -454,14 +455,23 @@ static PyObject *py_config(PyObject *self, PyObject *unused)
 #else
     const char *cc = "unknown";
 #endif
+    size_t l1d, l2, l3;
+    pa_cache_sizes(&l1d, &l2, &l3);
+    const pa_gemm_kernel *g32 = &f->gemm[PA_F32], *g64 = &f->gemm[PA_F64];
     return Py_BuildValue(
-        "{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:i,s:i}",
+        "{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:i,s:i,s:n,s:n,s:n,"
+        "s:(iiiii),s:(iiiii),s:(ii),s:(ii)}",
         "isa", f->name, "isa_machine", pa_isa_name(pa_isa_machine()),
-        "gemm_f32", f->gemm[PA_F32].name, "gemm_f64", f->gemm[PA_F64].name,
+        "gemm_f32", g32->name, "gemm_f64", g64->name,
         "attn_f32", f->attn_name[PA_F32], "attn_f64", f->attn_name[PA_F64],
         "tilesm_f32", f->tilesm[PA_F32].name, "tilesm_f64", f->tilesm[PA_F64].name,
         "softmax_f32", f->softmax[PA_F32].name, "softmax_f64", f->softmax[PA_F64].name,
-        "compiler", cc, "threads", pa_get_num_threads(), "max_threads", PA_MAX_THREADS);
+        "compiler", cc, "threads", pa_get_num_threads(), "max_threads", PA_MAX_THREADS,
+        "l1d_bytes", (Py_ssize_t)l1d, "l2_bytes", (Py_ssize_t)l2, "l3_bytes", (Py_ssize_t)l3,
+        "gemm_f32_blocking", g32->mr, g32->nr, g32->kc, g32->mc, g32->nc,
+        "gemm_f64_blocking", g64->mr, g64->nr, g64->kc, g64->mc, g64->nc,
+        "attn_f32_tile", f->attn_bq[PA_F32], PA_FLASH_BK,
+        "attn_f64_tile", f->attn_bq[PA_F64], PA_FLASH_BK);
 }
 
 /* fma_probe(iters) -> flops: the benchmark's peak probe (time it around), at
@@ -528,6 +538,27 @@ static PyObject *py_gemm_probe(PyObject *self, PyObject *args)
 PA_EXPORT int pyattn_threadpool_get_num_threads(void) { return pa_get_num_threads(); }
 PA_EXPORT int pyattn_threadpool_set_num_threads(int n) { return pa_set_num_threads(n); }
 
+/* read_probe(buf) -> sum: the benchmark's read-bandwidth probe over a
+ * float32 C-contiguous 1-D array (time it around), on the threads in use. */
+static PyObject *py_read_probe(PyObject *self, PyObject *arg)
+{
+    view b;
+    if (get_view(arg, "buf", 1, 0, 0, &b) < 0) return NULL;
+    if (b.nd != 1 || b.dtype != PA_F32 || (b.shape[0] > 1 && b.st[0] != 1)) {
+        PyErr_SetString(PyExc_ValueError, "buf must be a 1-D C-contiguous float32 array");
+        return NULL;
+    }
+    const pa_family *fam = family;
+    const int nt = pa_get_num_threads();
+    double s = 0;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = pa_read_probe(fam, (const float *)b.data, (size_t)b.shape[0], nt, &s);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) return PyErr_NoMemory();
+    return PyFloat_FromDouble(s);
+}
+
 static PyMethodDef methods[] = {
     {"matmul", (PyCFunction)(void (*)(void))py_matmul, METH_VARARGS | METH_KEYWORDS, matmul_doc},
     {"softmax", (PyCFunction)(void (*)(void))py_softmax, METH_VARARGS | METH_KEYWORDS, softmax_doc},
@@ -539,6 +570,8 @@ static PyMethodDef methods[] = {
     {"config", py_config, METH_NOARGS, "config() -> dict of the kernels in use"},
     {"fma_probe", py_fma_probe, METH_O,
      "fma_probe(iters) -> float32 flops done at the family's vector width (None: generic)"},
+    {"read_probe", py_read_probe, METH_O,
+     "read_probe(buf) -> sum of a float32 1-D C-contiguous array, read once on the threads in use"},
     {"gemm_probe", py_gemm_probe, METH_VARARGS,
      "gemm_probe(dtype, kc, iters) -> flops done by the GEMM micro-kernel on L1-resident panels"},
     {NULL, NULL, 0, NULL},

@@ -73,13 +73,26 @@ def show_config() -> None:
     >>> pyattn.show_config()  # doctest: +SKIP
     """
     c = _C.config()
+
+    def size(n: int) -> str:
+        return "?" if not n else f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
+
+    def blocking(b: tuple) -> str:
+        return f"MR x NR {b[0]}x{b[1]}, KC {b[2]}, MC {b[3]}, NC {b[4]}"
+
     print(f"pyattn {__version__}")
     print(f"  compiler          : {c['compiler']}")
     print(f"  CPU supports      : {c['isa_machine']}")
+    print(f"  caches (OS)       : L1d {size(c['l1d_bytes'])}, L2 {size(c['l2_bytes'])}, "
+          f"L3 {size(c['l3_bytes'])}")
     print(f"  kernel family     : {c['isa']}"
           + ("  (PYATTN_ISA)" if _os.environ.get("PYATTN_ISA") else ""))
     print(f"  GEMM micro-kernels: {c['gemm_f32']}, {c['gemm_f64']}")
-    print(f"  attention (flash) : {c['attn_f32']}, {c['attn_f64']}")
+    print(f"  GEMM blocking     : float32 {blocking(c['gemm_f32_blocking'])}; "
+          f"float64 {blocking(c['gemm_f64_blocking'])}")
+    print(f"  attention (flash) : {c['attn_f32']}, {c['attn_f64']} "
+          f"(query rows x keys per tile: {c['attn_f32_tile'][0]}x{c['attn_f32_tile'][1]}, "
+          f"{c['attn_f64_tile'][0]}x{c['attn_f64_tile'][1]})")
     print(f"  tile softmax steps: {c['tilesm_f32']}, {c['tilesm_f64']}")
     print(f"  softmax rows      : {c['softmax_f32']}, {c['softmax_f64']}")
     print(f"  threads           : {c['threads']}")

@@ -9,7 +9,7 @@ it does for the BLAS libraries.
 """
 import ctypes
 
-from threadpoolctl import LibController, register
+from threadpoolctl import LibController, register  # type: ignore  # (no type information)
 
 
 class PyattnController(LibController):

@@ -229,3 +229,38 @@ def test_simd_family_gives_the_recorded_bits(family, name):
     assert sorted(have) == sorted(want)
     bad = [k for k in want if have[k] != want[k]]
     assert not bad, f"{len(bad)} of {len(want)} results changed bits: {bad[:8]}"
+
+
+def test_read_probe_sums_what_it_reads(family):
+    # small integers: every partial sum is exact in float32, so the probe's sum
+    # is exact whatever its order -- and wrong if it skipped any element
+    x = (np.arange(3 << 20) % 7).astype(np.float32)          # 3 chunks of 4 MB
+    before = pyattn.get_num_threads()
+    try:
+        for code in (GENERIC, AVX2, AVX512, AVX512_EMU, NEON):
+            family(code)
+            for thr in (1, 2):
+                pyattn.set_num_threads(thr)
+                for n in (0, 1, 63, 64, 65, 1000, (1 << 20) + 5, x.size):
+                    assert C.read_probe(x[:n]) == float(x[:n].astype(np.float64).sum())
+    finally:
+        pyattn.set_num_threads(before)
+    with pytest.raises(ValueError, match="buf"):
+        C.read_probe(x[::2])
+    with pytest.raises(ValueError, match="buf"):
+        C.read_probe(x.astype(np.float64))
+
+
+def test_config_names_caches_and_blocking(family):
+    for code in (GENERIC, AVX2, AVX512, AVX512_EMU, NEON):
+        _, cfg = family(code)
+        for key in ("l1d_bytes", "l2_bytes", "l3_bytes"):
+            assert isinstance(cfg[key], int) and cfg[key] >= 0
+        for dt in ("f32", "f64"):
+            mr, nr, kc, mc, nc = cfg[f"gemm_{dt}_blocking"]
+            assert cfg[f"gemm_{dt}"].endswith(f"_{mr}x{nr}")
+            assert kc == 256                       # the contract's K panel, every family
+            assert mc % mr == 0 and nc % nr == 0
+            bq, bk = cfg[f"attn_{dt}_tile"]
+            assert bk == 60 and bq % mr == 0 and bq % nr == 0
+            assert cfg[f"attn_{dt}"].endswith(f"_{bq}x{bk}")

@@ -7,6 +7,7 @@
  *   pa_tilesm_<dt>_<isa>   online-softmax tile step (pa_tilesm_fn)
  *   pa_softmax_<dt>_<isa>  one softmax row (pa_softmax_fn)
  *   pa_fma_probe_<isa>     the benchmark's FMA peak probe (pa_fma_probe_fn)
+ *   pa_read_probe_<isa>    its read-bandwidth probe (pa_read_probe_fn)
  */
 #ifndef PYATTN_KERNELS_H
 #define PYATTN_KERNELS_H
@@ -23,6 +24,7 @@
 
 PA_KERNELS_OF(ref, f32)
 PA_KERNELS_OF(ref, f64)
+float pa_read_probe_ref(const float *p, size_t n);
 #ifdef PA_HAVE_X86_KERNELS
 PA_KERNELS_OF(avx2, f32)
 PA_KERNELS_OF(avx2, f64)
@@ -33,11 +35,15 @@ PA_KERNELS_OF(avx512emu, f64)
 double pa_fma_probe_avx2(long long iters, float *sink);
 double pa_fma_probe_avx512(long long iters, float *sink);
 double pa_fma_probe_avx512emu(long long iters, float *sink);
+float pa_read_probe_avx2(const float *p, size_t n);
+float pa_read_probe_avx512(const float *p, size_t n);
+float pa_read_probe_avx512emu(const float *p, size_t n);
 #endif
 #ifdef PA_HAVE_NEON_KERNELS
 PA_KERNELS_OF(neon, f32)
 PA_KERNELS_OF(neon, f64)
 double pa_fma_probe_neon(long long iters, float *sink);
+float pa_read_probe_neon(const float *p, size_t n);
 #endif
 #undef PA_KERNELS_OF
 

@@ -231,24 +231,3 @@ int pa_matmul(const pa_family *fam, int dtype, const pa_batch *bt, pa_ssize M, p
     for (int i = 0; i < nt; i++) pa_free64(wsv[i]);
     return ok ? 0 : -1;
 }
-
-double pa_gemm_probe(const pa_family *fam, int dtype, pa_ssize kc, long long iters, double *sink)
-{
-    const pa_gemm_kernel g = fam->gemm[dtype];
-    const size_t es = pa_elsize(dtype);
-    const size_t na = (size_t)(g.mr * kc), nb = (size_t)(g.nr * kc), nc = (size_t)(g.mr * g.nr);
-    char *buf = (char *)pa_alloc64((na + nb + nc) * es);
-    if (!buf) return -1;
-    char *A = buf, *B = buf + na * es, *C = B + nb * es;
-    /* normal values: no subnormal operands to slow the FMAs down */
-    for (size_t i = 0; i < na + nb + nc; i++) {
-        const double x = i < na ? 0.5 : i < na + nb ? 1.0 / 1024 : 0.0;
-        if (dtype == PA_F32) ((float *)buf)[i] = (float)x;
-        else ((double *)buf)[i] = x;
-    }
-    for (long long it = 0; it < iters; it++)
-        g.ukr(kc, A, 1, g.mr, B, g.nr, C, g.nr, 1, g.mr, g.nr, 1);
-    *sink = dtype == PA_F32 ? (double)((float *)C)[0] : ((double *)C)[0];
-    pa_free64(buf);
-    return 2.0 * (double)g.mr * (double)g.nr * (double)kc * (double)iters;
-}

@@ -90,4 +90,9 @@ int pa_attention(const pa_family *fam, int dtype, const pa_batch *bt, pa_ssize L
  * when the panels cannot be allocated. *sink receives a C element. */
 double pa_gemm_probe(const pa_family *fam, int dtype, pa_ssize kc, long long iters, double *sink);
 
+/* Benchmark probe: *sum = the sum of p[0..n), read once, split over
+ * nthreads in fixed 4 MB chunks (time it over a buffer larger than the
+ * caches). Returns 0, or -1 when the chunk sums cannot be allocated. */
+int pa_read_probe(const pa_family *fam, const float *p, size_t n, int nthreads, double *sum);
+
 #endif

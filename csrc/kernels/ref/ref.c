@@ -18,3 +18,15 @@
 #include "dtypes.inc"
 #undef PA_TEMPLATE
 #undef PA_REF
+
+/* The read-bandwidth probe in portable C: 8 independent sums. */
+float pa_read_probe_ref(const float *p, size_t n)
+{
+    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0}, t = 0;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int u = 0; u < 8; u++) s[u] += p[i + u];
+    for (int u = 0; u < 8; u++) t += s[u];
+    for (; i < n; i++) t += p[i];
+    return t;
+}

@@ -15,7 +15,7 @@ const pa_family pa_family_avx2 = {
     .softmax = {{pa_softmax_f32_avx2, "pyattn_softmax_f32_avx2"}, {pa_softmax_f64_avx2, "pyattn_softmax_f64_avx2"}},
     .attn_bq = {48, 48},
     .attn_name = {"pyattn_attn_f32_flash_48x60", "pyattn_attn_f64_flash_48x60"},
-    .fma_probe = pa_fma_probe_avx2, .fma_lanes = 8,
+    .fma_probe = pa_fma_probe_avx2, .fma_lanes = 8, .read_probe = pa_read_probe_avx2,
 };
 
 const pa_family pa_family_avx512 = {
@@ -26,7 +26,7 @@ const pa_family pa_family_avx512 = {
     .softmax = {{pa_softmax_f32_avx2, "pyattn_softmax_f32_avx2"}, {pa_softmax_f64_avx2, "pyattn_softmax_f64_avx2"}},
     .attn_bq = {96, 48},
     .attn_name = {"pyattn_attn_f32_flash_96x60", "pyattn_attn_f64_flash_48x60"},
-    .fma_probe = pa_fma_probe_avx512, .fma_lanes = 16,
+    .fma_probe = pa_fma_probe_avx512, .fma_lanes = 16, .read_probe = pa_read_probe_avx512,
 };
 
 /* the avx512 family, bit for bit, on AVX2 hardware (tests) */
@@ -39,6 +39,6 @@ const pa_family pa_family_avx512emu = {
     .softmax = {{pa_softmax_f32_avx2, "pyattn_softmax_f32_avx2"}, {pa_softmax_f64_avx2, "pyattn_softmax_f64_avx2"}},
     .attn_bq = {96, 48},
     .attn_name = {"pyattn_attn_f32_flash_96x60", "pyattn_attn_f64_flash_48x60"},
-    .fma_probe = pa_fma_probe_avx2, .fma_lanes = 8,
+    .fma_probe = pa_fma_probe_avx2, .fma_lanes = 8, .read_probe = pa_read_probe_avx512emu,
 };
 #endif
