@@ -30,6 +30,11 @@ unmount_root() { awk -v r="$ARM_ROOT/" 'index($2, r) == 1 {print $2}' /proc/moun
 finish() { rc=$?; unmount_root; echo "== timings"; [ ${#TIMES[@]} -eq 0 ] || printf '  %s\n' "${TIMES[@]}"; echo "== exit $rc"; }
 trap finish EXIT
 
+# one run at a time on this machine: the root and its mounts are shared
+mkdir -p "$(dirname "$ARM_ROOT")"
+exec 9>"$(dirname "$ARM_ROOT")/.lock"
+flock 9
+
 echo "== host tools and binfmt_misc"
 missing=()
 for p in qemu-user-static debootstrap binfmt-support; do
