@@ -3,7 +3,11 @@
  *
  * One job at a time owns the pool (run_lock). Workers sleep on a condition
  * variable until the job generation changes, then pull task indices from an
- * atomic counter. Which thread runs a task changes from run to run; what a
+ * atomic counter. Before sleeping, a worker spins for a short while (and the
+ * caller likewise before it waits for the workers): an op runs several jobs
+ * back to back (the GEMM's pack/compute passes per K panel), and waking a
+ * sleeping thread costs far more than that spin -- on virtual machines up to
+ * a millisecond, measured here. Which thread runs a task changes from run to run; what a
  * task computes does not, which is what makes results thread-count invariant.
  */
 #include "threads.h"
@@ -24,6 +28,36 @@ int pa_set_num_threads(int n) { (void)n; pa_nthreads = 1; return n == 1 ? 0 : -1
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
+
+#define PA_SPIN_NS 200000        /* how long a thread spins before it sleeps */
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
+#endif
+}
+
+static long long now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* Spin until done(arg) or PA_SPIN_NS have passed; returns done(arg). */
+static int spin_until(int (*done)(const void *), const void *arg)
+{
+    const long long t0 = now_ns();
+    for (unsigned i = 1;; i++) {
+        if (done(arg)) return 1;
+        cpu_relax();
+        if ((i & 63) == 0 && now_ns() - t0 > PA_SPIN_NS) return done(arg);
+    }
+}
 
 static pthread_mutex_t run_lock = PTHREAD_MUTEX_INITIALIZER;  /* owns the pool */
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;        /* guards the job */
@@ -33,16 +67,17 @@ static pthread_cond_t cv_done = PTHREAD_COND_INITIALIZER;
 static int n_threads = 1;        /* requested count, caller included */
 static int n_workers = 0;        /* started workers (n_threads - 1 once started) */
 static pthread_t *workers = NULL;
-static int shutting_down = 0;
+static atomic_int shutting_down = 0;
 
-/* the current job */
-static unsigned long generation = 0;
+/* the current job (generation and job_pending are read without the lock
+ * while spinning, so they are atomic; they change under mu only) */
+static atomic_ulong generation = 0;
 static pa_task_fn job_fn;
 static void *job_ctx;
 static pa_ssize job_ntasks;
 static int job_nthreads;         /* participating threads, caller included */
 static atomic_llong job_next;
-static int job_pending;          /* workers that have not finished this job */
+static atomic_int job_pending;   /* workers that have not finished this job */
 static unsigned long spawn_generation;  /* generation when the workers started */
 
 static void run_tasks(int tid)
@@ -54,12 +89,28 @@ static void run_tasks(int tid)
     }
 }
 
+static int new_job(const void *seen)
+{
+    return atomic_load(&generation) != *(const unsigned long *)seen || atomic_load(&shutting_down);
+}
+
+static int job_finished(const void *unused)
+{
+    (void)unused;
+    return atomic_load(&job_pending) == 0;
+}
+
 static void *worker_main(void *arg)
 {
     int tid = (int)(intptr_t)arg;        /* 1..n_workers */
     pthread_mutex_lock(&mu);
     unsigned long seen = spawn_generation;   /* jobs posted after the spawn */
     for (;;) {
+        if (!new_job(&seen)) {               /* spin a while before sleeping */
+            pthread_mutex_unlock(&mu);
+            spin_until(new_job, &seen);
+            pthread_mutex_lock(&mu);
+        }
         while (generation == seen && !shutting_down) pthread_cond_wait(&cv_work, &mu);
         if (shutting_down) break;
         seen = generation;
@@ -130,6 +181,7 @@ void pa_parallel_for(pa_ssize ntasks, pa_task_fn fn, void *ctx, int max_threads)
 
     run_tasks(0);
 
+    spin_until(job_finished, NULL);
     pthread_mutex_lock(&mu);
     while (job_pending > 0) pthread_cond_wait(&cv_done, &mu);
     pthread_mutex_unlock(&mu);
