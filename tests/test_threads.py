@@ -250,3 +250,27 @@ def test_threadpoolctl_sees_and_limits_pyattn():
         assert pyattn.get_num_threads() == 2
     finally:
         pyattn.set_num_threads(before)
+
+
+@pytest.mark.parametrize("dtype,N", [(np.float32, 2304), (np.float64, 1100)])
+def test_matmul_wider_than_one_column_block(dtype, N):
+    # N above the family's NC (2048 float32, 1024 float64) is cut into N blocks
+    # of equal width; the bits do not depend on that cut nor on the threads
+    rng = np.random.default_rng(N)
+    a = rng.standard_normal((130, 300)).astype(dtype)
+    b = rng.standard_normal((300, N)).astype(dtype)
+    before = pyattn.get_num_threads()
+    try:
+        outs = []
+        for t in (1, 2):
+            pyattn.set_num_threads(t)
+            outs.append(pyattn.matmul(a, b))
+    finally:
+        pyattn.set_num_threads(before)
+    assert np.array_equal(outs[0], outs[1])
+    # each column computed alone gives the same bits (a column's arithmetic
+    # does not depend on the block it falls in)
+    for j in (0, N // 2, N // 2 + 1, N - 1):
+        assert np.array_equal(pyattn.matmul(a, b[:, j:j + 1])[:, 0], outs[0][:, j])
+    from conftest import check, mag_matmul
+    check(outs[0], a.astype(np.float64) @ b.astype(np.float64), mag_matmul(a, b))

@@ -186,8 +186,15 @@ int pa_matmul(const pa_family *fam, int dtype, const pa_batch *bt, pa_ssize M, p
     gemm_ctx c;
     c.dtype = dtype; c.bt = bt; c.M = M; c.N = N; c.K = K;
     c.A = A; c.B = B; c.C = C; c.bias = bias; c.bias_s = bias_s;
-    c.g = fam->gemm[dtype];
+    c.g = fam->gemm[dtype];          /* this call's copy: its NC may shrink below */
     c.nblocks = (N + c.g.nc - 1) / c.g.nc;
+    {   /* N blocks of equal width (whole NR panels): N = 2304 with NC = 2048
+         * gives two blocks of 1152, not 2048 + 256, so the tasks of one N
+         * block take as long as the other's. NC only partitions columns, so
+         * no element's arithmetic changes. */
+        const pa_ssize w = (N + c.nblocks - 1) / c.nblocks;
+        c.g.nc = (int)((w + c.g.nr - 1) / c.g.nr * c.g.nr);
+    }
     {   /* about 3 tasks per thread over (batch, M chunks, N blocks), for
          * balance; one thread needs no balance, and every extra M chunk packs
          * the same B panels again (10 % of 1024^3), so it takes one chunk */
