@@ -330,25 +330,55 @@ fail:
     return NULL;
 }
 
+/* A per-head value array of the attention binding: None, or a 1-D
+ * C-contiguous array of npy_type with one entry per flat batch index. */
+static int get_perbatch(PyObject *o, const char *name, int npy_type, pa_ssize count,
+                        const void **ptr)
+{
+    *ptr = NULL;
+    if (o == Py_None) return 0;
+    if (!PyArray_Check(o) || PyArray_TYPE((PyArrayObject *)o) != npy_type ||
+        PyArray_NDIM((PyArrayObject *)o) != 1 || !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)o) ||
+        !PyArray_ISNOTSWAPPED((PyArrayObject *)o)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a 1-D contiguous %s array", name,
+                     npy_type == NPY_INT64 ? "int64" : "float64");
+        return -1;
+    }
+    if ((pa_ssize)PyArray_DIMS((PyArrayObject *)o)[0] != count) {
+        PyErr_Format(PyExc_ValueError, "%s has %zd entries, expected one per batch-head (%zd)",
+                     name, (Py_ssize_t)PyArray_DIMS((PyArrayObject *)o)[0], (Py_ssize_t)count);
+        return -1;
+    }
+    *ptr = PyArray_DATA((PyArrayObject *)o);
+    return 0;
+}
+
 PyDoc_STRVAR(sdpa_doc,
 "sdpa(q, k, v, out=None, mask=None, causal=0, scale=1.0, dropout_p=0.0,\n"
-"     dropout_key=0, want_weights=False) -> (out, weights or None)\n\n"
-"Private kernel entry: fused attention, all operands with equal batch axes.\n"
-"Use pyattn.scaled_dot_product_attention.");
+"     dropout_key=0, want_weights=False, want_lse=False, left=-1, right=-1,\n"
+"     softcap=0.0, slopes=None, sinks=None, kv_len=None)\n"
+"     -> (out, weights or None, lse or None)\n\n"
+"Private kernel entry: fused attention, all operands with equal batch axes;\n"
+"slopes, sinks (float64) and kv_len (int64) hold one value per flat batch\n"
+"index. Use pyattn.scaled_dot_product_attention.");
 
 static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"q", "k", "v", "out", "mask", "causal", "scale", "dropout_p",
-                             "dropout_key", "want_weights", NULL};
+                             "dropout_key", "want_weights", "want_lse", "left", "right",
+                             "softcap", "slopes", "sinks", "kv_len", NULL};
     PyObject *qo, *ko, *vo, *outo = Py_None, *mo = Py_None;
-    int causal = 0, want_w = 0;
-    double scale = 1.0, dropout_p = 0.0;
+    PyObject *slo = Py_None, *sio = Py_None, *kvo = Py_None;
+    int causal = 0, want_w = 0, want_lse = 0;
+    Py_ssize_t left = -1, right = -1;
+    double scale = 1.0, dropout_p = 0.0, softcap = 0.0;
     unsigned long long key = 0;
-    PyArrayObject *res = NULL, *wres = NULL;
-    view q, k, v, o, m, w, scores;
+    PyArrayObject *res = NULL, *wres = NULL, *lres = NULL;
+    view q, k, v, o, m, w, lv, scores;
     int kind;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOiddKp:sdpa", kwlist, &qo, &ko, &vo, &outo, &mo,
-                                     &causal, &scale, &dropout_p, &key, &want_w))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOiddKppnndOOO:sdpa", kwlist, &qo, &ko, &vo,
+                                     &outo, &mo, &causal, &scale, &dropout_p, &key, &want_w,
+                                     &want_lse, &left, &right, &softcap, &slo, &sio, &kvo))
         return NULL;
     if (get_view(qo, "query", 2, 0, 0, &q) < 0 || get_view(ko, "key", 2, 0, 0, &k) < 0 ||
         get_view(vo, "value", 2, 0, 0, &v) < 0)
@@ -360,6 +390,10 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
     if (check_causal(causal) < 0) goto fail;
     if (!(dropout_p >= 0.0 && dropout_p < 1.0)) {
         PyErr_SetString(PyExc_ValueError, "dropout_p must be in [0, 1)");
+        goto fail;
+    }
+    if (!(softcap >= 0.0 && softcap < INFINITY)) {
+        PyErr_SetString(PyExc_ValueError, "softcap must be finite and > 0 (0: none)");
         goto fail;
     }
     const int nd = q.nd, nb = nd - 2;
@@ -382,8 +416,30 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
         if (!wres) goto fail;
     }
     pa_batch bt;
-    pa_operand Q, Kk, V, Mk, O, W;
+    pa_operand Q, Kk, V, Mk, O, W, Lse;
     batch_of(&q, nb, &bt);
+    pa_attn_opts opts = {causal, left < 0 ? -1 : (pa_ssize)left, right < 0 ? -1 : (pa_ssize)right,
+                         softcap, NULL, NULL, NULL, NULL};
+    const void *pp;
+    if (get_perbatch(slo, "alibi_slopes", NPY_FLOAT64, bt.count, &pp) < 0) goto fail;
+    opts.slopes = (const double *)pp;
+    if (get_perbatch(sio, "sinks", NPY_FLOAT64, bt.count, &pp) < 0) goto fail;
+    opts.sinks = (const double *)pp;
+    if (get_perbatch(kvo, "cache_seqlens", NPY_INT64, bt.count, &pp) < 0) goto fail;
+    opts.kv_len = (const int64_t *)pp;
+    for (pa_ssize b = 0; opts.kv_len && b < bt.count; b++)
+        if (opts.kv_len[b] < 0 || opts.kv_len[b] > (int64_t)S) {
+            PyErr_Format(PyExc_ValueError, "cache_seqlens must be in [0, %zd]", (Py_ssize_t)S);
+            goto fail;
+        }
+    if (want_lse) {
+        pa_ssize lshape[PA_MAXDIMS];
+        memcpy(lshape, q.shape, sizeof(pa_ssize) * (size_t)(nb + 1));
+        lres = get_out(Py_None, nb + 1, lshape, q.dtype, &lv, "log-sum-exp");
+        if (!lres) goto fail;
+        operand_of(&lv, nb, &Lse);
+        opts.lse = &Lse;
+    }
     operand_of(&q, nb, &Q);
     operand_of(&k, nb, &Kk);
     operand_of(&v, nb, &V);
@@ -393,15 +449,67 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
     int rc, nt = pa_get_num_threads();
     const pa_family *fam = family;
     Py_BEGIN_ALLOW_THREADS
-    rc = pa_attention(fam, q.dtype, &bt, L, S, E, Ev, &Q, &Kk, &V, kind ? &Mk : NULL, kind, causal,
+    rc = pa_attention(fam, q.dtype, &bt, L, S, E, Ev, &Q, &Kk, &V, kind ? &Mk : NULL, kind, &opts,
                       scale, dropout_p, (uint64_t)key, &O, want_w ? &W : NULL, nt);
     Py_END_ALLOW_THREADS
     if (rc < 0) { PyErr_NoMemory(); goto fail; }
-    if (want_w) return Py_BuildValue("(NN)", res, wres);
-    return Py_BuildValue("(NO)", res, Py_None);
+    return Py_BuildValue("(NNN)", res, wres ? (PyObject *)wres : Py_NewRef(Py_None),
+                         lres ? (PyObject *)lres : Py_NewRef(Py_None));
 fail:
     Py_XDECREF(res);
     Py_XDECREF(wres);
+    Py_XDECREF(lres);
+    return NULL;
+}
+
+PyDoc_STRVAR(merge_doc,
+"merge(outs, lses) -> (out, lse)\n\n"
+"Private kernel entry: outs (P, ..., L, Ev) and lses (P, ..., L) of one\n"
+"dtype with equal axes. Use pyattn.merge_attention.");
+
+static PyObject *py_merge(PyObject *self, PyObject *args)
+{
+    PyObject *oo, *lo;
+    PyArrayObject *res = NULL, *lres = NULL;
+    view os, ls, o, l;
+    if (!PyArg_ParseTuple(args, "OO:merge", &oo, &lo)) return NULL;
+    if (get_view(oo, "outputs", 3, 0, 0, &os) < 0 || get_view(lo, "lses", 2, 0, 0, &ls) < 0)
+        goto fail;
+    if (os.dtype != ls.dtype) {
+        PyErr_SetString(PyExc_TypeError, "outputs and lses must have one dtype");
+        goto fail;
+    }
+    const int nd = os.nd, nb = nd - 3;     /* (P, batch..., L, Ev) */
+    int ok = ls.nd == nd - 1;
+    for (int d = 0; ok && d < nd - 1; d++) ok = ls.shape[d] == os.shape[d];
+    if (!ok) { shape_error("lses", &ls, "outputs", &os); goto fail; }
+    const pa_ssize P = os.shape[0], L = os.shape[nd - 2], Ev = os.shape[nd - 1];
+    res = get_out(Py_None, nd - 1, os.shape + 1, os.dtype, &o, "merged output");
+    if (!res) goto fail;
+    lres = get_out(Py_None, nd - 2, os.shape + 1, os.dtype, &l, "merged log-sum-exp");
+    if (!lres) goto fail;
+    /* views without the P axis: batch strides of the parts */
+    view os1 = os, ls1 = ls;
+    os1.nd = nd - 1; ls1.nd = nd - 2;
+    memmove(os1.shape, os.shape + 1, sizeof(pa_ssize) * (size_t)(nd - 1));
+    memmove(os1.st, os.st + 1, sizeof(pa_ssize) * (size_t)(nd - 1));
+    memmove(ls1.shape, ls.shape + 1, sizeof(pa_ssize) * (size_t)(nd - 2));
+    memmove(ls1.st, ls.st + 1, sizeof(pa_ssize) * (size_t)(nd - 2));
+    pa_batch bt;
+    pa_operand Os, Ls, O, Lo;
+    batch_of(&o, nb, &bt);
+    operand_of(&os1, nb, &Os);
+    operand_of(&ls1, nb, &Ls);
+    operand_of(&o, nb, &O);
+    operand_of(&l, nb, &Lo);
+    int nt = pa_get_num_threads();
+    Py_BEGIN_ALLOW_THREADS
+    pa_merge(os.dtype, &bt, P, L, Ev, &Os, os.st[0], &Ls, ls.st[0], &O, &Lo, nt);
+    Py_END_ALLOW_THREADS
+    return Py_BuildValue("(NN)", res, lres);
+fail:
+    Py_XDECREF(res);
+    Py_XDECREF(lres);
     return NULL;
 }
 
@@ -563,6 +671,7 @@ static PyMethodDef methods[] = {
     {"matmul", (PyCFunction)(void (*)(void))py_matmul, METH_VARARGS | METH_KEYWORDS, matmul_doc},
     {"softmax", (PyCFunction)(void (*)(void))py_softmax, METH_VARARGS | METH_KEYWORDS, softmax_doc},
     {"sdpa", (PyCFunction)(void (*)(void))py_sdpa, METH_VARARGS | METH_KEYWORDS, sdpa_doc},
+    {"merge", py_merge, METH_VARARGS, merge_doc},
     {"set_num_threads", py_set_num_threads, METH_O, "set_num_threads(n): threads for the kernels"},
     {"get_num_threads", py_get_num_threads, METH_NOARGS, "get_num_threads() -> int"},
     {"select_isa", py_select_isa, METH_O,

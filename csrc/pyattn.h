@@ -58,18 +58,42 @@ static inline int pa_mul_ok(size_t a, size_t b, size_t *r)
 enum { PA_MASK_NONE = 0, PA_MASK_BOOL = 1, PA_MASK_ADD = 2 };
 enum { PA_CAUSAL_NONE = 0, PA_CAUSAL_TOP_LEFT = 1, PA_CAUSAL_BOTTOM_RIGHT = 2 };
 
-/* Number of keys query row i may see under the causal mode (keys 0..n-1).
+/* The key range of query row i: the causal rule and a sliding window.
+ * Row i sits at position d(i) = i + qoff on the key axis (qoff = S - L for
+ * bottom-right causal attention and for a KV cache, else 0). Keys lie in
+ * [0, S); causal keeps j <= d(i); the window keeps d(i) - left <= j <=
+ * d(i) + right (a negative left/right: unbounded on that side). Both ends
+ * are nondecreasing in i, which the frames use to skip whole tiles. */
+typedef struct {
+    pa_ssize S, qoff;
+    int causal;                 /* nonzero: j <= d(i) */
+    pa_ssize left, right;       /* window; < 0: unbounded */
+} pa_keyrule;
+
+static inline void pa_key_range(const pa_keyrule *r, pa_ssize i, pa_ssize *lo, pa_ssize *hi)
+{
+    const pa_ssize d = i + r->qoff;
+    pa_ssize a = 0, b = r->S;
+    if (r->causal && d + 1 < b) b = d + 1;
+    if (r->right >= 0 && d + r->right + 1 < b) b = d + r->right + 1;
+    if (r->left >= 0 && d - r->left > a) a = d - r->left;
+    if (b < a) b = a;
+    if (b < 0) a = b = 0;
+    if (a > r->S) a = b = r->S;
+    *lo = a;
+    *hi = b;
+}
+
+/* Number of keys query row i may see under the causal mode (keys 0..n-1):
+ * the key range above without a window.
  * top-left:     j <= i            (torch.tril(ones(L, S)))
  * bottom-right: j <= i + (S - L)  (FlashAttention, decoding with a cache) */
 static inline pa_ssize pa_causal_limit(int causal, pa_ssize i, pa_ssize L, pa_ssize S)
 {
-    pa_ssize n;
-    if (causal == PA_CAUSAL_TOP_LEFT) n = i + 1;
-    else if (causal == PA_CAUSAL_BOTTOM_RIGHT) n = i + 1 + (S - L);
-    else return S;
-    if (n < 0) n = 0;
-    if (n > S) n = S;
-    return n;
+    const pa_keyrule r = {S, causal == PA_CAUSAL_BOTTOM_RIGHT ? S - L : 0, causal != PA_CAUSAL_NONE, -1, -1};
+    pa_ssize lo, hi;
+    pa_key_range(&r, i, &lo, &hi);
+    return hi;
 }
 
 /* A mask operand: element (i, j) at p + (i*rs + j*cs) elements; bool masks

@@ -8,10 +8,12 @@ import numpy as np
 from . import _C
 from ._checks import (
     as_array, bcast, broadcast_shapes, causal_code, check_out, compute_dtype, dropout_key,
-    dropout_p_value, index_value, out_for_kernel, prep_mask, real_scalar, split_axis, to_dtype,
+    dropout_p_value, index_value, out_for_kernel, per_head, prep_mask, real_scalar, softcap_value,
+    split_axis, to_dtype, window_value,
 )
 
-__all__ = ["matmul", "softmax", "scaled_dot_product_attention", "multi_head_attention"]
+__all__ = ["matmul", "softmax", "scaled_dot_product_attention", "multi_head_attention",
+           "merge_attention", "attention_with_kvcache"]
 
 
 def matmul(a, b, /, *, out=None):
@@ -173,7 +175,8 @@ def softmax(x, /, axis=-1, *, dim=None, attn_mask=None, is_causal=False, scale=N
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                  is_causal=False, scale=None, enable_gqa=False, *,
-                                 rng=None, return_weights=False, out=None):
+                                 rng=None, return_weights=False, out=None, window=None,
+                                 alibi_slopes=None, softcap=None, sinks=None, return_lse=False):
     """Fused attention ``softmax(query @ key.T * scale + mask) @ value``, in one C kernel.
 
     Argument names and defaults match ``torch.nn.functional.scaled_dot_product_attention``.
@@ -207,13 +210,40 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         or a Generator that is advanced); used only when ``dropout_p > 0``.
     return_weights : bool
         Also return the ``(..., L, S)`` weights applied to value (after
-        masking and dropout).
+        masking and dropout; sink weights are not part of them).
     out : ndarray, optional
         Exact result shape and dtype, writeable.
+    window : (left, right), optional
+        Sliding window: query i sees keys ``d(i) - left <= j <= d(i) + right``
+        where ``d(i) = i`` (``i + S - L`` with ``is_causal="bottom_right"``);
+        ``None`` in either place is unbounded. Mistral: ``window=(4095, 0)``
+        with ``is_causal=True``. Key tiles outside every row's window are
+        skipped, not masked.
+    alibi_slopes : array_like, optional
+        ``(Hq,)`` or ``(B, Hq)`` (a trailing part of the query's batch axes,
+        heads last): adds ``-slope[h] * |d(i) - j|`` to the scores (ALiBi,
+        FlashAttention's convention).
+    softcap : float > 0, optional
+        ``s = softcap * tanh(s / softcap)`` on the scaled scores, before
+        any mask (Gemma 2, Grok).
+    sinks : array_like, optional
+        ``(Hq,)`` (or a trailing part of the batch axes, like the slopes): one
+        extra logit per head in every row's softmax denominator, a key whose
+        value is zero (gpt-oss attention sinks); a row may give weight to
+        nothing. Sink weights are not part of ``weights``.
+    return_lse : bool
+        Also return ``lse (..., L)``: ``log(sum_j exp(s_ij))`` over the
+        admissible keys (plus the sink term), before dropout; ``-inf`` for a
+        row with nothing admissible. Feed it to :func:`merge_attention`.
+
+    Scores follow API.md's order: ``scale * q.k``, softcap, a float mask is
+    added, ALiBi is added, then the bool mask, causal rule and window decide
+    which keys are admissible; softmax over them (and the sink).
 
     Returns
     -------
-    ndarray, or (output, weights) when ``return_weights``. Dtype: float32
+    ndarray, or a tuple ``(output[, weights][, lse])`` when ``return_weights``
+    or ``return_lse`` is set. Dtype: float32
     when query, key and value are all float32 (or float16, computed in
     float32); float64 when any of them is float64, integer or bool (NumPy
     promotion). A float mask is cast to that dtype and does not change it.
@@ -227,7 +257,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         not a multiple of the key/value heads with ``enable_gqa``; a mask
         that does not broadcast to ``(..., L, S)``; ``dropout_p`` outside
         [0, 1); an ``is_causal`` string other than the two above; an ``out``
-        of the wrong shape or dtype.
+        of the wrong shape or dtype; a negative window size; ``softcap <= 0``;
+        slopes or sinks whose shape does not match the query heads.
     TypeError
         An operand that is not array-like, or complex, object, string or
         datetime; a mask that is neither bool nor numeric; a bad ``rng``.
@@ -248,7 +279,20 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     >>> q = k = v = np.random.default_rng(0).standard_normal((2, 4, 8, 16))
     >>> pyattn.scaled_dot_product_attention(q, k, v, is_causal=True).shape
     (2, 4, 8, 16)
+    >>> o, lse = pyattn.scaled_dot_product_attention(q, k, v, is_causal=True, window=(3, 0),
+    ...                                              return_lse=True)
+    >>> lse.shape
+    (2, 4, 8)
     """
+    return _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, rng,
+                 return_weights, out, window, alibi_slopes, softcap, sinks, return_lse, None)
+
+
+def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, rng,
+          return_weights, out, window, alibi_slopes, softcap, sinks, return_lse, kv_len):
+    """scaled_dot_product_attention's body; kv_len (an int64 array that
+    broadcasts to the query's batch axes, or None) is attention_with_kvcache's
+    per-sequence filled length."""
     q = as_array(query, "query")
     k = as_array(key, "key")
     v = as_array(value, "value")
@@ -262,6 +306,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         raise ValueError(f"value has shape {v.shape} and key has shape {k.shape}: their axis -2 (S) must match")
     p = dropout_p_value(dropout_p)
     causal = causal_code(is_causal)
+    left, right = window_value(window)
+    cap = softcap_value(softcap)
     L, S, E, Ev = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
     sc = (1.0 / math.sqrt(E) if E > 0 else 1.0) if scale is None else real_scalar(scale, "scale")
     q, k, v = to_dtype(q, dt), to_dtype(k, dt), to_dtype(v, dt)
@@ -310,6 +356,16 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     k = bcast(k, batch + (S, E))
     v = bcast(v, batch + (S, Ev))
     shape = full_batch + (L, Ev)
+    extra = {}
+    for arr, name, doc in ((alibi_slopes, "alibi_slopes", "(Hq,) or (B, Hq)"),
+                           (sinks, "sinks", "(Hq,)"), (kv_len, "kv_len", "")):
+        if arr is None:
+            continue
+        if name == "kv_len":
+            a = np.ascontiguousarray(np.broadcast_to(arr, full_batch), dtype=np.int64)
+        else:
+            a = per_head(arr, name, full_batch, doc)
+        extra[{"alibi_slopes": "slopes"}.get(name, name)] = a.reshape(-1)
 
     key_ = dropout_key(rng) if p > 0 else 0
     kout = None
@@ -317,16 +373,21 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         check_out(out, shape, dt)
         if out_for_kernel(out, (q, k, v, mask)):
             kout = split_axis(out, -3, hkv, groups) if groups > 1 else out
-    res, w = _C.sdpa(q, k, v, kout, mask, causal, sc, p, key_, bool(return_weights))
+    res, w, lse = _C.sdpa(q, k, v, kout, mask, causal, sc, p, key_, bool(return_weights),
+                          bool(return_lse), left, right, cap, **extra)
     if groups > 1:
         res = res.reshape(shape) if kout is None else out
         if w is not None:
             w = w.reshape(full_batch + (L, S))
+        if lse is not None:
+            lse = lse.reshape(full_batch + (L,))
     if out is not None:
         if kout is None:
             out[...] = res
         res = out
-    return (res, w) if return_weights else res
+    if not (return_weights or return_lse):
+        return res
+    return (res,) + ((w,) if return_weights else ()) + ((lse,) if return_lse else ())
 
 
 def _linear(x, w, b, dt):

@@ -183,3 +183,53 @@ def index_value(n, name):
         return operator.index(n)
     except TypeError:
         raise TypeError(f"{name} must be an integer, got {n!r}") from None
+
+
+def window_value(window):
+    """(left, right) for the C frame: each a non-negative int, or -1 for None
+    (unbounded on that side)."""
+    if window is None:
+        return -1, -1
+    if isinstance(window, (str, bytes)) or not hasattr(window, "__len__") or len(window) != 2:
+        raise TypeError(f"window must be a pair (left, right) of ints or None, got {window!r}")
+    res = []
+    for side, w in zip(("left", "right"), window):
+        if w is None:
+            res.append(-1)
+            continue
+        if isinstance(w, (bool, np.bool_)):
+            raise TypeError(f"window {side} size must be an int or None, got {w!r}")
+        try:
+            n = operator.index(w)
+        except TypeError:
+            raise TypeError(f"window {side} size must be an int or None, got {w!r}") from None
+        if n < 0:
+            raise ValueError(f"window sizes must be >= 0 (or None), got window={tuple(window)!r}")
+        res.append(n)
+    return res[0], res[1]
+
+
+def softcap_value(softcap):
+    """0.0 for None; a finite float > 0 otherwise."""
+    if softcap is None:
+        return 0.0
+    c = real_scalar(softcap, "softcap")
+    if not (c > 0 and np.isfinite(c)):
+        raise ValueError(f"softcap must be a finite number > 0 (or None), got {softcap!r}")
+    return c
+
+
+def per_head(x, name, full_batch, shapes_doc):
+    """A per-head float parameter (ALiBi slopes, sinks) as a float64 array of
+    full_batch's shape (batch axes and the query heads): x's shape must be a
+    trailing part of full_batch (``(Hq,)``, or ``(B, Hq)``...)."""
+    a = as_array(x, name)
+    if a.dtype.kind not in "fiu" or a.dtype.kind == "b":
+        raise TypeError(f"{name} must be a float array, got dtype {a.dtype}")
+    nb = len(full_batch)
+    if nb == 0:
+        raise ValueError(f"{name} needs a head axis (-3) in query, whose shape has none")
+    if not (1 <= a.ndim <= nb) or a.shape != tuple(full_batch[nb - a.ndim:]):
+        raise ValueError(f"{name} has shape {a.shape}; expected {shapes_doc} with the "
+                         f"query's heads: one of {[tuple(full_batch[nb - d:]) for d in range(1, nb + 1)]}")
+    return np.ascontiguousarray(np.broadcast_to(a.astype(np.float64), tuple(full_batch)))

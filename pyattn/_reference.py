@@ -14,7 +14,8 @@ import numpy as np
 from ._checks import causal_code, compute_dtype
 
 __all__ = ["matmul", "softmax", "scaled_dot_product_attention", "multi_head_attention",
-           "causal_mask", "dropout_keep", "linear"]
+           "causal_mask", "dropout_keep", "linear", "merge_attention", "attention_with_kvcache",
+           "window_mask", "alibi_bias"]
 
 
 def _f64(x):
@@ -37,6 +38,34 @@ def causal_mask(L, S, is_causal=True):
     if code == 0:
         return np.ones((L, S), bool)
     return j <= i if code == 1 else j <= i + (S - L)
+
+
+def _positions(L, S, is_causal, qoff=None):
+    """d(i): query row i's position on the key axis (API.md)."""
+    if qoff is None:
+        qoff = S - L if causal_code(is_causal) == 2 else 0
+    return np.arange(L)[:, None] + qoff
+
+
+def window_mask(L, S, window, is_causal=False, qoff=None):
+    """Bool (L, S): True where window=(left, right) lets query i see key j:
+    d(i) - left <= j <= d(i) + right (None: unbounded on that side)."""
+    d = _positions(L, S, is_causal, qoff)
+    j = np.arange(S)[None, :]
+    left, right = window
+    ok = np.ones((L, S), bool)
+    if left is not None:
+        ok &= j >= d - left
+    if right is not None:
+        ok &= j <= d + right
+    return ok
+
+
+def alibi_bias(slopes, L, S, is_causal=False, qoff=None):
+    """ALiBi: -slope * |d(i) - j|, shape slopes.shape + (L, S) (float64)."""
+    d = _positions(L, S, is_causal, qoff)
+    dist = np.abs(d - np.arange(S)[None, :]).astype(np.float64)
+    return -_f64(slopes)[..., None, None] * dist
 
 
 def _masked_scores(s, attn_mask, is_causal):
@@ -88,11 +117,19 @@ def dropout_keep(key, shape, p):
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                  is_causal=False, scale=None, enable_gqa=False, *,
-                                 dropout_key=0, return_weights=False):
+                                 dropout_key=0, return_weights=False, window=None,
+                                 alibi_slopes=None, softcap=None, sinks=None,
+                                 return_lse=False, qoff=None, kv_len=None):
     """softmax(q k^T * scale + mask) [dropout] @ v, materialising the weights.
 
-    Keys whose weight is exactly 0 (masked, dropped) contribute nothing to the
-    output, so NaN in their value rows does not spread.
+    The score of query i and key j, in API.md's order: s = scale q.k;
+    softcap * tanh(s / softcap); + a float mask; - slope |d(i) - j| (ALiBi);
+    -inf where a bool mask, the causal rule or the window exclude it; then a
+    softmax whose denominator also holds exp(sink) when sinks are given.
+    ``qoff`` (row i at position i + qoff) and ``kv_len`` (keys [0, kv_len)
+    only) describe a KV cache. Keys whose weight is exactly 0 (masked,
+    dropped) contribute nothing to the output, so NaN in their value rows
+    does not spread. lse = log(sum of exp over admissible scores [+ exp(sink)]).
     """
     q, k, v = (np.asarray(t) for t in (query, key, value))
     dt = compute_dtype((q, "query"), (k, "key"), (v, "value"))
@@ -104,8 +141,36 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         k = np.repeat(k, g, axis=-3)
         v = np.repeat(v, g, axis=-3)
     s = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
-    s = _masked_scores(s, attn_mask, is_causal)
-    w = _softmax_last(s)
+    L, S = s.shape[-2], s.shape[-1]
+    if softcap is not None:
+        s = softcap * np.tanh(s / softcap)
+    if attn_mask is not None and np.asarray(attn_mask).dtype != bool:
+        s = s + _f64(attn_mask)
+    if alibi_slopes is not None:
+        s = s + alibi_bias(alibi_slopes, L, S, is_causal, qoff)
+    if attn_mask is not None and np.asarray(attn_mask).dtype == bool:
+        s = np.where(attn_mask, s, -np.inf)
+    if causal_code(is_causal):
+        d = _positions(L, S, is_causal, qoff)
+        s = np.where(np.arange(S)[None, :] <= d, s, -np.inf)
+    if window is not None:
+        s = np.where(window_mask(L, S, window, is_causal, qoff), s, -np.inf)
+    if kv_len is not None:
+        s = np.where(np.arange(S) < np.asarray(kv_len)[..., None, None], s, -np.inf)
+    if sinks is None:
+        w = _softmax_last(s)
+        m = np.max(s, axis=-1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            lse = np.where(m == -np.inf, -np.inf,
+                           m + np.log(np.exp(s - np.where(m == -np.inf, 0, m)[..., None]).sum(-1)))
+    else:
+        sk = np.broadcast_to(_f64(sinks)[..., None], s.shape[:-1])[..., None]
+        full = np.concatenate([s, np.broadcast_to(sk, s.shape[:-1] + (1,))], axis=-1)
+        w = _softmax_last(full)[..., :-1]
+        m = np.max(full, axis=-1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            lse = np.where(m == -np.inf, -np.inf,
+                           m + np.log(np.exp(full - np.where(m == -np.inf, 0, m)[..., None]).sum(-1)))
     if dropout_p > 0:
         w = np.where(dropout_keep(dropout_key, w.shape, dropout_p), w / (1.0 - dropout_p), 0.0)
     vb = np.broadcast_to(v, w.shape[:-2] + v.shape[-2:])
@@ -115,7 +180,49 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         prod = w[..., :, :, None] * vb[..., None, :, :]
         out = np.where(w[..., :, :, None] != 0, prod, 0.0).sum(axis=-2)
     out = out.astype(dt)
-    return (out, w.astype(dt)) if return_weights else out
+    res = (out,) + ((w.astype(dt),) if return_weights else ()) + ((lse.astype(dt),) if return_lse else ())
+    return res[0] if len(res) == 1 else res
+
+
+def merge_attention(outputs, lses):
+    """Combine partial results over disjoint key sets:
+    out = sum_p exp(lse_p - lse) out_p, lse = logaddexp over p; rows with
+    every lse_p = -inf give 0 and -inf."""
+    o = _f64(np.stack([np.asarray(x) for x in outputs]))
+    ls = _f64(np.stack([np.asarray(x) for x in lses]))
+    dt = compute_dtype((np.asarray(outputs[0]), "outputs"))
+    lse = np.logaddexp.reduce(ls, axis=0)
+    with np.errstate(invalid="ignore"):
+        wt = np.where(ls == -np.inf, 0.0, np.exp(ls - np.where(lse == -np.inf, 0, lse)))
+    prod = np.where(wt[..., None] != 0, wt[..., None] * o, 0.0)
+    return prod.sum(axis=0).astype(dt), lse.astype(dt)
+
+
+def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cache_seqlens,
+                           is_causal=True, scale=None, window=None, alibi_slopes=None,
+                           softcap=None, sinks=None, return_lse=False):
+    """Write key/value at rows [n_b, n_b + T) of copies of the caches, then
+    attend over the filled rows; returns (out, k_cache', v_cache'[, lse])."""
+    q = np.asarray(query)
+    kc, vc = np.array(k_cache), np.array(v_cache)
+    B, Hq, T = q.shape[:3]
+    n = np.broadcast_to(np.asarray(cache_seqlens, dtype=np.int64), (B,)).copy()
+    if key is not None:
+        for b in range(B):
+            kc[b, :, n[b]:n[b] + T] = key[b]
+            vc[b, :, n[b]:n[b] + T] = value[b]
+        n = n + T
+    outs, lses = [], []
+    for b in range(B):
+        r = scaled_dot_product_attention(
+            q[b].astype(kc.dtype), kc[b, :, :n[b]], vc[b, :, :n[b]], None, 0.0,
+            "bottom_right" if is_causal else False, scale, enable_gqa=True, window=window,
+            alibi_slopes=None if alibi_slopes is None else np.broadcast_to(alibi_slopes, (B, Hq))[b],
+            softcap=softcap, sinks=sinks, return_lse=True, qoff=int(n[b]) - T)
+        outs.append(r[0])
+        lses.append(r[1])
+    out, lse = np.stack(outs), np.stack(lses)
+    return (out, kc, vc, lse) if return_lse else (out, kc, vc)
 
 
 def linear(x, w, b=None):

@@ -29,7 +29,8 @@ typedef struct {
     const pa_batch *bt;
     pa_ssize L, S, E, Ev, nblk;
     const pa_operand *q, *k, *v, *mask, *out, *w;
-    int mask_kind, causal;
+    int mask_kind;
+    const pa_attn_opts *opts;
     double scale, dropout_p;
     uint64_t key;
     void **ws;
@@ -49,7 +50,17 @@ static void attn_args(const attn_ctx *c, pa_ssize b, pa_attn_args *out)
     a.v = (const char *)c->v->p + pa_batch_offset(c->bt, c->v->bs, b) * es;
     a.v_rs = c->v->rs; a.v_cs = c->v->cs;
     a.mask = pa_mask_of(c->bt, c->mask, c->mask_kind, c->dtype, b);
-    a.causal = c->causal;
+    const pa_attn_opts *o = c->opts;
+    const pa_ssize n = o->kv_len ? (pa_ssize)o->kv_len[b] : c->S;
+    a.rule.S = n;
+    a.rule.qoff = (o->kv_len || o->causal == PA_CAUSAL_BOTTOM_RIGHT) ? n - c->L : 0;
+    a.rule.causal = o->causal != PA_CAUSAL_NONE;
+    a.rule.left = o->left;
+    a.rule.right = o->right;
+    a.softcap = o->softcap;
+    a.slope = o->slopes ? o->slopes[b] : 0.0;
+    a.has_sink = o->sinks != NULL;
+    a.sink = o->sinks ? o->sinks[b] : 0.0;
     a.scale = c->scale;
     a.dropout_p = c->dropout_p;
     a.dropout_key = c->key;
@@ -61,6 +72,12 @@ static void attn_args(const attn_ctx *c, pa_ssize b, pa_attn_args *out)
         a.w_rs = c->w->rs; a.w_cs = c->w->cs;
     } else {
         a.w = NULL; a.w_rs = a.w_cs = 0;
+    }
+    if (o->lse) {
+        a.lse = (char *)o->lse->p + pa_batch_offset(c->bt, o->lse->bs, b) * es;
+        a.lse_s = o->lse->cs;
+    } else {
+        a.lse = NULL; a.lse_s = 0;
     }
     a.key_begin = 0;
     a.key_end = c->S;
@@ -108,16 +125,16 @@ static void merge_task(void *ctx_, pa_ssize b, int tid)
 
 int pa_attention(const pa_family *fam, int dtype, const pa_batch *bt, pa_ssize L, pa_ssize S, pa_ssize E, pa_ssize Ev,
                  const pa_operand *q, const pa_operand *k, const pa_operand *v,
-                 const pa_operand *mask, int mask_kind, int causal, double scale,
+                 const pa_operand *mask, int mask_kind, const pa_attn_opts *opts, double scale,
                  double dropout_p, uint64_t dropout_key,
                  const pa_operand *out, const pa_operand *w, int nthreads)
 {
-    if (bt->count == 0 || L == 0 || (Ev == 0 && w == NULL)) return 0;
+    if (bt->count == 0 || L == 0 || (Ev == 0 && w == NULL && opts->lse == NULL)) return 0;
     attn_ctx c;
     c.fam = fam;
     c.dtype = dtype; c.bt = bt; c.L = L; c.S = S; c.E = E; c.Ev = Ev;
     c.q = q; c.k = k; c.v = v; c.mask = mask; c.out = out; c.w = w;
-    c.mask_kind = mask_kind; c.causal = causal; c.scale = scale;
+    c.mask_kind = mask_kind; c.opts = opts; c.scale = scale;
     c.dropout_p = dropout_p; c.key = dropout_key;
     c.bq = fam->attn_bq[dtype];
     c.nblk = (L + c.bq - 1) / c.bq;

@@ -27,8 +27,12 @@ typedef struct {
     const void *k; pa_ssize k_rs, k_cs;     /* (S, E)  */
     const void *v; pa_ssize v_rs, v_cs;     /* (S, Ev) */
     pa_mask mask;                           /* (L, S), or kind PA_MASK_NONE */
-    int causal;                             /* PA_CAUSAL_* */
+    pa_keyrule rule;                        /* causal rule, window, filled keys */
     double scale;
+    double softcap;                         /* > 0: s = softcap * tanh(s / softcap); 0: none */
+    double slope;                           /* ALiBi: s -= slope * |d(i) - j|; 0: none */
+    int has_sink;
+    double sink;                            /* one more logit in each row's denominator */
     double dropout_p;                       /* 0 <= p < 1 */
     uint64_t dropout_key;
     uint64_t ctr_base;                      /* b * L * S: counter of element (b, 0, 0) */
@@ -38,7 +42,74 @@ typedef struct {
                                                unnormalised output, for a later merge */
     void *out; pa_ssize o_rs, o_cs;         /* (L, Ev) */
     void *w; pa_ssize w_rs, w_cs;           /* (L, S) weights, or NULL */
+    void *lse; pa_ssize lse_s;              /* (L,) log-sum-exp of the rows, or NULL */
 } pa_attn_args;
+
+/* THE score rule of attention, after s = scale * q_i . k_j (API.md, in this
+ * order): softcap, the additive mask, ALiBi, then admissibility (the key
+ * range of pa_key_range and a bool mask; pa_admit_*). Applied to the n
+ * scores s[t*ss] of keys j0 + t of query row i; every frame and path of the
+ * forward calls it, so the rule exists once. */
+#define PA_DEFINE_SCORES(T, DT, TANH)                                               \
+    static inline void pa_attn_scores_##DT(const pa_attn_args *a, pa_ssize i,       \
+                                           pa_ssize j0, T *s, pa_ssize ss,          \
+                                           pa_ssize n)                              \
+    {                                                                               \
+        pa_ssize lo, hi;                                                            \
+        pa_key_range(&a->rule, i, &lo, &hi);                                        \
+        lo -= j0; hi -= j0;                                                         \
+        if (lo < 0) lo = 0;                                                         \
+        if (hi > n) hi = n;                                                         \
+        if (a->softcap > 0) {                                                       \
+            const T c = (T)a->softcap, ic = (T)(1.0 / a->softcap);                  \
+            for (pa_ssize t = lo; t < hi; t++) s[t * ss] = c * TANH(s[t * ss] * ic); \
+        }                                                                           \
+        pa_admit_##DT(&a->mask, i, j0, s, ss, n, lo, hi);                           \
+        if (a->slope != 0) {                                                        \
+            const T sl = (T)a->slope;                                               \
+            const pa_ssize d = i + a->rule.qoff - j0;                               \
+            for (pa_ssize t = lo; t < hi; t++)                                      \
+                s[t * ss] -= sl * (T)(d > t ? d - t : t - d);                       \
+        }                                                                           \
+    }
+PA_DEFINE_SCORES(float, f32, tanhf)
+PA_DEFINE_SCORES(double, f64, tanh)
+#undef PA_DEFINE_SCORES
+
+/* True when rows [i0, i1) all admit keys [j0, j1) and nothing changes their
+ * scores (no mask, softcap or ALiBi): the frame may leave such a tile as the
+ * GEMM wrote it. The key range's ends grow with i (pa_keyrule). */
+static inline int pa_attn_tile_plain(const pa_attn_args *a, pa_ssize i0, pa_ssize i1,
+                                     pa_ssize j0, pa_ssize j1)
+{
+    if (a->mask.kind != PA_MASK_NONE || a->softcap > 0 || a->slope != 0) return 0;
+    pa_ssize lo0, hi0, lo1, hi1;
+    pa_key_range(&a->rule, i0, &lo0, &hi0);
+    pa_key_range(&a->rule, i1 - 1, &lo1, &hi1);
+    return lo1 <= j0 && j1 <= hi0;
+}
+
+/* The end of a row: from its running max m and sum l (of exp(s - m) over the
+ * admissible keys), the factor that turns the unnormalised output into the
+ * result (keep = 1/(1-p) under dropout; a sink adds exp(sink) to the
+ * denominator) and the row's log-sum-exp. A row with nothing admissible (l =
+ * 0) and no sink gives factor 0 and lse -inf; NaN in l spreads. In double
+ * for both dtypes. */
+static inline double pa_attn_finish(const pa_attn_args *a, double m, double l, double keep,
+                                    double *lse)
+{
+    if (!a->has_sink) {
+        if (l == 0) { *lse = -INFINITY; return 0; }
+        *lse = m + log(l);
+        return keep / l;
+    }
+    const double M = m > a->sink ? m : a->sink;
+    if (M == -INFINITY) { *lse = -INFINITY; return 0; }
+    const double em = (m == -INFINITY) ? 0.0 : exp(m - M);
+    const double den = l * em + exp(a->sink - M);
+    *lse = M + log(den);
+    return keep * em / den;
+}
 
 /* The tiled forward (attn_flash.c) for query rows [i0, i1) of one head, on
  * family f's kernels; ws: a workspace of pa_flash_ws bytes, aligned to 64

@@ -75,14 +75,36 @@ int pa_softmax(const pa_family *fam, int dtype, const pa_batch *bt, pa_ssize S,
                const pa_operand *x, const pa_operand *mask, int mask_kind,
                int causal, double scale, const pa_operand *out, int nthreads);
 
+/* The structured parts of an attention call (API.md "Structured masks",
+ * "Log-sum-exp out", "Generation"). Per-head values come as arrays over
+ * the flat batch index b (the binding broadcast them). */
+typedef struct {
+    int causal;                 /* PA_CAUSAL_* */
+    pa_ssize left, right;       /* sliding window; < 0: unbounded */
+    double softcap;             /* > 0, or 0: none */
+    const double *slopes;       /* (count,) ALiBi slopes, or NULL */
+    const double *sinks;        /* (count,) sink logits, or NULL */
+    const int64_t *kv_len;      /* (count,) keys filled (<= S), or NULL: all S.
+                                   Given: row i sits at position kv_len - L + i */
+    const pa_operand *lse;      /* (L,) per b, element stride cs, or NULL */
+} pa_attn_opts;
+
 /* Attention per flat batch index b (all axes but the last two).
  * q (L, E), k (S, E), v (S, Ev), mask (L, S) or NULL, out (L, Ev),
  * w (L, S) or NULL. */
 int pa_attention(const pa_family *fam, int dtype, const pa_batch *bt, pa_ssize L, pa_ssize S, pa_ssize E, pa_ssize Ev,
                  const pa_operand *q, const pa_operand *k, const pa_operand *v,
-                 const pa_operand *mask, int mask_kind, int causal, double scale,
+                 const pa_operand *mask, int mask_kind, const pa_attn_opts *opts, double scale,
                  double dropout_p, uint64_t dropout_key,
                  const pa_operand *out, const pa_operand *w, int nthreads);
+
+/* merge_attention: per flat batch index b, P partial results -- outputs
+ * (L, Ev) and log-sum-exps (L,) over disjoint key sets, part p at element
+ * offset p * outs_ps / p * lses_ps from part 0 -- combined in the order of
+ * p into out (L, Ev) and lse (L,) (lse operands: element stride cs). */
+int pa_merge(int dtype, const pa_batch *bt, pa_ssize P, pa_ssize L, pa_ssize Ev,
+             const pa_operand *outs, pa_ssize outs_ps, const pa_operand *lses, pa_ssize lses_ps,
+             const pa_operand *out, const pa_operand *lse, int nthreads);
 
 /* Benchmark probe: the family's GEMM micro-kernel alone, on packed panels
  * that stay in L1 (A: MR x kc, B: kc x NR), accumulating into one MR x NR
