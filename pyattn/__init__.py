@@ -23,11 +23,14 @@ except ImportError:
         "(run from the folder holding pyproject.toml), or run Python from another folder to use "
         "the installed copy."
     ) from None
-from ._api import matmul, multi_head_attention, scaled_dot_product_attention, softmax
+from ._api import (attention_with_kvcache, matmul, merge_attention, multi_head_attention,
+                   scaled_dot_product_attention, softmax)
+from ._kvcache import KVCache
 
 __version__ = "0.1.0"
 __all__ = [
     "matmul", "softmax", "scaled_dot_product_attention", "multi_head_attention",
+    "merge_attention", "attention_with_kvcache", "KVCache",
     "set_num_threads", "get_num_threads", "show_config", "nn", "__version__",
 ]
 

@@ -1,13 +1,14 @@
-from typing import Any, Literal, Optional, Tuple, Union, overload
+from typing import Any, Literal, Optional, Sequence, Tuple, Union, overload
 
 import numpy as np
-from numpy.typing import ArrayLike, NDArray
+from numpy.typing import ArrayLike, DTypeLike, NDArray
 
 from . import nn as nn
 
 __version__: str
 __all__ = [
     "matmul", "softmax", "scaled_dot_product_attention", "multi_head_attention",
+    "merge_attention", "attention_with_kvcache", "KVCache",
     "set_num_threads", "get_num_threads", "show_config", "nn", "__version__",
 ]
 
@@ -19,20 +20,70 @@ def softmax(
     x: ArrayLike, /, axis: int = ..., *, dim: Optional[int] = ..., attn_mask: Optional[ArrayLike] = ...,
     is_causal: _Causal = ..., scale: Optional[float] = ..., out: Optional[NDArray[Any]] = ...,
 ) -> NDArray[np.floating[Any]]: ...
+_F = NDArray[np.floating[Any]]
+_Window = Optional[Tuple[Optional[int], Optional[int]]]
+
 @overload
 def scaled_dot_product_attention(
     query: ArrayLike, key: ArrayLike, value: ArrayLike, attn_mask: Optional[ArrayLike] = ...,
     dropout_p: float = ..., is_causal: _Causal = ..., scale: Optional[float] = ...,
     enable_gqa: bool = ..., *, rng: _Rng = ..., return_weights: Literal[False] = ...,
-    out: Optional[NDArray[Any]] = ...,
-) -> NDArray[np.floating[Any]]: ...
+    out: Optional[NDArray[Any]] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
+    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., return_lse: Literal[False] = ...,
+) -> _F: ...
 @overload
 def scaled_dot_product_attention(
     query: ArrayLike, key: ArrayLike, value: ArrayLike, attn_mask: Optional[ArrayLike] = ...,
     dropout_p: float = ..., is_causal: _Causal = ..., scale: Optional[float] = ...,
     enable_gqa: bool = ..., *, rng: _Rng = ..., return_weights: Literal[True],
+    out: Optional[NDArray[Any]] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
+    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., return_lse: Literal[False] = ...,
+) -> Tuple[_F, _F]: ...
+@overload
+def scaled_dot_product_attention(
+    query: ArrayLike, key: ArrayLike, value: ArrayLike, attn_mask: Optional[ArrayLike] = ...,
+    dropout_p: float = ..., is_causal: _Causal = ..., scale: Optional[float] = ...,
+    enable_gqa: bool = ..., *, rng: _Rng = ..., return_weights: Literal[False] = ...,
+    out: Optional[NDArray[Any]] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
+    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., return_lse: Literal[True],
+) -> Tuple[_F, _F]: ...
+@overload
+def scaled_dot_product_attention(
+    query: ArrayLike, key: ArrayLike, value: ArrayLike, attn_mask: Optional[ArrayLike] = ...,
+    dropout_p: float = ..., is_causal: _Causal = ..., scale: Optional[float] = ...,
+    enable_gqa: bool = ..., *, rng: _Rng = ..., return_weights: Literal[True],
+    out: Optional[NDArray[Any]] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
+    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., return_lse: Literal[True],
+) -> Tuple[_F, _F, _F]: ...
+def merge_attention(outputs: Union[ArrayLike, Sequence[ArrayLike]], lses: Union[ArrayLike, Sequence[ArrayLike]], /) -> Tuple[_F, _F]: ...
+@overload
+def attention_with_kvcache(
+    query: ArrayLike, k_cache: NDArray[Any], v_cache: NDArray[Any], key: Optional[ArrayLike] = ...,
+    value: Optional[ArrayLike] = ..., *, cache_seqlens: Union[int, ArrayLike], is_causal: bool = ...,
+    scale: Optional[float] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
+    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., return_lse: Literal[False] = ...,
     out: Optional[NDArray[Any]] = ...,
-) -> Tuple[NDArray[np.floating[Any]], NDArray[np.floating[Any]]]: ...
+) -> _F: ...
+@overload
+def attention_with_kvcache(
+    query: ArrayLike, k_cache: NDArray[Any], v_cache: NDArray[Any], key: Optional[ArrayLike] = ...,
+    value: Optional[ArrayLike] = ..., *, cache_seqlens: Union[int, ArrayLike], is_causal: bool = ...,
+    scale: Optional[float] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
+    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., return_lse: Literal[True],
+    out: Optional[NDArray[Any]] = ...,
+) -> Tuple[_F, _F]: ...
+
+class KVCache:
+    k: NDArray[Any]
+    v: NDArray[Any]
+    lengths: NDArray[np.int64]
+    def __init__(self, batch: int, num_kv_heads: int, max_len: int, head_dim: int,
+                 value_dim: Optional[int] = ..., dtype: DTypeLike = ...) -> None: ...
+    @property
+    def max_len(self) -> int: ...
+    def attend(self, query: ArrayLike, key: ArrayLike, value: ArrayLike, **kw: Any) -> Any: ...
+    def reset(self) -> None: ...
+
 def multi_head_attention(
     query: ArrayLike, key: ArrayLike, value: ArrayLike, num_heads: int,
     w_q: ArrayLike, w_k: ArrayLike, w_v: ArrayLike, w_o: Optional[ArrayLike] = ...,

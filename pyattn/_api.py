@@ -7,7 +7,7 @@ import numpy as np
 
 from . import _C
 from ._checks import (
-    as_array, bcast, broadcast_shapes, causal_code, check_out, compute_dtype, dropout_key,
+    as_array, bcast, broadcast_shapes, causal_code, check_numeric, check_out, compute_dtype, dropout_key,
     dropout_p_value, index_value, out_for_kernel, per_head, prep_mask, real_scalar, softcap_value,
     split_axis, to_dtype, window_value,
 )
@@ -482,3 +482,216 @@ def multi_head_attention(query, key, value, num_heads, w_q, w_k, w_v, w_o=None,
         w = r[1][0] if unbatched else r[1]
         return res, w
     return res
+
+
+def merge_attention(outputs, lses, /):
+    """Combine attention results over disjoint key sets into the result over their union.
+
+    ``out = sum_p exp(lse_p - lse) * out_p`` and ``lse = logaddexp`` over the
+    parts ``p`` (split-KV / ring attention): each part is a
+    ``scaled_dot_product_attention(..., return_lse=True)`` result over some
+    of the keys. Rows with every ``lse_p = -inf`` (nothing admissible in any
+    part) give 0 and ``-inf``; a part with ``lse_p = -inf`` is not read for
+    that row, so NaN there does not spread. Sinks belong to exactly one part.
+    Computed in C, parts combined in order.
+
+    Parameters
+    ----------
+    outputs : array_like ``(P, ..., L, Ev)``, or a sequence of P ``(..., L, Ev)`` arrays (stacked)
+    lses : array_like ``(P, ..., L)``, or a sequence of P ``(..., L)`` arrays
+
+    Returns
+    -------
+    (out ``(..., L, Ev)``, lse ``(..., L)``): float32 when both are float32
+    (or float16), float64 otherwise.
+
+    Raises
+    ------
+    ValueError
+        ``outputs`` under 3-D (after stacking); ``lses`` whose shape is not
+        ``outputs.shape[:-1]``; sequences of arrays whose shapes differ.
+    TypeError
+        Non-numeric input.
+
+    Examples
+    --------
+    >>> import numpy as np, pyattn
+    >>> q, k, v = np.random.default_rng(0).standard_normal((3, 4, 8, 16))
+    >>> o1, l1 = pyattn.scaled_dot_product_attention(q, k[:, :5], v[:, :5], return_lse=True)
+    >>> o2, l2 = pyattn.scaled_dot_product_attention(q, k[:, 5:], v[:, 5:], return_lse=True)
+    >>> out, lse = pyattn.merge_attention([o1, o2], [l1, l2])
+    >>> bool(np.allclose(out, pyattn.scaled_dot_product_attention(q, k, v)))
+    True
+    """
+    def stacked(x, name):
+        if isinstance(x, (list, tuple)):
+            parts = [as_array(p, f"{name}[{i}]") for i, p in enumerate(x)]
+            if len({p.shape for p in parts}) > 1:
+                raise ValueError(f"{name}: the parts have different shapes {[p.shape for p in parts]}")
+            if not parts:
+                raise ValueError(f"{name} is an empty sequence; give at least one part")
+            return np.stack(parts)
+        return as_array(x, name)
+    o = stacked(outputs, "outputs")
+    ls = stacked(lses, "lses")
+    if o.ndim < 3:
+        raise ValueError(f"outputs must be (P, ..., L, Ev) with at least 3 dimensions, got shape {o.shape}")
+    if ls.shape != o.shape[:-1]:
+        raise ValueError(f"lses has shape {ls.shape}; expected outputs.shape[:-1] = {o.shape[:-1]}")
+    dt = compute_dtype((o, "outputs"), (ls, "lses"))
+    return _C.merge(to_dtype(o, dt), to_dtype(ls, dt))
+
+
+def _cache_array(x, name, writeable):
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray (it is read, and written, in place), "
+                        f"got {type(x).__name__}")
+    if x.dtype not in (np.float32, np.float64):
+        raise TypeError(f"{name} must be float32 or float64, got dtype {x.dtype}")
+    if x.ndim != 4:
+        raise ValueError(f"{name} must be (B, Hkv, S_max, E), got shape {x.shape}")
+    if writeable and not x.flags.writeable:
+        raise ValueError(f"{name} is read-only, but key/value were given to be written into it")
+    return x
+
+
+def _seqlens(cache_seqlens, B):
+    """(B,) int64 from an int or a (B,) integer array (never modified)."""
+    if cache_seqlens is None:
+        raise TypeError("cache_seqlens is required: an int or a (B,) integer array of filled rows")
+    if isinstance(cache_seqlens, (bool, np.bool_)):
+        raise TypeError(f"cache_seqlens must be an int or a (B,) integer array, got {cache_seqlens!r}")
+    n = as_array(cache_seqlens, "cache_seqlens")
+    if n.dtype.kind not in "iu":
+        raise TypeError(f"cache_seqlens must be integers, got dtype {n.dtype}")
+    if n.ndim == 0:
+        n = np.full(B, int(n), dtype=np.int64)
+    elif n.shape != (B,):
+        raise ValueError(f"cache_seqlens has shape {n.shape}; expected an int or shape ({B},)")
+    n = n.astype(np.int64)
+    if (n < 0).any():
+        raise ValueError(f"cache_seqlens must be >= 0, got {n.tolist()}")
+    return n
+
+
+def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cache_seqlens,
+                           is_causal=True, scale=None, window=None, alibi_slopes=None,
+                           softcap=None, sinks=None, return_lse=False, out=None):
+    """Attention over a KV cache, appending new keys/values in place first (FlashAttention's
+    ``flash_attn_with_kvcache``).
+
+    Shapes: ``query (B, Hq, T, E)``; ``k_cache (B, Hkv, S_max, E)``,
+    ``v_cache (B, Hkv, S_max, Ev)`` with ``Hq % Hkv == 0`` (GQA / MQA: the
+    caches are read in place, never repeated); ``key``/``value (B, Hkv, T, E/Ev)``
+    -> ``(B, Hq, T, Ev)``.
+
+    With ``key``/``value``, they are written (converted to the cache dtype)
+    into rows ``[n_b, n_b + T)`` of each sequence ``b`` (``n = cache_seqlens``),
+    then query row ``t`` sits at position ``n_b + t`` and sees keys
+    ``[0, n_b + T)``; without them, keys ``[0, n_b)`` with query ``t`` at
+    ``n_b - T + t``. ``is_causal`` is bottom-right causal on those positions.
+    Only those cache rows are written; ``cache_seqlens`` is not modified (see
+    :class:`pyattn.KVCache`, which advances its lengths). Everything is
+    checked before anything is written.
+
+    Decode (``T = 1``) over long caches splits the keys into fixed chunks
+    across threads (bit-identical for any thread count).
+
+    Parameters
+    ----------
+    query : array_like, converted to the caches' dtype (the compute dtype)
+    k_cache, v_cache : ndarray, float32 or float64 (one dtype for both)
+    key, value : array_like, optional (both or neither)
+    cache_seqlens : int or (B,) integer array
+    is_causal : bool, default True
+    scale, window, alibi_slopes, softcap, sinks, return_lse :
+        As in :func:`scaled_dot_product_attention` (positions are cache positions).
+    out : ndarray, optional
+
+    Returns
+    -------
+    ndarray ``(B, Hq, T, Ev)`` of the caches' dtype, or ``(out, lse)``.
+
+    Raises
+    ------
+    ValueError
+        Shapes that do not match (caches, query, key/value); query heads
+        not a multiple of the cache heads; ``cache_seqlens`` negative, of
+        the wrong shape, or past ``S_max`` (with the new rows: ``n_b + T >
+        S_max``); a read-only cache when key/value are given; only one of
+        key and value; and the structured-mask errors of
+        :func:`scaled_dot_product_attention`.
+    TypeError
+        Caches that are not float32/float64 ndarrays, ``cache_seqlens`` not
+        integers, non-numeric key/value.
+
+    Examples
+    --------
+    >>> import numpy as np, pyattn
+    >>> kc = np.zeros((1, 2, 16, 8), np.float32); vc = np.zeros_like(kc)
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = rng.standard_normal((3, 1, 2, 4, 8)).astype(np.float32)
+    >>> o = pyattn.attention_with_kvcache(q, kc, vc, k, v, cache_seqlens=0)
+    >>> bool(np.allclose(o, pyattn.scaled_dot_product_attention(q, k, v, is_causal=True), atol=1e-6))
+    True
+    """
+    if (key is None) != (value is None):
+        raise ValueError("give both key and value to append, or neither")
+    new = key is not None
+    kc = _cache_array(k_cache, "k_cache", new)
+    vc = _cache_array(v_cache, "v_cache", new)
+    if kc.dtype != vc.dtype:
+        raise TypeError(f"k_cache ({kc.dtype}) and v_cache ({vc.dtype}) must have one dtype")
+    B, Hkv, S_max, E = kc.shape
+    if vc.shape[:3] != (B, Hkv, S_max):
+        raise ValueError(f"v_cache has shape {vc.shape} and k_cache {kc.shape}: their first three "
+                         "axes (B, Hkv, S_max) must match")
+    Ev = vc.shape[3]
+    q = as_array(query, "query")
+    check_numeric(q, "query")
+    if q.ndim != 4:
+        raise ValueError(f"query must be (B, Hq, T, E), got shape {q.shape}")
+    if q.shape[0] != B or q.shape[3] != E:
+        raise ValueError(f"query has shape {q.shape} and k_cache {kc.shape}: B and E must match")
+    Hq, T = q.shape[1], q.shape[2]
+    if Hkv == 0 or Hq % Hkv:
+        raise ValueError(f"the query heads ({Hq}) must be a multiple of the cache heads "
+                         f"(k_cache shape {kc.shape})")
+    n = _seqlens(cache_seqlens, B)
+    if new:
+        kn, vn = as_array(key, "key"), as_array(value, "value")
+        for x, nm, last in ((kn, "key", E), (vn, "value", Ev)):
+            check_numeric(x, nm)
+            if x.shape != (B, Hkv, T, last):
+                raise ValueError(f"{nm} has shape {x.shape}; expected {(B, Hkv, T, last)} "
+                                 "(B, cache heads, the query's T, head dim)")
+        if (n + T > S_max).any():
+            raise ValueError(f"cache_seqlens + T exceeds the cache: {n.tolist()} + {T} > S_max = "
+                             f"{S_max}; nothing was written")
+    elif (n > S_max).any():
+        raise ValueError(f"cache_seqlens {n.tolist()} exceeds S_max = {S_max}")
+    if not isinstance(is_causal, (bool, np.bool_)):
+        raise TypeError(f"is_causal must be a bool here (bottom-right causal on cache positions), "
+                        f"got {is_causal!r}")
+    # every argument check the attention does, before any write
+    window_value(window)
+    softcap_value(softcap)
+    for arr, nm, doc in ((alibi_slopes, "alibi_slopes", "(Hq,) or (B, Hq)"), (sinks, "sinks", "(Hq,)")):
+        if arr is not None:
+            per_head(arr, nm, (B, Hq), doc)
+    sc = (1.0 / math.sqrt(E) if E > 0 else 1.0) if scale is None else real_scalar(scale, "scale")
+    if out is not None:
+        check_out(out, (B, Hq, T, Ev), kc.dtype)
+    if new:
+        if (n == n[0]).all():
+            kc[:, :, n[0]:n[0] + T] = kn
+            vc[:, :, n[0]:n[0] + T] = vn
+        else:
+            for b in range(B):
+                kc[b, :, n[b]:n[b] + T] = kn[b]
+                vc[b, :, n[b]:n[b] + T] = vn[b]
+        n = n + T
+    qd = to_dtype(q, kc.dtype)
+    return _sdpa(qd, kc, vc, None, 0.0, "bottom_right" if is_causal else False, sc,
+                 Hq != Hkv, None, False, out, window, alibi_slopes, softcap, sinks, return_lse,
+                 n[:, None])

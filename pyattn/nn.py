@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._api import multi_head_attention
-from ._checks import check_numeric, compute_dtype, index_value
+from ._api import _linear, multi_head_attention
+from ._checks import check_numeric, compute_dtype, index_value, to_dtype
+from ._kvcache import KVCache
 
 __all__ = ["SelfAttention", "CausalAttention", "MultiHeadAttention"]
 
@@ -163,12 +164,64 @@ class _Attention:
             setattr(self, attr, a)
         return self
 
+    # -- generation -----------------------------------------------------------
+    def new_cache(self, batch, max_len, dtype=np.float32):
+        """A :class:`pyattn.KVCache` for this layer: ``batch`` sequences of up to
+        ``max_len`` tokens, one cache head per attention head (``d_out / num_heads``
+        features), float32 (default) or float64."""
+        hd = self.d_out // self.num_heads
+        return KVCache(batch, self.num_heads, max_len, hd, hd, dtype)
+
+    def _call_cached(self, x, cache, attn_mask, return_weights):
+        """x (B, T, d_in) or (T, d_in): only the new tokens; their keys and
+        values are appended to cache, and they attend to everything cached."""
+        if not isinstance(cache, KVCache):
+            raise TypeError(f"cache must be a pyattn.KVCache (layer.new_cache(...)), got {type(cache).__name__}")
+        if attn_mask is not None or return_weights:
+            raise ValueError("attn_mask and return_weights are not available with a cache")
+        if self.training and self.dropout > 0:
+            raise ValueError("a cache is for inference: call layer.eval() first (dropout is on in training mode)")
+        H, hd = self.num_heads, self.d_out // self.num_heads
+        B = 1 if x.ndim == 2 else x.shape[0]
+        if cache.k.shape[:2] != (B, H) or cache.k.shape[3] != hd or cache.v.shape[3] != hd:
+            raise ValueError(f"cache {cache!r} does not fit this layer and input: expected batch {B}, "
+                             f"{H} heads of {hd} features (layer.new_cache(batch, max_len))")
+        T = x.shape[-2]
+        if self.context_length is not None and (cache.lengths + T > self.context_length).any():
+            raise ValueError(f"the cache holds {cache.lengths.tolist()} tokens; {T} more exceed "
+                             f"context_length={self.context_length}")
+        dt = cache.k.dtype
+        x3 = to_dtype(x if x.ndim == 3 else x[None], dt)
+
+        def heads(w, b):
+            return _linear(x3, w, b, dt).reshape(B, T, H, hd).transpose(0, 2, 1, 3)
+
+        q = heads(self.W_query, self.b_query)
+        k = heads(self.W_key, self.b_key)
+        v = heads(self.W_value, self.b_value)
+        ctx = np.empty((B, T, H, hd), dt)
+        cache.attend(q, k, v, is_causal=bool(self.causal), out=ctx.transpose(0, 2, 1, 3))
+        out = ctx.reshape(B, T, self.d_out)
+        if self._has_out:
+            out = _linear(out, self.out_proj_weight, self.out_proj_bias, dt)
+        return out if x.ndim == 3 else out[0]
+
     # -- forward --------------------------------------------------------------
-    def __call__(self, x, attn_mask=None, return_weights=False):
-        """x (B, T, d_in) or (T, d_in) -> (B, T, d_out) [, weights (B, H, T, T)]."""
+    def __call__(self, x, attn_mask=None, return_weights=False, *, cache=None):
+        """x (B, T, d_in) or (T, d_in) -> (B, T, d_out) [, weights (B, H, T, T)].
+
+        With ``cache`` (from :meth:`new_cache`), ``x`` holds only the new
+        tokens: their keys and values are appended to the cache and they
+        attend to every cached token (causally within themselves for causal
+        layers), so generating token by token gives the rows of the
+        full-sequence call. Inference only (eval mode or no dropout), no
+        ``attn_mask`` or weights; the result has the cache's dtype.
+        """
         x = np.asarray(x) if not isinstance(x, np.ndarray) else x
         if x.ndim not in (2, 3) or x.shape[-1] != self.d_in:
             raise ValueError(f"x must have shape (B, T, {self.d_in}) or (T, {self.d_in}), got {x.shape}")
+        if cache is not None:
+            return self._call_cached(x, cache, attn_mask, return_weights)
         T = x.shape[-2]
         if self.context_length is not None and T > self.context_length:
             raise ValueError(f"x has {T} tokens (shape {x.shape}), more than context_length={self.context_length}")

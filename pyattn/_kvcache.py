@@ -1,0 +1,86 @@
+"""pyattn.KVCache: preallocated key/value caches for generation."""
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+
+from ._api import attention_with_kvcache
+
+__all__ = ["KVCache"]
+
+
+class KVCache:
+    """Key/value caches of ``batch`` sequences, filled token by token.
+
+    ``k (B, Hkv, max_len, E)`` and ``v (B, Hkv, max_len, Ev)`` are allocated
+    once (zeros); ``lengths (B,)`` int64 counts the rows filled per sequence.
+    :meth:`attend` writes new keys/values after the filled rows, attends
+    (bottom-right causal by default, GQA when the query has more heads) and
+    advances ``lengths``. Nothing is written when a call raises.
+
+    Parameters
+    ----------
+    batch, num_kv_heads, max_len, head_dim : int
+    value_dim : int, optional (default ``head_dim``)
+    dtype : float32 (default) or float64
+
+    Examples
+    --------
+    >>> import numpy as np, pyattn
+    >>> cache = pyattn.KVCache(1, 2, 32, 8)
+    >>> rng = np.random.default_rng(0)
+    >>> for t in range(3):
+    ...     q, k, v = rng.standard_normal((3, 1, 2, 1, 8)).astype(np.float32)
+    ...     o = cache.attend(q, k, v)
+    >>> cache.lengths
+    array([3])
+    """
+
+    def __init__(self, batch, num_kv_heads, max_len, head_dim, value_dim=None, dtype=np.float32):
+        dims = []
+        for n, name in ((batch, "batch"), (num_kv_heads, "num_kv_heads"), (max_len, "max_len"),
+                        (head_dim, "head_dim"), (head_dim if value_dim is None else value_dim, "value_dim")):
+            try:
+                n = operator.index(n)
+            except TypeError:
+                raise TypeError(f"{name} must be an integer, got {n!r}") from None
+            if n < 0 or (n == 0 and name == "num_kv_heads"):
+                raise ValueError(f"{name} must be {'positive' if name == 'num_kv_heads' else '>= 0'}, got {n}")
+            dims.append(n)
+        dt = np.dtype(dtype)
+        if dt not in (np.float32, np.float64):
+            raise TypeError(f"dtype must be float32 or float64, got {dt}")
+        B, H, S, E, Ev = dims
+        self.k = np.zeros((B, H, S, E), dt)
+        self.v = np.zeros((B, H, S, Ev), dt)
+        self.lengths = np.zeros(B, np.int64)
+
+    @property
+    def max_len(self) -> int:
+        """Rows each sequence can hold."""
+        return self.k.shape[2]
+
+    def attend(self, query, key, value, **kw):
+        """Write ``key``/``value (B, Hkv, T, E/Ev)`` at rows ``[lengths, lengths + T)``,
+        attend ``query (B, Hq, T, E)`` over the filled rows, advance ``lengths`` by T.
+
+        Keyword arguments go to :func:`pyattn.attention_with_kvcache`
+        (``is_causal``, ``scale``, ``window``, ``alibi_slopes``, ``softcap``,
+        ``sinks``, ``return_lse``, ``out``). Raises ``ValueError`` (nothing
+        written, lengths unchanged) when the new rows do not fit.
+        """
+        if "cache_seqlens" in kw:
+            raise TypeError("KVCache.attend takes its lengths from the cache; do not pass cache_seqlens")
+        res = attention_with_kvcache(query, self.k, self.v, key, value, cache_seqlens=self.lengths, **kw)
+        self.lengths += np.shape(key)[2]
+        return res
+
+    def reset(self) -> None:
+        """Forget every sequence (lengths to 0; the rows are overwritten later)."""
+        self.lengths[:] = 0
+
+    def __repr__(self) -> str:
+        B, H, S, E = self.k.shape
+        return (f"KVCache(batch={B}, num_kv_heads={H}, max_len={S}, head_dim={E}, "
+                f"value_dim={self.v.shape[3]}, dtype={self.k.dtype}, lengths={self.lengths.tolist()})")
