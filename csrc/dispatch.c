@@ -23,7 +23,7 @@ static int pa_detect_isa(void)
 #if defined(PA_HAVE_X86_KERNELS)
     unsigned int a, b, c, d;
     if (!__get_cpuid(1, &a, &b, &c, &d)) return PA_ISA_GENERIC;
-    int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, fma = (c >> 12) & 1;
+    int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, fma = (c >> 12) & 1, f16c = (c >> 29) & 1;
     if (!osxsave || !avx) return PA_ISA_GENERIC;
     unsigned long long xcr0 = pa_xgetbv0();
     if ((xcr0 & 0x6) != 0x6) return PA_ISA_GENERIC;            /* XMM + YMM state */
@@ -31,7 +31,7 @@ static int pa_detect_isa(void)
     int avx2 = (b >> 5) & 1;
     int avx512f = (b >> 16) & 1, avx512dq = (b >> 17) & 1;
     int avx512bw = (b >> 30) & 1, avx512vl = (b >> 31) & 1;
-    if (!avx2 || !fma) return PA_ISA_GENERIC;
+    if (!avx2 || !fma || !f16c) return PA_ISA_GENERIC;
     if (avx512f && avx512dq && avx512bw && avx512vl && (xcr0 & 0xe6) == 0xe6)
         return PA_ISA_AVX512;                                  /* + opmask, ZMM state */
     return PA_ISA_AVX2;

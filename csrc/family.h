@@ -73,18 +73,24 @@ typedef void (*pa_softmax_fn)(const pa_softmax_row *r);
 typedef double (*pa_fma_probe_fn)(long long iters, float *sink);
 typedef float (*pa_read_probe_fn)(const float *p, size_t n);
 
+/* Widening: n contiguous 16-bit values (float16 or bfloat16 bits) to
+ * float32, exactly. The frame calls it on tiles of 16-bit operands. */
+typedef void (*pa_widen_fn)(float *dst, const uint16_t *src, pa_ssize n);
+
 typedef struct { pa_tilesm_fn fn; const char *name; } pa_tilesm_kernel;
+typedef struct { pa_widen_fn fn; const char *name; } pa_widen_kernel;
 typedef struct { pa_softmax_fn fn; const char *name; } pa_softmax_kernel;
 
 typedef struct pa_family {
     const char *name;                       /* PYATTN_ISA's word, e.g. "avx2" */
     int isa;                                /* PA_ISA_* */
-    pa_gemm_kernel gemm[PA_NDTYPES];
-    pa_tilesm_kernel tilesm[PA_NDTYPES];
-    pa_softmax_kernel softmax[PA_NDTYPES];
-    int attn_bq[PA_NDTYPES];                /* flash query block: a multiple of
+    pa_gemm_kernel gemm[PA_NCOMPUTE];
+    pa_tilesm_kernel tilesm[PA_NCOMPUTE];
+    pa_softmax_kernel softmax[PA_NCOMPUTE];
+    int attn_bq[PA_NCOMPUTE];               /* flash query block: a multiple of
                                                lcm(MR, NR) of the gemm kernel */
-    const char *attn_name[PA_NDTYPES];
+    const char *attn_name[PA_NCOMPUTE];
+    pa_widen_kernel widen[2];               /* [0] float16, [1] bfloat16 */
     pa_fma_probe_fn fma_probe;              /* NULL: no SIMD probe */
     int fma_lanes;                          /* float32 lanes of the probe */
     pa_read_probe_fn read_probe;

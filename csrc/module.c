@@ -26,7 +26,9 @@
 #include "cpu.h"
 #include "ops/ops.h"
 
-#define PA_BOOL 2   /* view dtype code for bool masks */
+#define PA_BOOL 100 /* view dtype code for bool masks (beyond the pa_dtypes codes) */
+#define PA_ALLOW_BOOL 1
+#define PA_ALLOW_16 2 /* float16 arrays, and uint16 arrays holding bfloat16 bits */
 
 typedef struct {
     PyArrayObject *arr;     /* borrowed */
@@ -49,7 +51,7 @@ static const char *dtype_name(int d)
 }
 
 /* Validate obj as an ndarray the kernels can read (or write) in place. */
-static int get_view(PyObject *obj, const char *name, int min_nd, int allow_bool,
+static int get_view(PyObject *obj, const char *name, int min_nd, int allow,
                     int writeable, view *v)
 {
     if (!PyArray_Check(obj)) {
@@ -61,10 +63,13 @@ static int get_view(PyObject *obj, const char *name, int min_nd, int allow_bool,
     int tn = PyArray_TYPE(a);
     if (tn == NPY_FLOAT32) v->dtype = PA_F32;
     else if (tn == NPY_FLOAT64) v->dtype = PA_F64;
-    else if (tn == NPY_BOOL && allow_bool) v->dtype = PA_BOOL;
+    else if (tn == NPY_BOOL && (allow & PA_ALLOW_BOOL)) v->dtype = PA_BOOL;
+    else if (tn == NPY_HALF && (allow & PA_ALLOW_16)) v->dtype = PA_F16;
+    else if (tn == NPY_UINT16 && (allow & PA_ALLOW_16)) v->dtype = PA_BF16;
     else {
         PyErr_Format(PyExc_TypeError, "%s must be float32 or float64%s", name,
-                     allow_bool ? " (or bool)" : "");
+                     (allow & PA_ALLOW_BOOL) ? " (or bool)" :
+                     (allow & PA_ALLOW_16) ? " (or float16, or uint16 holding bfloat16 bits)" : "");
         return -1;
     }
     if (!PyArray_ISNOTSWAPPED(a) || !PyArray_ISALIGNED(a)) {
@@ -265,7 +270,7 @@ static int get_mask(PyObject *mo, const view *like, int dtype, view *m, int *kin
 {
     *kind = PA_MASK_NONE;
     if (mo == Py_None) return 0;
-    if (get_view(mo, "attn_mask", 1, 1, 0, m) < 0) return -1;
+    if (get_view(mo, "attn_mask", 1, PA_ALLOW_BOOL, 0, m) < 0) return -1;
     if (m->dtype != PA_BOOL && m->dtype != dtype) {
         PyErr_Format(PyExc_TypeError, "attn_mask must be bool or %s, got %s",
                      dtype_name(dtype), dtype_name(m->dtype));
@@ -380,11 +385,27 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
                                      &outo, &mo, &causal, &scale, &dropout_p, &key, &want_w,
                                      &want_lse, &left, &right, &softcap, &slo, &sio, &kvo))
         return NULL;
-    if (get_view(qo, "query", 2, 0, 0, &q) < 0 || get_view(ko, "key", 2, 0, 0, &k) < 0 ||
-        get_view(vo, "value", 2, 0, 0, &v) < 0)
+    if (get_view(qo, "query", 2, PA_ALLOW_16, 0, &q) < 0 ||
+        get_view(ko, "key", 2, PA_ALLOW_16, 0, &k) < 0 ||
+        get_view(vo, "value", 2, PA_ALLOW_16, 0, &v) < 0)
         goto fail;
-    if (q.dtype != k.dtype || q.dtype != v.dtype) {
-        PyErr_SetString(PyExc_TypeError, "query, key and value must have one dtype");
+    /* the compute dtype: that of the float32/float64 operands (one), float32
+     * when all are 16-bit; 16-bit storage only with float32 compute */
+    int cd = -1, n16 = 0;
+    const view *qkv[3] = {&q, &k, &v};
+    for (int t = 0; t < 3; t++) {
+        const int d = qkv[t]->dtype;
+        if (d == PA_F16 || d == PA_BF16) { n16++; continue; }
+        if (cd >= 0 && cd != d) {
+            PyErr_SetString(PyExc_TypeError, "query, key and value must have one compute dtype");
+            goto fail;
+        }
+        cd = d;
+    }
+    if (cd < 0) cd = PA_F32;
+    if (n16 && cd != PA_F32) {
+        PyErr_SetString(PyExc_TypeError, "16-bit query, key or value compute in float32: the others "
+                                         "must be float32 or 16-bit");
         goto fail;
     }
     if (check_causal(causal) < 0) goto fail;
@@ -405,21 +426,21 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
     if (v.shape[nd - 2] != S) { shape_error("value", &v, "key", &k); goto fail; }
     scores = q;
     scores.shape[nd - 1] = S;
-    if (get_mask(mo, &scores, q.dtype, &m, &kind) < 0) goto fail;
+    if (get_mask(mo, &scores, cd, &m, &kind) < 0) goto fail;
     pa_ssize oshape[PA_MAXDIMS];
     memcpy(oshape, q.shape, sizeof(pa_ssize) * (size_t)nd);
     oshape[nd - 1] = Ev;
-    res = get_out(outo, nd, oshape, q.dtype, &o, "attention output");
+    res = get_out(outo, nd, oshape, cd, &o, "attention output");
     if (!res) goto fail;
     if (want_w) {
-        wres = get_out(Py_None, nd, scores.shape, q.dtype, &w, "attention weights");
+        wres = get_out(Py_None, nd, scores.shape, cd, &w, "attention weights");
         if (!wres) goto fail;
     }
     pa_batch bt;
     pa_operand Q, Kk, V, Mk, O, W, Lse;
     batch_of(&q, nb, &bt);
     pa_attn_opts opts = {causal, left < 0 ? -1 : (pa_ssize)left, right < 0 ? -1 : (pa_ssize)right,
-                         softcap, NULL, NULL, NULL, NULL};
+                         softcap, NULL, NULL, NULL, NULL, q.dtype, k.dtype, v.dtype};
     const void *pp;
     if (get_perbatch(slo, "alibi_slopes", NPY_FLOAT64, bt.count, &pp) < 0) goto fail;
     opts.slopes = (const double *)pp;
@@ -435,7 +456,7 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
     if (want_lse) {
         pa_ssize lshape[PA_MAXDIMS];
         memcpy(lshape, q.shape, sizeof(pa_ssize) * (size_t)(nb + 1));
-        lres = get_out(Py_None, nb + 1, lshape, q.dtype, &lv, "log-sum-exp");
+        lres = get_out(Py_None, nb + 1, lshape, cd, &lv, "log-sum-exp");
         if (!lres) goto fail;
         operand_of(&lv, nb, &Lse);
         opts.lse = &Lse;
@@ -449,7 +470,7 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
     int rc, nt = pa_get_num_threads();
     const pa_family *fam = family;
     Py_BEGIN_ALLOW_THREADS
-    rc = pa_attention(fam, q.dtype, &bt, L, S, E, Ev, &Q, &Kk, &V, kind ? &Mk : NULL, kind, &opts,
+    rc = pa_attention(fam, cd, &bt, L, S, E, Ev, &Q, &Kk, &V, kind ? &Mk : NULL, kind, &opts,
                       scale, dropout_p, (uint64_t)key, &O, want_w ? &W : NULL, nt);
     Py_END_ALLOW_THREADS
     if (rc < 0) { PyErr_NoMemory(); goto fail; }

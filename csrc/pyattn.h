@@ -31,10 +31,11 @@ typedef ptrdiff_t pa_ssize;
 
 /* ---- element types ------------------------------------------------------
  * One descriptor per dtype: the type an operand is stored in, the type its
- * arithmetic runs in, and the stored size. Today storage == compute; a
- * 16-bit storage type (float16, bfloat16) is a row here with compute
- * PA_F32, whose widening happens where the frame packs or reads operands. */
-enum { PA_F32 = 0, PA_F64 = 1, PA_NDTYPES = 2 };
+ * arithmetic runs in, and the stored size. The 16-bit storage types
+ * (float16, bfloat16) compute in PA_F32: the frame widens them where it
+ * packs or reads operands (a tile at a time, never a copy of the array). */
+enum { PA_F32 = 0, PA_F64 = 1, PA_NCOMPUTE = 2,      /* compute dtypes: index families */
+       PA_F16 = 2, PA_BF16 = 3, PA_NDTYPES = 4 };    /* + storage-only dtypes */
 
 typedef struct {
     const char *name;       /* NumPy's name: "float32" */
@@ -45,6 +46,33 @@ typedef struct {
 extern const pa_dtype_info pa_dtypes[PA_NDTYPES];   /* ops/common.c */
 
 static inline size_t pa_elsize(int dtype) { return pa_dtypes[dtype].size; }
+
+/* 16-bit -> float32, exactly (portable C; the families have SIMD twins). */
+static inline float pa_bits_f32(uint32_t u)
+{
+    union { uint32_t u; float f; } c;
+    c.u = u;
+    return c.f;
+}
+static inline float pa_bf16_to_f32(uint16_t h) { return pa_bits_f32((uint32_t)h << 16); }
+static inline float pa_f16_to_f32(uint16_t h)
+{
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    const uint32_t ex = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    if (ex == 0x1f) return pa_bits_f32(sign | 0x7f800000u | (man << 13));   /* inf, NaN */
+    if (ex != 0) return pa_bits_f32(sign | ((ex + 112u) << 23) | (man << 13));
+    /* zero or subnormal: man * 2^-24, exact in float32 */
+    const float v = (float)man * 5.9604644775390625e-08f;
+    return sign ? -v : v;
+}
+
+/* Element idx of an operand stored as sd, as float (sd: PA_F32, PA_F16, PA_BF16). */
+static inline float pa_load_f32(const void *p, pa_ssize idx, int sd)
+{
+    if (sd == PA_F32) return ((const float *)p)[idx];
+    const uint16_t h = ((const uint16_t *)p)[idx];
+    return sd == PA_BF16 ? pa_bf16_to_f32(h) : pa_f16_to_f32(h);
+}
 
 /* a*b for sizes; returns 0 (and leaves *r untouched) on overflow. */
 static inline int pa_mul_ok(size_t a, size_t b, size_t *r)

@@ -8,8 +8,8 @@ import numpy as np
 from . import _C
 from ._checks import (
     as_array, bcast, broadcast_shapes, causal_code, check_numeric, check_out, compute_dtype, dropout_key,
-    dropout_p_value, index_value, out_for_kernel, per_head, prep_mask, real_scalar, softcap_value,
-    split_axis, to_dtype, window_value,
+    dropout_p_value, index_value, is16, out_for_kernel, per_head, prep_mask, real_scalar,
+    softcap_value, split_axis, store16, to_dtype, window_value,
 )
 
 __all__ = ["matmul", "softmax", "scaled_dot_product_attention", "multi_head_attention",
@@ -310,7 +310,8 @@ def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
     cap = softcap_value(softcap)
     L, S, E, Ev = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
     sc = (1.0 / math.sqrt(E) if E > 0 else 1.0) if scale is None else real_scalar(scale, "scale")
-    q, k, v = to_dtype(q, dt), to_dtype(k, dt), to_dtype(v, dt)
+    narrow = tuple(x.dtype for x in (q, k, v) if is16(x.dtype))
+    q, k, v = store16(q, dt), store16(k, dt), store16(v, dt)
 
     groups = 1
     if enable_gqa:
@@ -370,8 +371,8 @@ def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
     key_ = dropout_key(rng) if p > 0 else 0
     kout = None
     if out is not None:
-        check_out(out, shape, dt)
-        if out_for_kernel(out, (q, k, v, mask)):
+        check_out(out, shape, dt, narrow)
+        if out.dtype == dt and out_for_kernel(out, (q, k, v, mask)):
             kout = split_axis(out, -3, hkv, groups) if groups > 1 else out
     res, w, lse = _C.sdpa(q, k, v, kout, mask, causal, sc, p, key_, bool(return_weights),
                           bool(return_lse), left, right, cap, **extra)
@@ -546,8 +547,8 @@ def _cache_array(x, name, writeable):
     if not isinstance(x, np.ndarray):
         raise TypeError(f"{name} must be a numpy.ndarray (it is read, and written, in place), "
                         f"got {type(x).__name__}")
-    if x.dtype not in (np.float32, np.float64):
-        raise TypeError(f"{name} must be float32 or float64, got dtype {x.dtype}")
+    if x.dtype not in (np.float32, np.float64) and not is16(x.dtype):
+        raise TypeError(f"{name} must be float32, float64, float16 or bfloat16, got dtype {x.dtype}")
     if x.ndim != 4:
         raise ValueError(f"{name} must be (B, Hkv, S_max, E), got shape {x.shape}")
     if writeable and not x.flags.writeable:
@@ -599,8 +600,11 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
 
     Parameters
     ----------
-    query : array_like, converted to the caches' dtype (the compute dtype)
-    k_cache, v_cache : ndarray, float32 or float64 (one dtype for both)
+    query : array_like, converted to the caches' compute dtype (float32 for
+        16-bit caches; a 16-bit query is read in place)
+    k_cache, v_cache : ndarray, float32 or float64 (one dtype for both), or
+        float16 / bfloat16 (``ml_dtypes.bfloat16``): half the bytes to read,
+        widened in the kernel, float32 arithmetic and result
     key, value : array_like, optional (both or neither)
     cache_seqlens : int or (B,) integer array
     is_causal : bool, default True
@@ -610,7 +614,7 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
 
     Returns
     -------
-    ndarray ``(B, Hq, T, Ev)`` of the caches' dtype, or ``(out, lse)``.
+    ndarray ``(B, Hq, T, Ev)`` of the caches' compute dtype, or ``(out, lse)``.
 
     Raises
     ------
@@ -640,8 +644,9 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
     new = key is not None
     kc = _cache_array(k_cache, "k_cache", new)
     vc = _cache_array(v_cache, "v_cache", new)
-    if kc.dtype != vc.dtype:
-        raise TypeError(f"k_cache ({kc.dtype}) and v_cache ({vc.dtype}) must have one dtype")
+    cd = np.dtype(np.float32) if is16(kc.dtype) else kc.dtype    # the compute dtype
+    if (np.dtype(np.float32) if is16(vc.dtype) else vc.dtype) != cd:
+        raise TypeError(f"k_cache ({kc.dtype}) and v_cache ({vc.dtype}) must compute in one dtype")
     B, Hkv, S_max, E = kc.shape
     if vc.shape[:3] != (B, Hkv, S_max):
         raise ValueError(f"v_cache has shape {vc.shape} and k_cache {kc.shape}: their first three "
@@ -681,7 +686,7 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
             per_head(arr, nm, (B, Hq), doc)
     sc = (1.0 / math.sqrt(E) if E > 0 else 1.0) if scale is None else real_scalar(scale, "scale")
     if out is not None:
-        check_out(out, (B, Hq, T, Ev), kc.dtype)
+        check_out(out, (B, Hq, T, Ev), cd, tuple(d for d in (kc.dtype, vc.dtype) if is16(d)))
     if new:
         if (n == n[0]).all():
             kc[:, :, n[0]:n[0] + T] = kn
@@ -691,7 +696,7 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
                 kc[b, :, n[b]:n[b] + T] = kn[b]
                 vc[b, :, n[b]:n[b] + T] = vn[b]
         n = n + T
-    qd = to_dtype(q, kc.dtype)
+    qd = store16(q, cd) if is16(q.dtype) else to_dtype(q, cd)
     return _sdpa(qd, kc, vc, None, 0.0, "bottom_right" if is_causal else False, sc,
                  Hq != Hkv, None, False, out, window, alibi_slopes, softcap, sinks, return_lse,
                  n[:, None])

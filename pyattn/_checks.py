@@ -26,10 +26,25 @@ def as_array(x, name):
         raise TypeError(f"{name} could not be converted to a numpy array: {exc}") from exc
 
 
+def is16(dt):
+    """float16, or bfloat16 (ml_dtypes' NumPy dtype, found by name so that
+    ml_dtypes stays optional): the 16-bit storage types, computed in float32."""
+    return dt == np.float16 or (dt.kind == "V" and dt.name == "bfloat16" and dt.itemsize == 2)
+
+
+def store16(a, dt):
+    """a as the kernels read it: 16-bit storage kept in place when the compute
+    dtype dt is float32 (bfloat16 as a uint16 view of its bits), otherwise
+    to_dtype(a, dt)."""
+    if dt == np.float32 and is16(a.dtype) and a.flags.aligned and a.dtype.isnative:
+        return a if a.dtype == np.float16 else a.view(np.uint16)
+    return to_dtype(a, dt)
+
+
 def check_numeric(a, name):
     """Raise TypeError unless a's dtype is bool, integer or a float pyattn computes."""
     k = a.dtype.kind
-    if k in "biu":
+    if k in "biu" or is16(a.dtype):
         return
     if k == "f" and a.dtype.itemsize <= 8:
         return
@@ -45,7 +60,7 @@ def compute_dtype(*named):
     kernels compute in: float16 -> float32, integers/bools -> float64."""
     for a, name in named:
         check_numeric(a, name)
-    dt = np.result_type(*[a.dtype for a, _ in named])
+    dt = np.result_type(*[np.dtype(np.float32) if is16(a.dtype) else a.dtype for a, _ in named])
     if dt.kind != "f":
         return np.dtype(np.float64)
     return np.dtype(np.float32) if dt.itemsize <= 4 else np.dtype(np.float64)
@@ -156,14 +171,16 @@ def prep_mask(mask, shape, dt, name="attn_mask"):
         ) from None
 
 
-def check_out(out, shape, dt):
-    """Validate a user `out`: ndarray of exactly `shape` and dtype `dt`, writeable."""
+def check_out(out, shape, dt, narrow=()):
+    """Validate a user `out`: ndarray of exactly `shape` and dtype `dt` (or one of
+    the 16-bit dtypes in `narrow`, which the result is rounded into), writeable."""
     if not isinstance(out, np.ndarray):
         raise TypeError(f"out must be a numpy.ndarray, got {type(out).__name__}")
-    if out.shape != tuple(shape) or out.dtype != dt:
+    if out.shape != tuple(shape) or (out.dtype != dt and out.dtype not in narrow):
+        alt = "".join(f" (or {d})" for d in dict.fromkeys(str(d) for d in narrow))
         raise ValueError(
             f"out has shape {out.shape} and dtype {out.dtype}, but the result has shape "
-            f"{tuple(shape)} and dtype {dt}"
+            f"{tuple(shape)} and dtype {dt}{alt}"
         )
     if not out.flags.writeable:
         raise ValueError("out must be writeable")

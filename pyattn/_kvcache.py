@@ -6,6 +6,7 @@ import operator
 import numpy as np
 
 from ._api import attention_with_kvcache
+from ._checks import is16
 
 __all__ = ["KVCache"]
 
@@ -23,7 +24,9 @@ class KVCache:
     ----------
     batch, num_kv_heads, max_len, head_dim : int
     value_dim : int, optional (default ``head_dim``)
-    dtype : float32 (default) or float64
+    dtype : float32 (default), float64, float16 or ``ml_dtypes.bfloat16``
+        16-bit caches take half the memory and half the bytes to read per
+        decode step; new rows are rounded into them, arithmetic stays float32.
 
     Examples
     --------
@@ -48,9 +51,12 @@ class KVCache:
             if n < 0 or (n == 0 and name == "num_kv_heads"):
                 raise ValueError(f"{name} must be {'positive' if name == 'num_kv_heads' else '>= 0'}, got {n}")
             dims.append(n)
-        dt = np.dtype(dtype)
-        if dt not in (np.float32, np.float64):
-            raise TypeError(f"dtype must be float32 or float64, got {dt}")
+        try:
+            dt = np.dtype(dtype)
+        except TypeError:
+            raise TypeError(f"dtype must be a NumPy dtype, got {dtype!r}") from None
+        if dt not in (np.float32, np.float64) and not is16(dt):
+            raise TypeError(f"dtype must be float32, float64, float16 or bfloat16 (ml_dtypes), got {dt}")
         B, H, S, E, Ev = dims
         self.k = np.zeros((B, H, S, E), dt)
         self.v = np.zeros((B, H, S, Ev), dt)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._api import _linear, multi_head_attention
-from ._checks import check_numeric, compute_dtype, index_value, to_dtype
+from ._checks import check_numeric, compute_dtype, index_value, is16, to_dtype
 from ._kvcache import KVCache
 
 __all__ = ["SelfAttention", "CausalAttention", "MultiHeadAttention"]
@@ -168,7 +168,7 @@ class _Attention:
     def new_cache(self, batch, max_len, dtype=np.float32):
         """A :class:`pyattn.KVCache` for this layer: ``batch`` sequences of up to
         ``max_len`` tokens, one cache head per attention head (``d_out / num_heads``
-        features), float32 (default) or float64."""
+        features), float32 (default), float64, float16 or bfloat16."""
         hd = self.d_out // self.num_heads
         return KVCache(batch, self.num_heads, max_len, hd, hd, dtype)
 
@@ -190,7 +190,7 @@ class _Attention:
         if self.context_length is not None and (cache.lengths + T > self.context_length).any():
             raise ValueError(f"the cache holds {cache.lengths.tolist()} tokens; {T} more exceed "
                              f"context_length={self.context_length}")
-        dt = cache.k.dtype
+        dt = np.dtype(np.float32) if is16(cache.k.dtype) else cache.k.dtype   # compute dtype
         x3 = to_dtype(x if x.ndim == 3 else x[None], dt)
 
         def heads(w, b):
@@ -215,7 +215,8 @@ class _Attention:
         attend to every cached token (causally within themselves for causal
         layers), so generating token by token gives the rows of the
         full-sequence call. Inference only (eval mode or no dropout), no
-        ``attn_mask`` or weights; the result has the cache's dtype.
+        ``attn_mask`` or weights; the result has the cache's compute dtype
+        (float32 for 16-bit caches).
         """
         x = np.asarray(x) if not isinstance(x, np.ndarray) else x
         if x.ndim not in (2, 3) or x.shape[-1] != self.d_in:

@@ -363,7 +363,7 @@ def test_kvcache_bad_caches(rng):
         pyattn.attention_with_kvcache(q, ro, vc, key, key, cache_seqlens=2)
     assert np.all(vc[:, :, 2] == 0)
     pyattn.attention_with_kvcache(q, ro, vc, cache_seqlens=2)   # reading a read-only cache is fine
-    with pytest.raises(TypeError, match="k_cache must be float32 or float64"):
+    with pytest.raises(TypeError, match="k_cache must be float32, float64, float16 or bfloat16"):
         pyattn.attention_with_kvcache(q, kc.astype(np.int32), vc, cache_seqlens=2)
     with pytest.raises(ValueError, match="multiple of the cache heads"):
         pyattn.attention_with_kvcache(q[:, :3], kc, vc, cache_seqlens=2)

@@ -8,6 +8,7 @@
  *   pa_softmax_<dt>_<isa>  one softmax row (pa_softmax_fn)
  *   pa_fma_probe_<isa>     the benchmark's FMA peak probe (pa_fma_probe_fn)
  *   pa_read_probe_<isa>    its read-bandwidth probe (pa_read_probe_fn)
+ *   pa_widen_{f16,bf16}_f32_<isa>  16-bit storage to float32 (pa_widen_fn)
  */
 #ifndef PYATTN_KERNELS_H
 #define PYATTN_KERNELS_H
@@ -21,13 +22,20 @@
     void pa_tilesm_##DT##_##ISA(void *St, pa_ssize nj, pa_ssize ncols, pa_ssize ld,              \
                                 void *m, void *l, void *alpha);                                  \
     void pa_softmax_##DT##_##ISA(const pa_softmax_row *r);
+#define PA_WIDEN_OF(ISA)                                                                          \
+    void pa_widen_f16_f32_##ISA(float *dst, const uint16_t *src, pa_ssize n);                    \
+    void pa_widen_bf16_f32_##ISA(float *dst, const uint16_t *src, pa_ssize n);
 
 PA_KERNELS_OF(ref, f32)
 PA_KERNELS_OF(ref, f64)
+PA_WIDEN_OF(ref)
 float pa_read_probe_ref(const float *p, size_t n);
 #ifdef PA_HAVE_X86_KERNELS
 PA_KERNELS_OF(avx2, f32)
 PA_KERNELS_OF(avx2, f64)
+PA_WIDEN_OF(avx2)
+PA_WIDEN_OF(avx512)
+PA_WIDEN_OF(avx512emu)
 PA_KERNELS_OF(avx512, f32)      /* (no softmax rows: the AVX2 ones serve) */
 PA_KERNELS_OF(avx512, f64)
 PA_KERNELS_OF(avx512emu, f32)
@@ -42,9 +50,11 @@ float pa_read_probe_avx512emu(const float *p, size_t n);
 #ifdef PA_HAVE_NEON_KERNELS
 PA_KERNELS_OF(neon, f32)
 PA_KERNELS_OF(neon, f64)
+PA_WIDEN_OF(neon)
 double pa_fma_probe_neon(long long iters, float *sink);
 float pa_read_probe_neon(const float *p, size_t n);
 #endif
 #undef PA_KERNELS_OF
+#undef PA_WIDEN_OF
 
 #endif

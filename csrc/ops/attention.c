@@ -41,16 +41,17 @@ typedef struct {
 static void attn_args(const attn_ctx *c, pa_ssize b, pa_attn_args *out)
 {
     const pa_ssize es = (pa_ssize)pa_elsize(c->dtype);
+    const pa_attn_opts *o = c->opts;
     pa_attn_args a;
     a.L = c->L; a.S = c->S; a.E = c->E; a.Ev = c->Ev;
-    a.q = (const char *)c->q->p + pa_batch_offset(c->bt, c->q->bs, b) * es;
+    a.q = (const char *)c->q->p + pa_batch_offset(c->bt, c->q->bs, b) * (pa_ssize)pa_elsize(o->q_dt);
     a.q_rs = c->q->rs; a.q_cs = c->q->cs;
-    a.k = (const char *)c->k->p + pa_batch_offset(c->bt, c->k->bs, b) * es;
+    a.k = (const char *)c->k->p + pa_batch_offset(c->bt, c->k->bs, b) * (pa_ssize)pa_elsize(o->k_dt);
     a.k_rs = c->k->rs; a.k_cs = c->k->cs;
-    a.v = (const char *)c->v->p + pa_batch_offset(c->bt, c->v->bs, b) * es;
+    a.v = (const char *)c->v->p + pa_batch_offset(c->bt, c->v->bs, b) * (pa_ssize)pa_elsize(o->v_dt);
     a.v_rs = c->v->rs; a.v_cs = c->v->cs;
+    a.q_dt = o->q_dt; a.k_dt = o->k_dt; a.v_dt = o->v_dt;
     a.mask = pa_mask_of(c->bt, c->mask, c->mask_kind, c->dtype, b);
-    const pa_attn_opts *o = c->opts;
     const pa_ssize n = o->kv_len ? (pa_ssize)o->kv_len[b] : c->S;
     a.rule.S = n;
     a.rule.qoff = (o->kv_len || o->causal == PA_CAUSAL_BOTTOM_RIGHT) ? n - c->L : 0;

@@ -26,6 +26,8 @@ typedef struct {
     const void *q; pa_ssize q_rs, q_cs;     /* (L, E)  */
     const void *k; pa_ssize k_rs, k_cs;     /* (S, E)  */
     const void *v; pa_ssize v_rs, v_cs;     /* (S, Ev) */
+    int q_dt, k_dt, v_dt;                   /* storage dtypes: the compute dtype, or a
+                                               16-bit one (PA_F16, PA_BF16) with PA_F32 */
     pa_mask mask;                           /* (L, S), or kind PA_MASK_NONE */
     pa_keyrule rule;                        /* causal rule, window, filled keys */
     double scale;
@@ -44,6 +46,15 @@ typedef struct {
     void *w; pa_ssize w_rs, w_cs;           /* (L, S) weights, or NULL */
     void *lse; pa_ssize lse_s;              /* (L,) log-sum-exp of the rows, or NULL */
 } pa_attn_args;
+
+/* Element idx of q, k or v (stored as sd) in the compute dtype: the reads
+ * of the exact path; the tiled paths widen whole tiles instead. */
+static inline float pa_ld_f32(const void *p, pa_ssize idx, int sd) { return pa_load_f32(p, idx, sd); }
+static inline double pa_ld_f64(const void *p, pa_ssize idx, int sd)
+{
+    (void)sd;
+    return ((const double *)p)[idx];
+}
 
 /* THE score rule of attention, after s = scale * q_i . k_j (API.md, in this
  * order): softcap, the additive mask, ALiBi, then admissibility (the key

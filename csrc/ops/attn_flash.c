@@ -3,6 +3,23 @@
 #include <math.h>
 #include "attention.h"
 
+/* n rows x cols of a strided operand stored in 16 bits (sd: PA_F16 or
+ * PA_BF16), widened into dst (row stride ld) by the family's kernel where
+ * rows are contiguous. The tiled paths call it once per key tile: the
+ * operand is read in place, never copied whole. */
+static void widen_rows(const pa_family *f, int sd, const void *p, pa_ssize rs, pa_ssize cs,
+                       pa_ssize n, pa_ssize cols, float *dst, pa_ssize ld)
+{
+    const uint16_t *h = (const uint16_t *)p;
+    if (cs == 1) {
+        const pa_widen_fn w = f->widen[sd == PA_BF16].fn;
+        for (pa_ssize r = 0; r < n; r++) w(dst + r * ld, h + r * rs, cols);
+    } else {
+        for (pa_ssize r = 0; r < n; r++)
+            for (pa_ssize c = 0; c < cols; c++) dst[r * ld + c] = pa_load_f32(h, r * rs + c * cs, sd);
+    }
+}
+
 #define PA_TEMPLATE "ops/attn_flash.inc"
 #include "dtypes.inc"
 #undef PA_TEMPLATE

@@ -5,6 +5,8 @@
 const pa_dtype_info pa_dtypes[PA_NDTYPES] = {
     [PA_F32] = {"float32", sizeof(float), PA_F32},
     [PA_F64] = {"float64", sizeof(double), PA_F64},
+    [PA_F16] = {"float16", 2, PA_F32},
+    [PA_BF16] = {"bfloat16", 2, PA_F32},
 };
 
 /* 64-byte aligned block; the raw pointer is kept just before it. */

@@ -87,6 +87,8 @@ typedef struct {
     const int64_t *kv_len;      /* (count,) keys filled (<= S), or NULL: all S.
                                    Given: row i sits at position kv_len - L + i */
     const pa_operand *lse;      /* (L,) per b, element stride cs, or NULL */
+    int q_dt, k_dt, v_dt;       /* storage dtypes of q, k, v: the compute dtype, or
+                                   PA_F16 / PA_BF16 when it is PA_F32 */
 } pa_attn_opts;
 
 /* Attention per flat batch index b (all axes but the last two).

@@ -14,6 +14,7 @@ const pa_family pa_family_neon = {
     .softmax = {{pa_softmax_f32_neon, "pyattn_softmax_f32_neon"}, {pa_softmax_f64_neon, "pyattn_softmax_f64_neon"}},
     .attn_bq = {48, 48},
     .attn_name = {"pyattn_attn_f32_flash_48x60", "pyattn_attn_f64_flash_48x60"},
+    .widen = {{pa_widen_f16_f32_neon, "pyattn_widen_f16_neon"}, {pa_widen_bf16_f32_neon, "pyattn_widen_bf16_neon"}},
     .fma_probe = pa_fma_probe_neon, .fma_lanes = 4, .read_probe = pa_read_probe_neon,
 };
 #endif

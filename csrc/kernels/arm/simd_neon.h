@@ -41,6 +41,16 @@ PA_NEON_FN float32x4_t pa_neon_pow2i_f32(float32x4_t t)
     return vreinterpretq_f32_s32(vshlq_n_s32(vreinterpretq_s32_f32(t), 23));
 }
 
+/* 4 float16 / bfloat16 values to floats, exactly (fcvtl; a 16-bit shift) */
+PA_NEON_FN float32x4_t pa_neon_widen_f16_f32(const uint16_t *p)
+{
+    return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)));
+}
+PA_NEON_FN float32x4_t pa_neon_widen_bf16_f32(const uint16_t *p)
+{
+    return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16));
+}
+
 PA_NEON_FN float64x2_t pa_neon_load_f64(const double *p) { return vld1q_f64(p); }
 PA_NEON_FN void pa_neon_store_f64(double *p, float64x2_t x) { vst1q_f64(p, x); }
 PA_NEON_FN float64x2_t pa_neon_set1_f64(double x) { return vdupq_n_f64(x); }

@@ -9,5 +9,6 @@ const pa_family pa_family_generic = {
     .softmax = {{pa_softmax_f32_ref, "pyattn_softmax_f32_ref"}, {pa_softmax_f64_ref, "pyattn_softmax_f64_ref"}},
     .attn_bq = {48, 48},
     .attn_name = {"pyattn_attn_f32_flash_48x60", "pyattn_attn_f64_flash_48x60"},
+    .widen = {{pa_widen_f16_f32_ref, "pyattn_widen_f16_ref"}, {pa_widen_bf16_f32_ref, "pyattn_widen_bf16_ref"}},
     .fma_probe = NULL, .fma_lanes = 0, .read_probe = pa_read_probe_ref,
 };

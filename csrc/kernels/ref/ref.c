@@ -19,6 +19,16 @@
 #undef PA_TEMPLATE
 #undef PA_REF
 
+/* 16-bit storage to float32, portable (pyattn.h's exact conversions) */
+void pa_widen_f16_f32_ref(float *dst, const uint16_t *src, pa_ssize n)
+{
+    for (pa_ssize i = 0; i < n; i++) dst[i] = pa_f16_to_f32(src[i]);
+}
+void pa_widen_bf16_f32_ref(float *dst, const uint16_t *src, pa_ssize n)
+{
+    for (pa_ssize i = 0; i < n; i++) dst[i] = pa_bf16_to_f32(src[i]);
+}
+
 /* The read-bandwidth probe in portable C: 8 independent sums. */
 float pa_read_probe_ref(const float *p, size_t n)
 {

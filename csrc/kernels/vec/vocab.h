@@ -17,6 +17,9 @@
  *   vzero_where(m, y)         lanes of m -> +0, others y
  *   vpow2i(t)                 t's low mantissa bits moved into the exponent
  *                             field (shift left by 23 / 52)
+ * and, for f32 only:
+ *   vwiden_f16(p) vwiden_bf16(p)  VL 16-bit values (float16 / bfloat16 bits)
+ *                             at p, as floats (exact)
  * and exp_vec.inc adds vexp(x) for x <= 0. */
 #ifndef PYATTN_VEC_VOCAB_H
 #define PYATTN_VEC_VOCAB_H
@@ -47,6 +50,8 @@
 #define veq PA_V(eq)
 #define vzero_where PA_V(zero_where)
 #define vpow2i PA_V(pow2i)
+#define vwiden_f16 PA_V(widen_f16)
+#define vwiden_bf16 PA_V(widen_bf16)
 #define vexp PA_CAT(vexp_, PA_DT)        /* exp_vec.inc */
 
 #endif

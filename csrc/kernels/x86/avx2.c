@@ -12,7 +12,7 @@
 
 #define PA_SIMD avx2
 #define PA_ISA avx2
-#define PA_VFN __attribute__((target("avx2,fma")))
+#define PA_VFN __attribute__((target("avx2,fma,f16c")))
 #define PA_MR 6
 #define PA_WITH_SOFTMAX 1
 #define PA_TEMPLATE "kernels/vec/family_vec.inc"

@@ -13,7 +13,7 @@
 
 #define PA_SIMD emu
 #define PA_ISA avx512emu
-#define PA_VFN __attribute__((target("avx2,fma")))
+#define PA_VFN __attribute__((target("avx2,fma,f16c")))
 #define PA_MR 12
 #define PA_WITH_SOFTMAX 0
 #define PA_TEMPLATE "kernels/vec/family_vec.inc"

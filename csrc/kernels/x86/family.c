@@ -15,6 +15,7 @@ const pa_family pa_family_avx2 = {
     .softmax = {{pa_softmax_f32_avx2, "pyattn_softmax_f32_avx2"}, {pa_softmax_f64_avx2, "pyattn_softmax_f64_avx2"}},
     .attn_bq = {48, 48},
     .attn_name = {"pyattn_attn_f32_flash_48x60", "pyattn_attn_f64_flash_48x60"},
+    .widen = {{pa_widen_f16_f32_avx2, "pyattn_widen_f16_avx2"}, {pa_widen_bf16_f32_avx2, "pyattn_widen_bf16_avx2"}},
     .fma_probe = pa_fma_probe_avx2, .fma_lanes = 8, .read_probe = pa_read_probe_avx2,
 };
 
@@ -26,6 +27,7 @@ const pa_family pa_family_avx512 = {
     .softmax = {{pa_softmax_f32_avx2, "pyattn_softmax_f32_avx2"}, {pa_softmax_f64_avx2, "pyattn_softmax_f64_avx2"}},
     .attn_bq = {96, 48},
     .attn_name = {"pyattn_attn_f32_flash_96x60", "pyattn_attn_f64_flash_48x60"},
+    .widen = {{pa_widen_f16_f32_avx512, "pyattn_widen_f16_avx512"}, {pa_widen_bf16_f32_avx512, "pyattn_widen_bf16_avx512"}},
     .fma_probe = pa_fma_probe_avx512, .fma_lanes = 16, .read_probe = pa_read_probe_avx512,
 };
 
@@ -39,6 +41,7 @@ const pa_family pa_family_avx512emu = {
     .softmax = {{pa_softmax_f32_avx2, "pyattn_softmax_f32_avx2"}, {pa_softmax_f64_avx2, "pyattn_softmax_f64_avx2"}},
     .attn_bq = {96, 48},
     .attn_name = {"pyattn_attn_f32_flash_96x60", "pyattn_attn_f64_flash_48x60"},
+    .widen = {{pa_widen_f16_f32_avx512emu, "pyattn_widen_f16_avx512emu"}, {pa_widen_bf16_f32_avx512emu, "pyattn_widen_bf16_avx512emu"}},
     .fma_probe = pa_fma_probe_avx2, .fma_lanes = 8, .read_probe = pa_read_probe_avx512emu,
 };
 #endif

@@ -1,7 +1,7 @@
 /*
  * simd_avx2.h -- the vector vocabulary (kernels/vec/family_vec.inc) on
  * AVX2+FMA: 8 floats / 4 doubles per vector; lane masks are vectors whose
- * true lanes are all ones. Every function carries the AVX2+FMA target, so
+ * true lanes are all ones. Every function carries the AVX2+FMA(+F16C) target, so
  * this file (like every x86 kernel file) builds with the baseline flags.
  */
 #ifndef PYATTN_SIMD_AVX2_H
@@ -9,7 +9,7 @@
 
 #include <immintrin.h>
 
-#define PA_AVX2_FN __attribute__((target("avx2,fma"))) static inline
+#define PA_AVX2_FN __attribute__((target("avx2,fma,f16c"))) static inline
 
 typedef __m256 pa_avx2_v_f32, pa_avx2_m_f32;
 typedef __m256d pa_avx2_v_f64, pa_avx2_m_f64;
@@ -32,6 +32,17 @@ PA_AVX2_FN __m256 pa_avx2_zero_where_f32(__m256 m, __m256 y) { return _mm256_and
 PA_AVX2_FN __m256 pa_avx2_pow2i_f32(__m256 t)
 {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(t), 23));
+}
+
+/* 8 float16 / bfloat16 values to floats, exactly (F16C vcvtph2ps; a 16-bit shift) */
+PA_AVX2_FN __m256 pa_avx2_widen_f16_f32(const uint16_t *p)
+{
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+PA_AVX2_FN __m256 pa_avx2_widen_bf16_f32(const uint16_t *p)
+{
+    const __m256i x = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
 }
 
 PA_AVX2_FN __m256d pa_avx2_load_f64(const double *p) { return _mm256_loadu_pd(p); }

@@ -22,6 +22,16 @@ PA_AVX512_FN void pa_avx512_store_f32(float *p, __m512 x) { _mm512_storeu_ps(p, 
 PA_AVX512_FN __m512 pa_avx512_set1_f32(float x) { return _mm512_set1_ps(x); }
 PA_AVX512_FN __m512 pa_avx512_zero_f32(void) { return _mm512_setzero_ps(); }
 PA_AVX512_FN __m512 pa_avx512_bcast_f32(const float *p) { return _mm512_set1_ps(*p); }
+/* 16 float16 / bfloat16 values to floats, exactly */
+PA_AVX512_FN __m512 pa_avx512_widen_f16_f32(const uint16_t *p)
+{
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+PA_AVX512_FN __m512 pa_avx512_widen_bf16_f32(const uint16_t *p)
+{
+    const __m512i x = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+}
 PA_AVX512_FN __m512 pa_avx512_add_f32(__m512 a, __m512 b) { return _mm512_add_ps(a, b); }
 PA_AVX512_FN __m512 pa_avx512_sub_f32(__m512 a, __m512 b) { return _mm512_sub_ps(a, b); }
 PA_AVX512_FN __m512 pa_avx512_mul_f32(__m512 a, __m512 b) { return _mm512_mul_ps(a, b); }

@@ -36,6 +36,14 @@ enum { pa_emu_lanes_f32 = 16, pa_emu_lanes_f64 = 8 };
     PA_EMU2(zero_where, DT, V) PA_EMU1(pow2i, DT, V)
 
 PA_EMU_OPS(f32, float, pa_emu_v_f32, 8)
+PA_AVX2_FN pa_emu_v_f32 pa_emu_widen_f16_f32(const uint16_t *p)
+{
+    return (pa_emu_v_f32){pa_avx2_widen_f16_f32(p), pa_avx2_widen_f16_f32(p + 8)};
+}
+PA_AVX2_FN pa_emu_v_f32 pa_emu_widen_bf16_f32(const uint16_t *p)
+{
+    return (pa_emu_v_f32){pa_avx2_widen_bf16_f32(p), pa_avx2_widen_bf16_f32(p + 8)};
+}
 PA_EMU_OPS(f64, double, pa_emu_v_f64, 4)
 #undef PA_EMU1
 #undef PA_EMU2
