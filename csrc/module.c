@@ -102,6 +102,30 @@ static int get_view(PyObject *obj, const char *name, int min_nd, int allow,
     return 0;
 }
 
+/* The compute dtype of operands that may be stored in 16 bits: that of the
+ * float32/float64 ones (which must agree), float32 when all are 16-bit;
+ * 16-bit storage computes in float32 only. -1 with a TypeError set. */
+static int compute_of(const view *const *vs, int n, const char *names)
+{
+    int cd = -1, n16 = 0;
+    for (int t = 0; t < n; t++) {
+        const int d = vs[t]->dtype;
+        if (d == PA_F16 || d == PA_BF16) { n16++; continue; }
+        if (cd >= 0 && cd != d) {
+            PyErr_Format(PyExc_TypeError, "%s must have one compute dtype", names);
+            return -1;
+        }
+        cd = d;
+    }
+    if (cd < 0) cd = PA_F32;
+    if (n16 && cd != PA_F32) {
+        PyErr_Format(PyExc_TypeError, "16-bit %s compute in float32: the others must be float32 "
+                     "or 16-bit", names);
+        return -1;
+    }
+    return cd;
+}
+
 /* Shape as a Python string, for messages. New reference. */
 static PyObject *shape_str(const view *v)
 {
@@ -221,11 +245,11 @@ static PyObject *py_matmul(PyObject *self, PyObject *args, PyObject *kw)
     view a, b, o, bias;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OO:matmul", kwlist, &ao, &bo, &outo, &biaso))
         return NULL;
-    if (get_view(ao, "a", 2, 0, 0, &a) < 0 || get_view(bo, "b", 2, 0, 0, &b) < 0) goto fail;
-    if (a.dtype != b.dtype) {
-        PyErr_Format(PyExc_TypeError, "a is %s but b is %s", dtype_name(a.dtype), dtype_name(b.dtype));
+    if (get_view(ao, "a", 2, PA_ALLOW_16, 0, &a) < 0 || get_view(bo, "b", 2, PA_ALLOW_16, 0, &b) < 0)
         goto fail;
-    }
+    const view *ab[2] = {&a, &b};
+    const int cd = compute_of(ab, 2, "a and b");
+    if (cd < 0) goto fail;
     const int nd = a.nd, nb = nd - 2;
     if (same_batch(&a, "a", &b, "b", nb) < 0) goto fail;
     const pa_ssize M = a.shape[nd - 2], K = a.shape[nd - 1], N = b.shape[nd - 1];
@@ -234,8 +258,8 @@ static PyObject *py_matmul(PyObject *self, PyObject *args, PyObject *kw)
     pa_ssize bias_s = 0;
     if (biaso != Py_None) {
         if (get_view(biaso, "bias", 1, 0, 0, &bias) < 0) goto fail;
-        if (bias.nd != 1 || bias.shape[0] != N || bias.dtype != a.dtype) {
-            PyErr_SetString(PyExc_ValueError, "bias must be 1-D with the dtype of a and length N");
+        if (bias.nd != 1 || bias.shape[0] != N || bias.dtype != cd) {
+            PyErr_SetString(PyExc_ValueError, "bias must be 1-D with the compute dtype and length N");
             goto fail;
         }
         bias_p = bias.data;
@@ -244,7 +268,7 @@ static PyObject *py_matmul(PyObject *self, PyObject *args, PyObject *kw)
     pa_ssize oshape[PA_MAXDIMS];
     memcpy(oshape, a.shape, sizeof(pa_ssize) * (size_t)nd);
     oshape[nd - 1] = N;
-    res = get_out(outo, nd, oshape, a.dtype, &o, "matmul result");
+    res = get_out(outo, nd, oshape, cd, &o, "matmul result");
     if (!res) goto fail;
     pa_batch bt;
     pa_operand A, B, C;
@@ -255,7 +279,7 @@ static PyObject *py_matmul(PyObject *self, PyObject *args, PyObject *kw)
     int rc, nt = pa_get_num_threads();
     const pa_family *fam = family;
     Py_BEGIN_ALLOW_THREADS
-    rc = pa_matmul(fam, a.dtype, &bt, M, N, K, &A, &B, &C, bias_p, bias_s, nt);
+    rc = pa_matmul(fam, cd, a.dtype, b.dtype, &bt, M, N, K, &A, &B, &C, bias_p, bias_s, nt);
     Py_END_ALLOW_THREADS
     if (rc < 0) { PyErr_NoMemory(); goto fail; }
     return (PyObject *)res;
@@ -389,25 +413,9 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
         get_view(ko, "key", 2, PA_ALLOW_16, 0, &k) < 0 ||
         get_view(vo, "value", 2, PA_ALLOW_16, 0, &v) < 0)
         goto fail;
-    /* the compute dtype: that of the float32/float64 operands (one), float32
-     * when all are 16-bit; 16-bit storage only with float32 compute */
-    int cd = -1, n16 = 0;
     const view *qkv[3] = {&q, &k, &v};
-    for (int t = 0; t < 3; t++) {
-        const int d = qkv[t]->dtype;
-        if (d == PA_F16 || d == PA_BF16) { n16++; continue; }
-        if (cd >= 0 && cd != d) {
-            PyErr_SetString(PyExc_TypeError, "query, key and value must have one compute dtype");
-            goto fail;
-        }
-        cd = d;
-    }
-    if (cd < 0) cd = PA_F32;
-    if (n16 && cd != PA_F32) {
-        PyErr_SetString(PyExc_TypeError, "16-bit query, key or value compute in float32: the others "
-                                         "must be float32 or 16-bit");
-        goto fail;
-    }
+    const int cd = compute_of(qkv, 3, "query, key and value");
+    if (cd < 0) goto fail;
     if (check_causal(causal) < 0) goto fail;
     if (!(dropout_p >= 0.0 && dropout_p < 1.0)) {
         PyErr_SetString(PyExc_ValueError, "dropout_p must be in [0, 1)");

@@ -28,9 +28,13 @@ def matmul(a, b, /, *, out=None):
     ----------
     a, b : array_like
         Operands; float32 stays float32, float64 or a mix gives float64,
-        float16 computes and returns float32, integers and bools give float64.
+        integers and bools give float64. float16 and bfloat16
+        (``ml_dtypes.bfloat16``) compute and return float32: they are read in
+        place and widened as the kernel packs them (no converted copy), unless
+        the other operand is float64.
     out : ndarray, optional
-        Receives the result; exact result shape and dtype, writeable.
+        Receives the result; exact result shape and dtype (or the 16-bit
+        dtype of an operand: the float32 result is rounded into it), writeable.
 
     Returns
     -------
@@ -65,11 +69,11 @@ def matmul(a, b, /, *, out=None):
         )
     batch = broadcast_shapes([(a2.shape[:-2], "a"), (b2.shape[:-2], "b")], "batch axes of a and b")
     shape = batch + ((a2.shape[-2],) if a.ndim > 1 else ()) + ((b2.shape[-1],) if b.ndim > 1 else ())
-    a3 = bcast(to_dtype(a2, dt), batch + a2.shape[-2:])
-    b3 = bcast(to_dtype(b2, dt), batch + b2.shape[-2:])
+    a3 = bcast(store16(a2, dt), batch + a2.shape[-2:])
+    b3 = bcast(store16(b2, dt), batch + b2.shape[-2:])
     if out is not None:
-        check_out(out, shape, dt)
-        if out_for_kernel(out, (a, b)):
+        check_out(out, shape, dt, tuple(x.dtype for x in (a, b) if is16(x.dtype)))
+        if out.dtype == dt and out_for_kernel(out, (a, b)):
             _C.matmul(a3, b3, _expand(out, a.ndim, b.ndim))
         else:
             out[...] = _squeeze(_C.matmul(a3, b3), a.ndim, b.ndim)

@@ -156,7 +156,7 @@ def prep_mask(mask, shape, dt, name="attn_mask"):
     k = m.dtype.kind
     if k == "b":
         m = to_dtype(m, np.dtype(np.bool_))
-    elif k == "f" and m.dtype.itemsize <= 8:
+    elif (k == "f" and m.dtype.itemsize <= 8) or is16(m.dtype):
         m = to_dtype(m, dt)
     else:
         raise TypeError(

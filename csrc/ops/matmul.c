@@ -20,7 +20,9 @@
 #undef PA_TEMPLATE
 
 typedef struct {
-    int dtype;
+    int dtype;               /* compute dtype: C, bias, the packed panels */
+    int a_dt, b_dt;          /* storage of A and B: dtype, or PA_F16 / PA_BF16 (float32) */
+    pa_ssize esa, esb;       /* their element sizes */
     const pa_batch *bt;
     pa_ssize M, N, K;
     const pa_operand *A, *B, *C;
@@ -31,6 +33,61 @@ typedef struct {
     size_t a_elems;
 } gemm_ctx;
 
+/* Packing from 16-bit storage: as pack_a_f32 / pack_b_f32 (pack.inc),
+ * widening each element as it is copied -- the operand is read in place,
+ * never converted whole. */
+static void pack_a_w16(const void *A, pa_ssize rs, pa_ssize cs, pa_ssize mc, pa_ssize kc, int MR,
+                       float *dst, int sd)
+{
+    for (pa_ssize i0 = 0; i0 < mc; i0 += MR) {
+        const pa_ssize m = mc - i0 < MR ? mc - i0 : MR;
+        for (pa_ssize p = 0; p < kc; p++) {
+            const pa_ssize base = i0 * rs + p * cs;
+            pa_ssize i = 0;
+            for (; i < m; i++) dst[i] = pa_load_f32(A, base + i * rs, sd);
+            for (; i < MR; i++) dst[i] = 0;
+            dst += MR;
+        }
+    }
+}
+
+static void pack_b_w16(const void *B, pa_ssize rs, pa_ssize cs, pa_ssize kc, pa_ssize nc, int NR,
+                       float *dst, int sd)
+{
+    for (pa_ssize j0 = 0; j0 < nc; j0 += NR) {
+        const pa_ssize n = nc - j0 < NR ? nc - j0 : NR;
+        for (pa_ssize p = 0; p < kc; p++) {
+            const pa_ssize base = p * rs + j0 * cs;
+            pa_ssize j = 0;
+            for (; j < n; j++) dst[j] = pa_load_f32(B, base + j * cs, sd);
+            for (; j < NR; j++) dst[j] = 0;
+            dst += NR;
+        }
+    }
+}
+
+static void pack_a(const gemm_ctx *c, const char *Ablk, pa_ssize mc, pa_ssize kc, char *Ap)
+{
+    const int MR = c->g.mr;
+    if (c->a_dt != c->dtype)
+        pack_a_w16(Ablk, c->A->rs, c->A->cs, mc, kc, MR, (float *)Ap, c->a_dt);
+    else if (c->dtype == PA_F32)
+        pack_a_f32((const float *)Ablk, c->A->rs, c->A->cs, mc, kc, MR, (float *)Ap);
+    else
+        pack_a_f64((const double *)Ablk, c->A->rs, c->A->cs, mc, kc, MR, (double *)Ap);
+}
+
+static void pack_b(const gemm_ctx *c, const char *Bblk, pa_ssize kc, pa_ssize nc, char *Bp)
+{
+    const int NR = c->g.nr;
+    if (c->b_dt != c->dtype)
+        pack_b_w16(Bblk, c->B->rs, c->B->cs, kc, nc, NR, (float *)Bp, c->b_dt);
+    else if (c->dtype == PA_F32)
+        pack_b_f32((const float *)Bblk, c->B->rs, c->B->cs, kc, nc, NR, (float *)Bp);
+    else
+        pack_b_f64((const double *)Bblk, c->B->rs, c->B->cs, kc, nc, NR, (double *)Bp);
+}
+
 /* C block (mc x nc at Cblk) =/+= A block (mc x kc at Ablk, strided) @ the
  * packed B block Bp (kc x nc). Ap: this thread's A packing buffer. */
 static void gemm_block(const gemm_ctx *c, const char *Ablk, pa_ssize mc, pa_ssize kc,
@@ -39,10 +96,7 @@ static void gemm_block(const gemm_ctx *c, const char *Ablk, pa_ssize mc, pa_ssiz
     const pa_gemm_kernel *g = &c->g;
     const size_t es = pa_elsize(c->dtype);
     const pa_ssize crs = c->C->rs, ccs = c->C->cs;
-    if (c->dtype == PA_F32)
-        pack_a_f32((const float *)Ablk, c->A->rs, c->A->cs, mc, kc, g->mr, (float *)Ap);
-    else
-        pack_a_f64((const double *)Ablk, c->A->rs, c->A->cs, mc, kc, g->mr, (double *)Ap);
+    pack_a(c, Ablk, mc, kc, Ap);
     for (pa_ssize jr = 0; jr < nc; jr += g->nr) {
         const int n = (int)(nc - jr < g->nr ? nc - jr : g->nr);
         const char *bpan = Bp + (size_t)(jr * kc) * es;
@@ -66,8 +120,8 @@ static void gemm_task(void *ctx_, pa_ssize t, int tid)
     const pa_ssize i0 = ib * c->mchunk, j0 = jb * g->nc;
     const pa_ssize mt = c->M - i0 < c->mchunk ? c->M - i0 : c->mchunk;
     const pa_ssize nc = c->N - j0 < g->nc ? c->N - j0 : g->nc;
-    const char *A = (const char *)c->A->p + (pa_batch_offset(c->bt, c->A->bs, b) + i0 * c->A->rs) * (pa_ssize)es;
-    const char *B = (const char *)c->B->p + (pa_batch_offset(c->bt, c->B->bs, b) + j0 * c->B->cs) * (pa_ssize)es;
+    const char *A = (const char *)c->A->p + (pa_batch_offset(c->bt, c->A->bs, b) + i0 * c->A->rs) * c->esa;
+    const char *B = (const char *)c->B->p + (pa_batch_offset(c->bt, c->B->bs, b) + j0 * c->B->cs) * c->esb;
     char *C = (char *)c->C->p + (pa_batch_offset(c->bt, c->C->bs, b) + i0 * c->C->rs + j0 * c->C->cs) * (pa_ssize)es;
     const char *bias = c->bias ? (const char *)c->bias + j0 * c->bias_s * (pa_ssize)es : NULL;
     char *Ap = (char *)c->ws[tid];
@@ -81,14 +135,10 @@ static void gemm_task(void *ctx_, pa_ssize t, int tid)
     for (pa_ssize p0 = 0; p0 < c->K; p0 += g->kc) {
         const pa_ssize kc = c->K - p0 < g->kc ? c->K - p0 : g->kc;
         const int accumulate = (p0 > 0) || bias != NULL;
-        const char *Bblk = B + p0 * c->B->rs * (pa_ssize)es;
-        if (c->dtype == PA_F32)
-            pack_b_f32((const float *)Bblk, c->B->rs, c->B->cs, kc, nc, g->nr, (float *)Bp);
-        else
-            pack_b_f64((const double *)Bblk, c->B->rs, c->B->cs, kc, nc, g->nr, (double *)Bp);
+        pack_b(c, B + p0 * c->B->rs * c->esb, kc, nc, Bp);
         for (pa_ssize ic = 0; ic < mt; ic += g->mc) {
             const pa_ssize mc = mt - ic < g->mc ? mt - ic : g->mc;
-            gemm_block(c, A + (ic * c->A->rs + p0 * c->A->cs) * (pa_ssize)es, mc, kc, Bp, nc,
+            gemm_block(c, A + (ic * c->A->rs + p0 * c->A->cs) * c->esa, mc, kc, Bp, nc,
                        C + ic * crs * (pa_ssize)es, accumulate, Ap);
         }
     }
@@ -117,12 +167,7 @@ static void shared_pack_task(void *ctx_, pa_ssize t, int tid)
     const pa_ssize p0 = t * s->per, p1 = p0 + s->per < s->npanels ? p0 + s->per : s->npanels;
     const pa_ssize j0 = p0 * c->g.nr;
     const pa_ssize j1 = p1 * c->g.nr < s->nc ? p1 * c->g.nr : s->nc;
-    const char *src = s->B + j0 * c->B->cs * (pa_ssize)es;
-    char *dst = s->Bp + (size_t)(j0 * s->kc) * es;
-    if (c->dtype == PA_F32)
-        pack_b_f32((const float *)src, c->B->rs, c->B->cs, s->kc, j1 - j0, c->g.nr, (float *)dst);
-    else
-        pack_b_f64((const double *)src, c->B->rs, c->B->cs, s->kc, j1 - j0, c->g.nr, (double *)dst);
+    pack_b(c, s->B + j0 * c->B->cs * c->esb, s->kc, j1 - j0, s->Bp + (size_t)(j0 * s->kc) * es);
 }
 
 static void shared_compute_task(void *ctx_, pa_ssize t, int tid)
@@ -132,7 +177,7 @@ static void shared_compute_task(void *ctx_, pa_ssize t, int tid)
     const size_t es = pa_elsize(c->dtype);
     const pa_ssize i0 = t * c->g.mc;
     const pa_ssize mc = c->M - i0 < c->g.mc ? c->M - i0 : c->g.mc;
-    gemm_block(c, s->A + i0 * c->A->rs * (pa_ssize)es, mc, s->kc, s->Bp, s->nc,
+    gemm_block(c, s->A + i0 * c->A->rs * c->esa, mc, s->kc, s->Bp, s->nc,
                s->C + i0 * c->C->rs * (pa_ssize)es, s->accumulate, (char *)c->ws[tid]);
 }
 
@@ -146,8 +191,8 @@ static int gemm_shared(gemm_ctx *c, int nt)
     if (!Bp) return -1;
     const pa_ssize mblocks = (c->M + g->mc - 1) / g->mc;
     for (pa_ssize b = 0; b < c->bt->count; b++) {
-        const char *A = (const char *)c->A->p + pa_batch_offset(c->bt, c->A->bs, b) * (pa_ssize)es;
-        const char *B = (const char *)c->B->p + pa_batch_offset(c->bt, c->B->bs, b) * (pa_ssize)es;
+        const char *A = (const char *)c->A->p + pa_batch_offset(c->bt, c->A->bs, b) * c->esa;
+        const char *B = (const char *)c->B->p + pa_batch_offset(c->bt, c->B->bs, b) * c->esb;
         char *C = (char *)c->C->p + pa_batch_offset(c->bt, c->C->bs, b) * (pa_ssize)es;
         for (pa_ssize j0 = 0; j0 < c->N; j0 += g->nc) {
             shared_ctx s;
@@ -167,8 +212,8 @@ static int gemm_shared(gemm_ctx *c, int nt)
             for (pa_ssize p0 = 0; p0 < c->K; p0 += g->kc) {
                 s.kc = c->K - p0 < g->kc ? c->K - p0 : g->kc;
                 s.accumulate = (p0 > 0) || bias != NULL;
-                s.B = B + (p0 * c->B->rs + j0 * c->B->cs) * (pa_ssize)es;
-                s.A = A + p0 * c->A->cs * (pa_ssize)es;
+                s.B = B + (p0 * c->B->rs + j0 * c->B->cs) * c->esb;
+                s.A = A + p0 * c->A->cs * c->esa;
                 pa_parallel_for((s.npanels + s.per - 1) / s.per, shared_pack_task, &s, nt);
                 pa_parallel_for(mblocks, shared_compute_task, &s, nt);
             }
@@ -178,13 +223,16 @@ static int gemm_shared(gemm_ctx *c, int nt)
     return 0;
 }
 
-int pa_matmul(const pa_family *fam, int dtype, const pa_batch *bt, pa_ssize M, pa_ssize N, pa_ssize K,
+int pa_matmul(const pa_family *fam, int dtype, int a_dt, int b_dt, const pa_batch *bt,
+              pa_ssize M, pa_ssize N, pa_ssize K,
               const pa_operand *A, const pa_operand *B, const pa_operand *C,
               const void *bias, pa_ssize bias_s, int nthreads)
 {
     if (bt->count == 0 || M == 0 || N == 0) return 0;
     gemm_ctx c;
     c.dtype = dtype; c.bt = bt; c.M = M; c.N = N; c.K = K;
+    c.a_dt = a_dt; c.b_dt = b_dt;
+    c.esa = (pa_ssize)pa_elsize(a_dt); c.esb = (pa_ssize)pa_elsize(b_dt);
     c.A = A; c.B = B; c.C = C; c.bias = bias; c.bias_s = bias_s;
     c.g = fam->gemm[dtype];          /* this call's copy: its NC may shrink below */
     c.nblocks = (N + c.g.nc - 1) / c.g.nc;

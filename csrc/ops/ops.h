@@ -64,8 +64,11 @@ void *pa_alloc64(size_t bytes);
 void pa_free64(void *p);
 
 /* C[b] = A[b] @ B[b] (+ bias). A (M, K), B (K, N), C (M, N), bias (N,) with
- * element stride bias_s, or NULL. */
-int pa_matmul(const pa_family *fam, int dtype, const pa_batch *bt, pa_ssize M, pa_ssize N, pa_ssize K,
+ * element stride bias_s, or NULL. dtype: the compute dtype (C, bias);
+ * a_dt, b_dt: how A and B are stored -- dtype, or PA_F16 / PA_BF16 with
+ * PA_F32 (widened as they are packed). */
+int pa_matmul(const pa_family *fam, int dtype, int a_dt, int b_dt, const pa_batch *bt,
+              pa_ssize M, pa_ssize N, pa_ssize K,
               const pa_operand *A, const pa_operand *B, const pa_operand *C,
               const void *bias, pa_ssize bias_s, int nthreads);
 
