@@ -27,12 +27,21 @@ def _calls():
     m = rng.random((9, 11)) > 0.3
     a = rng.standard_normal((7, 6))
     out = np.empty((2, 3, 9, 5))
+    kc = np.zeros((2, 3, 10, 8))
+    kn = rng.standard_normal((2, 3, 9, 8))[:, :, :2]
+    q16 = q.astype(np.float16)
     ok = [
         (lambda: pyattn.scaled_dot_product_attention(q, k, v, m, 0.1, True, rng=1, return_weights=True), (q, k, v, m)),
         (lambda: pyattn.scaled_dot_product_attention(q, k, v, out=out), (q, k, v, out)),
         (lambda: pyattn.softmax(a, attn_mask=a > 0, is_causal=True), (a,)),
         (lambda: pyattn.matmul(a, a.T), (a,)),
         (lambda: _C.sdpa(q, k, v.astype(np.float64)), (q, k)),
+        (lambda: pyattn.scaled_dot_product_attention(q, k, v, window=(2, 1), alibi_slopes=np.ones(3),
+                                                     softcap=2.0, sinks=np.zeros(3), return_lse=True), (q, k, v)),
+        (lambda: pyattn.merge_attention([out, out], np.zeros((2, 2, 3, 9))), (out,)),
+        (lambda: pyattn.attention_with_kvcache(q, kc, kc, kn, kn, cache_seqlens=[3, 4]), (q, kc, kn)),
+        (lambda: pyattn.scaled_dot_product_attention(q16, q16, q16), (q16,)),
+        (lambda: pyattn.matmul(q16, q16.swapaxes(-1, -2)), (q16,)),
     ]
     bad = [
         (lambda: pyattn.scaled_dot_product_attention(q, k, v[..., :3, :]), (q, k, v)),
@@ -42,6 +51,11 @@ def _calls():
         (lambda: _C.matmul(a, a), (a,)),
         (lambda: _C.sdpa(q, k, np.ones((2, 3, 4, 5))), (q, k)),
         (lambda: _C.softmax(a, None, np.ones((3, 3), bool)), (a,)),
+        (lambda: pyattn.attention_with_kvcache(q, kc, kc, kn, kn, cache_seqlens=[8, 9]), (q, kc, kn)),
+        (lambda: pyattn.scaled_dot_product_attention(q, k, v, sinks=np.ones(4)), (q, k, v)),
+        (lambda: pyattn.merge_attention(np.zeros((2, 3, 4)), np.zeros(5)), ()),
+        (lambda: _C.sdpa(q, k, v, kv_len=np.zeros(6, np.int64) + 99), (q, k, v)),
+        (lambda: _C.sdpa(q, k, v, slopes=np.zeros(5)), (q, k, v)),
     ]
     return ok, bad
 

@@ -98,3 +98,54 @@ def test_single_key_returns_its_value(seed, dtype, L, E, Ev, causal):
     first = L - 1 if causal else 0
     assert np.array_equal(out[:, first:], np.broadcast_to(v, out[:, first:].shape))
     assert np.array_equal(out[:, :first], np.zeros_like(out[:, :first]))
+
+
+@PROFILE
+@given(seed=st.integers(0, 2**32 - 1), dtype=dtypes, lq=layouts, lk=layouts, lv=layouts,
+       L=st.integers(1, 70), S=st.integers(1, 130), E=st.integers(1, 40), Ev=st.integers(1, 24),
+       causal=st.sampled_from([False, True, "bottom_right"]),
+       left=st.sampled_from([None, 0, 3, 40]), right=st.sampled_from([None, 0, 5]),
+       alibi=st.booleans(), softcap=st.sampled_from([None, 0.5, 20.0]), sinks=st.booleans(),
+       mask=st.sampled_from([None, "bool", "float"]), groups=st.sampled_from([1, 2]))
+def test_structured_sdpa_matches_reference(seed, dtype, lq, lk, lv, L, S, E, Ev, causal, left, right,
+                                           alibi, softcap, sinks, mask, groups):
+    rng = np.random.default_rng(seed)
+    H = 2 * groups
+    q = make(rng, (2, H, L, E), dtype, lq)
+    k = make(rng, (2, 2, S, E), dtype, lk)
+    v = make(rng, (2, 2, S, Ev), dtype, lv)
+    kw = dict(is_causal=causal, enable_gqa=groups > 1, return_lse=True)
+    if left is not None or right is not None:
+        kw["window"] = (left, right)
+    slopes = rng.uniform(0, 0.3, H) if alibi else None
+    if alibi:
+        kw["alibi_slopes"] = slopes
+    if softcap:
+        kw["softcap"] = softcap
+    if sinks:
+        kw["sinks"] = rng.standard_normal(H)
+    if mask == "bool":
+        kw["attn_mask"] = rng.random((L, S)) > 0.3
+    elif mask == "float":
+        kw["attn_mask"] = rng.standard_normal((H, L, S))
+    out, lse = pyattn.scaled_dot_product_attention(q, k, v, **kw)
+    want, ww, wl = R.scaled_dot_product_attention(q, k, v, return_weights=True, **kw)
+    kk, vv = np.repeat(k, groups, 1), np.repeat(v, groups, 1)
+    bias = 1 + (0.3 * (L + S) if alibi else 0)
+    check(out, want, mag_attention(q, kk, vv, ww, 1 / np.sqrt(E)) * bias)
+    fin = np.abs(np.where(np.isfinite(wl), wl, 0))
+    check(lse, wl, (4 + fin + np.log1p(S)) * np.sqrt(S + 1) * bias)
+    # splitting the keys in two and merging gives the whole (sinks go with one part)
+    cut = int(rng.integers(0, S + 1))
+    kw1 = dict(kw)
+    kw2 = {x: y for x, y in kw.items() if x != "sinks"}
+    m = kw.get("attn_mask")
+    if m is not None:
+        kw1["attn_mask"], kw2["attn_mask"] = m[..., :cut], m[..., cut:]
+    if causal or "window" in kw or alibi:
+        return      # positions depend on S: the parts would need a shifted query position
+    o1, l1 = pyattn.scaled_dot_product_attention(q, k[..., :cut, :], v[..., :cut, :], **kw1)
+    o2, l2 = pyattn.scaled_dot_product_attention(q, k[..., cut:, :], v[..., cut:, :], **kw2)
+    mo, ml = pyattn.merge_attention([o1, o2], [l1, l2])
+    check(mo, want, 2 * mag_attention(q, kk, vv, ww, 1 / np.sqrt(E)))
+    check(ml, wl, 2 * (4 + fin + np.log1p(S)) * np.sqrt(S + 1))

@@ -35,7 +35,16 @@ def _calls(rng):
     big_b = rng.standard_normal((700, 270)).astype(np.float32)
     bias = rng.standard_normal(270).astype(np.float32)
     ws = rng.standard_normal((4, 64, 64)).astype(np.float32)
+    kc = rng.standard_normal((2, 2, 9000, 32)).astype(np.float16)      # a 16-bit KV cache
+    qd = rng.standard_normal((2, 8, 1, 32)).astype(np.float32)
+    sw = dict(window=(40, 3), alibi_slopes=np.linspace(0.1, 0.4, 4), softcap=4.0, sinks=np.ones(4),
+              is_causal=True, return_lse=True)
     return [
+        lambda: pyattn.scaled_dot_product_attention(q, k, v, **sw)[1],
+        lambda: pyattn.scaled_dot_product_attention(q, k, v, **sw)[0],
+        lambda: pyattn.attention_with_kvcache(qd, kc, kc, cache_seqlens=[8999, 5000], window=(3000, 0)),
+        lambda: pyattn.merge_attention(np.stack([v, v[:, ::-1]]), np.ones((2, 2, 4, 170)))[0],
+        lambda: pyattn.matmul(a.astype(np.float16), b.astype(np.float16)),
         lambda: pyattn.matmul(a, b),
         lambda: pyattn.matmul(b.T.astype(np.float64), a[0].T),
         lambda: pyattn.softmax(x, scale=0.3),
