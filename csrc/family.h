@@ -77,7 +77,27 @@ typedef float (*pa_read_probe_fn)(const float *p, size_t n);
  * float32, exactly. The frame calls it on tiles of 16-bit operands. */
 typedef void (*pa_widen_fn)(float *dst, const uint16_t *src, pa_ssize n);
 
+/* Decode kernels: the rows path of the attention frame (few query rows,
+ * many keys: memory bound) on one key tile. Every sum keeps 16 partial sums
+ * (element t into partial t mod 16, zero-padded) combined as a tree --
+ * p[l] + p[l + 8], then + 4, + 2, + 1 -- so the bits do not depend on the
+ * vector width.
+ *   dot: s[r*ss + j] = Q[r] . K[j], r < R, j < nj; Q rows at Q + r*qrs and
+ *        K rows at K + j*krs, each E contiguous elements.
+ *   sm:  the online-softmax step of one row over its nj scores s
+ *        (contiguous): as pa_tilesm_fn for one column, the tile's sum of
+ *        exp by the 16-partial rule.
+ *   pv:  acc[r*ald + d] += P[r*ps + j] * V[j*vrs + d] for j in order,
+ *        skipping P == 0 (one FMA per term); d < Ev, V rows contiguous;
+ *        acc rows are padded to a multiple of the vector width. */
+typedef void (*pa_rowdot_fn)(const void *Q, pa_ssize qrs, pa_ssize R, const void *K, pa_ssize krs,
+                             pa_ssize nj, pa_ssize E, void *s, pa_ssize ss);
+typedef void (*pa_rowsm_fn)(void *s, pa_ssize nj, void *m, void *l, void *alpha);
+typedef void (*pa_rowpv_fn)(const void *P, pa_ssize ps, pa_ssize R, const void *V, pa_ssize vrs,
+                            pa_ssize nj, pa_ssize Ev, void *acc, pa_ssize ald);
+
 typedef struct { pa_tilesm_fn fn; const char *name; } pa_tilesm_kernel;
+typedef struct { pa_rowdot_fn dot; pa_rowsm_fn sm; pa_rowpv_fn pv; const char *name; } pa_decode_kernel;
 typedef struct { pa_widen_fn fn; const char *name; } pa_widen_kernel;
 typedef struct { pa_softmax_fn fn; const char *name; } pa_softmax_kernel;
 
@@ -87,6 +107,7 @@ typedef struct pa_family {
     pa_gemm_kernel gemm[PA_NCOMPUTE];
     pa_tilesm_kernel tilesm[PA_NCOMPUTE];
     pa_softmax_kernel softmax[PA_NCOMPUTE];
+    pa_decode_kernel decode[PA_NCOMPUTE];
     int attn_bq[PA_NCOMPUTE];               /* flash query block: a multiple of
                                                lcm(MR, NR) of the gemm kernel */
     const char *attn_name[PA_NCOMPUTE];

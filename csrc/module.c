@@ -395,19 +395,19 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"q", "k", "v", "out", "mask", "causal", "scale", "dropout_p",
                              "dropout_key", "want_weights", "want_lse", "left", "right",
-                             "softcap", "slopes", "sinks", "kv_len", NULL};
+                             "softcap", "slopes", "sinks", "kv_len", "row_div", NULL};
     PyObject *qo, *ko, *vo, *outo = Py_None, *mo = Py_None;
     PyObject *slo = Py_None, *sio = Py_None, *kvo = Py_None;
     int causal = 0, want_w = 0, want_lse = 0;
-    Py_ssize_t left = -1, right = -1;
+    Py_ssize_t left = -1, right = -1, row_div = 1;
     double scale = 1.0, dropout_p = 0.0, softcap = 0.0;
     unsigned long long key = 0;
     PyArrayObject *res = NULL, *wres = NULL, *lres = NULL;
     view q, k, v, o, m, w, lv, scores;
     int kind;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOiddKppnndOOO:sdpa", kwlist, &qo, &ko, &vo,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOiddKppnndOOOn:sdpa", kwlist, &qo, &ko, &vo,
                                      &outo, &mo, &causal, &scale, &dropout_p, &key, &want_w,
-                                     &want_lse, &left, &right, &softcap, &slo, &sio, &kvo))
+                                     &want_lse, &left, &right, &softcap, &slo, &sio, &kvo, &row_div))
         return NULL;
     if (get_view(qo, "query", 2, PA_ALLOW_16, 0, &q) < 0 ||
         get_view(ko, "key", 2, PA_ALLOW_16, 0, &k) < 0 ||
@@ -429,6 +429,11 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
     if (same_batch(&q, "query", &k, "key", nb) < 0 || same_batch(&q, "query", &v, "value", nb) < 0)
         goto fail;
     const pa_ssize L = q.shape[nd - 2], E = q.shape[nd - 1];
+    if (row_div < 1 || L % row_div != 0 || (row_div > 1 && (want_w || mo != Py_None))) {
+        PyErr_SetString(PyExc_ValueError, "row_div must be >= 1 and divide L (and excludes masks "
+                                          "and weights)");
+        goto fail;
+    }
     const pa_ssize S = k.shape[nd - 2], Ev = v.shape[nd - 1];
     if (k.shape[nd - 1] != E) { shape_error("key", &k, "query", &q); goto fail; }
     if (v.shape[nd - 2] != S) { shape_error("value", &v, "key", &k); goto fail; }
@@ -448,7 +453,7 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
     pa_operand Q, Kk, V, Mk, O, W, Lse;
     batch_of(&q, nb, &bt);
     pa_attn_opts opts = {causal, left < 0 ? -1 : (pa_ssize)left, right < 0 ? -1 : (pa_ssize)right,
-                         softcap, NULL, NULL, NULL, NULL, q.dtype, k.dtype, v.dtype};
+                         softcap, NULL, NULL, NULL, NULL, q.dtype, k.dtype, v.dtype, (pa_ssize)row_div};
     const void *pp;
     if (get_perbatch(slo, "alibi_slopes", NPY_FLOAT64, bt.count, &pp) < 0) goto fail;
     opts.slopes = (const double *)pp;

@@ -87,8 +87,9 @@ enum { PA_MASK_NONE = 0, PA_MASK_BOOL = 1, PA_MASK_ADD = 2 };
 enum { PA_CAUSAL_NONE = 0, PA_CAUSAL_TOP_LEFT = 1, PA_CAUSAL_BOTTOM_RIGHT = 2 };
 
 /* The key range of query row i: the causal rule and a sliding window.
- * Row i sits at position d(i) = i + qoff on the key axis (qoff = S - L for
- * bottom-right causal attention and for a KV cache, else 0). Keys lie in
+ * Row i sits at position d(i) = i / div + qoff on the key axis (qoff = S - L
+ * for bottom-right causal attention and for a KV cache, else 0; div > 1
+ * when the rows are div query heads per position, stacked). Keys lie in
  * [0, S); causal keeps j <= d(i); the window keeps d(i) - left <= j <=
  * d(i) + right (a negative left/right: unbounded on that side). Both ends
  * are nondecreasing in i, which the frames use to skip whole tiles. */
@@ -96,11 +97,12 @@ typedef struct {
     pa_ssize S, qoff;
     int causal;                 /* nonzero: j <= d(i) */
     pa_ssize left, right;       /* window; < 0: unbounded */
+    pa_ssize div;               /* rows per position (>= 1) */
 } pa_keyrule;
 
 static inline void pa_key_range(const pa_keyrule *r, pa_ssize i, pa_ssize *lo, pa_ssize *hi)
 {
-    const pa_ssize d = i + r->qoff;
+    const pa_ssize d = i / r->div + r->qoff;
     pa_ssize a = 0, b = r->S;
     if (r->causal && d + 1 < b) b = d + 1;
     if (r->right >= 0 && d + r->right + 1 < b) b = d + r->right + 1;
@@ -118,7 +120,7 @@ static inline void pa_key_range(const pa_keyrule *r, pa_ssize i, pa_ssize *lo, p
  * bottom-right: j <= i + (S - L)  (FlashAttention, decoding with a cache) */
 static inline pa_ssize pa_causal_limit(int causal, pa_ssize i, pa_ssize L, pa_ssize S)
 {
-    const pa_keyrule r = {S, causal == PA_CAUSAL_BOTTOM_RIGHT ? S - L : 0, causal != PA_CAUSAL_NONE, -1, -1};
+    const pa_keyrule r = {S, causal == PA_CAUSAL_BOTTOM_RIGHT ? S - L : 0, causal != PA_CAUSAL_NONE, -1, -1, 1};
     pa_ssize lo, hi;
     pa_key_range(&r, i, &lo, &hi);
     return hi;
@@ -145,6 +147,7 @@ typedef struct {
                                      pa_ssize lo, pa_ssize hi)                      \
     {                                                                               \
         if (lo < 0) lo = 0;                                                         \
+        if (lo > n) lo = n;                                                         \
         if (hi > n) hi = n;                                                         \
         if (hi < lo) hi = lo;                                                       \
         for (pa_ssize t = 0; t < lo; t++) s[t * ss] = (T)-INFINITY;                 \

@@ -4,6 +4,7 @@ their outputs (they read well on GitHub).
     pip install -e ".[notebooks]"
     python notebooks/build_notebooks.py          # write + execute all
     python notebooks/build_notebooks.py --no-run # write only
+    python notebooks/build_notebooks.py 07_generation   # write + execute the named ones
 
 Each notebook is a list of (kind, source) cells below; edit here, rebuild.
 """
@@ -577,6 +578,352 @@ for i in range(H):      # one colour scale, 0 to 1, for all heads
                  ylabel="query: character predicting" if i == 0 else "", colorbar=False, vmin=0, vmax=1)
 fig.colorbar(im, ax=axs, shrink=0.8, label="attention weight")
 plt.show()"""),
+]
+
+# ---------------------------------------------------------------------------
+NB["07_generation"] = [
+("md", """# 07 · Generate with a KV cache
+
+A language model writes one token at a time: it reads the text so far, predicts the next
+token, appends it, and starts again. In causal attention a token's key and value depend
+only on the tokens up to it, so they never change once computed. A **KV cache** keeps
+them: each layer stores the keys and values of every token it has seen, and a new step
+computes the query, key and value of the *new* token only, appends its key and value to
+the cache, and lets the new query attend over everything cached. Without a cache, step `t`
+re-runs the model over all `t` tokens (projections `O(t)`, attention `O(t²)`); with one, it
+runs the model on one token and reads `t` cached rows.
+
+This notebook builds a small character model from `pyattn.nn` layers, generates with
+`pyattn.KVCache`, checks the result against re-running the whole prefix, times both ways,
+counts the cache's bytes in float32 and 16-bit, and pictures the attention variants that
+`pyattn.attention_with_kvcache` takes (sliding window, ALiBi, softcap, sinks) and
+`pyattn.merge_attention`."""),
+("code", SETUP + """import os, platform, time
+from pyattn.nn import MultiHeadAttention
+try:
+    import ml_dtypes                       # optional: NumPy's bfloat16
+except ImportError:
+    ml_dtypes = None
+    print("ml_dtypes is not installed (pip install ml_dtypes): the bfloat16 parts are skipped")
+pyattn.set_num_threads(1)                  # one thread: timings less disturbed by whatever else runs
+
+def cpu_name():
+    \"\"\"The processor's name on Linux, else what the platform module knows.\"\"\"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "an unknown CPU"
+"""),
+("md", """## A tiny character model
+Token embeddings plus position embeddings (one row per position), two pre-LayerNorm blocks
+(`x + attention(LayerNorm(x))`, then `x + MLP(LayerNorm(x))`, with a causal
+`pyattn.nn.MultiHeadAttention`), a final LayerNorm and a linear head over the characters
+of `notebooks/data/tiny_corpus.txt`.
+
+**The weights are random**: nothing here is trained. Only the head is fitted, by ridge least
+squares on the corpus (as notebook 05 fits its read-out), so that the samples look a little
+like the text. What matters is the mechanics: `hidden(ids, caches)` takes only the new
+tokens when given one cache per layer, and places them after the tokens the caches hold."""),
+("code", """text = open("data/tiny_corpus.txt").read().replace("\\n", " ")
+chars = sorted(set(text))
+stoi = {c: i for i, c in enumerate(chars)}
+V, D, H, N_LAYERS, MAX_LEN = len(chars), 64, 4, 2, 512
+rng = np.random.default_rng(0)
+
+def randn(*shape, std=1.0):
+    return (rng.standard_normal(shape) * std).astype(np.float32)
+
+tok_emb = randn(V, D)
+pos_emb = randn(MAX_LEN, D, std=0.1)               # one row per position
+
+def layer_norm(x, eps=1e-5):                       # no learned gain and bias (they start at 1 and 0)
+    mu = x.mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(x.var(-1, keepdims=True) + eps)
+
+class Block:
+    \"\"\"x + attention(LayerNorm(x)), then x + MLP(LayerNorm(x)).\"\"\"
+    def __init__(self, seed):
+        self.attn = MultiHeadAttention(D, D, H, context_length=MAX_LEN, rng=seed).eval()
+        self.W1 = randn(D, 4 * D, std=D ** -0.5)
+        self.W2 = randn(4 * D, D, std=0.3 * (4 * D) ** -0.5)
+
+    def __call__(self, x, cache=None):
+        x = x + self.attn(layer_norm(x), cache=cache)          # with a cache: x holds the new tokens only
+        return x + pyattn.matmul(np.maximum(pyattn.matmul(layer_norm(x), self.W1), 0), self.W2)
+
+blocks = [Block(seed) for seed in range(1, N_LAYERS + 1)]
+
+def hidden(ids, caches=None):
+    \"\"\"ids (B, T) -> final hidden states (B, T, D). With caches (one per layer), ids are the
+    new tokens only, at the positions after those the caches hold.\"\"\"
+    start = 0 if caches is None else int(caches[0].lengths[0])
+    x = tok_emb[ids] + pos_emb[start:start + ids.shape[1]]
+    for block, cache in zip(blocks, caches or [None] * N_LAYERS):
+        x = block(x, cache)
+    return layer_norm(x)
+
+# the head, fitted by ridge least squares on windows of the corpus (teacher forcing)
+ids = np.array([stoi[c] for c in text])
+starts = range(0, len(ids) - 65, 4)
+X = np.stack([ids[s:s + 64] for s in starts]); Y = np.stack([ids[s + 1:s + 65] for s in starts])
+A = np.c_[hidden(X).reshape(-1, D), np.ones(X.size)].astype(np.float64)
+W = np.linalg.solve(A.T @ A + np.eye(D + 1), A.T @ np.eye(V)[Y.ravel()])  # ridge: LayerNorm leaves A a direction short
+W_head, b_head = W[:-1].astype(np.float32), W[-1].astype(np.float32)
+
+def logits(ids, caches=None):
+    return pyattn.matmul(hidden(ids, caches), W_head) + b_head
+
+print(f"vocabulary of {V}, {N_LAYERS} blocks, {H} heads of {D // H}; "
+      f"next-character accuracy of the fitted head on the corpus: {np.mean((A @ W).argmax(-1) == Y.ravel()):.0%}")"""),
+("md", """## Generating, token by token
+`layer.new_cache(batch, max_len)` allocates a `KVCache` for one attention layer: `k` and `v`
+of shape `(batch, heads, max_len, head_dim)`, zeros, and `lengths`, the rows filled per
+sequence. The first call reads the whole prompt (the *prefill*) and fills the caches; every
+later call reads **one token**, whose key and value are appended in place, and its query
+attends over all cached rows."""),
+("code", """prompt = "the cat "
+caches = [block.attn.new_cache(1, MAX_LEN) for block in blocks]
+print(caches[0])
+seq = [stoi[c] for c in prompt]
+new = list(seq)                                    # what the model reads at this step
+for step in range(5):
+    before = int(caches[0].lengths[0])
+    lg = logits(np.array([new]), caches)[0, -1]    # the last position predicts the next character
+    print(f"step {step}: the model reads {len(new)} token(s), positions {before}..{before + len(new) - 1}; "
+          f"each cache now holds {caches[0].lengths[0]} rows (without a cache it would read all {len(seq)})")
+    seq.append(int(lg.argmax()))
+    new = seq[-1:]
+print(repr("".join(chars[i] for i in seq)))"""),
+("md", """A generator that samples either way: with caches, or re-running the model over the whole
+text at every step. It also returns each step's logits and time. (The fitted head's scores
+are small, like probabilities, hence the low temperature.)"""),
+("code", """def generate(prompt, n, use_cache=True, temperature=0.05, seed=0, dtype=np.float32):
+    \"\"\"Sample n characters after prompt -> (text, logits of each step (n, V), seconds per step (n,)).\"\"\"
+    g = np.random.default_rng(seed)
+    seq = [stoi[c] for c in prompt]
+    caches = [block.attn.new_cache(1, MAX_LEN, dtype) for block in blocks] if use_cache else None
+    new, rows, times = list(seq), [], []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        lg = logits(np.array([new]), caches)[0, -1]
+        p = pyattn.softmax(lg, scale=1 / temperature)
+        seq.append(int(g.choice(V, p=p / p.sum())))
+        times.append(time.perf_counter() - t0)
+        rows.append(lg)
+        new = seq[-1:] if use_cache else seq
+    return "".join(chars[i] for i in seq), np.array(rows), np.array(times)
+
+sample, step_logits, _ = generate(prompt, 150)
+print(sample)"""),
+("md", """## The same logits as re-running the whole prefix
+One call without a cache over the whole generated text gives, at every position, the logits
+from the prefix up to it (the mask is causal): exactly what each generation step computed.
+They agree to float32 rounding. (Not to the bit: a one-query decode step sums in a
+different order from the many-query kernel.)"""),
+("code", """full = logits(np.array([[stoi[c] for c in sample[:-1]]]))[0, len(prompt) - 1:]   # no cache, one call
+print("logits:", step_logits.shape, "largest difference, cached steps vs the whole prefix at once:",
+      np.abs(full - step_logits).max())
+assert np.allclose(full, step_logits, atol=1e-4)"""),
+("md", """## Tokens per second as the text grows
+Generate up to 512 characters both ways and time every step. Without a cache, step `t` runs
+the model over `t` tokens (its time grows with the length, and the attention part with its
+square); with a cache it runs one token and reads `t` cached rows (nearly flat here:
+the small model's time goes to Python and the per-call overhead; the first cached step is
+the prefill of the 8-character prompt). Thin lines are single steps, thick ones a running
+median over 15 steps. **The times depend on the machine** (and on what else it runs): the
+committed figure comes from the run that built this notebook, on the CPU named in its
+title; re-run it to measure yours."""),
+("code", """n = MAX_LEN - len(prompt)
+text_cached, lg_cached, t_cached = generate(prompt, n, use_cache=True)
+text_full, lg_full, t_full = generate(prompt, n, use_cache=False)
+assert text_full == text_cached and np.allclose(lg_full, lg_cached, atol=1e-4)   # the same text either way
+length = len(prompt) + np.arange(n)                   # tokens read so far when the step starts
+
+def running_median(x, w=15):
+    return np.median(np.lib.stride_tricks.sliding_window_view(np.r_[[x[0]] * (w // 2), x, [x[-1]] * (w // 2)], w), axis=1)
+
+fig, axs = plt.subplots(1, 2, figsize=(12, 4.2), layout="constrained")
+for ts, name, colour in ((t_full, "no cache: re-run the whole prefix", "C3"), (t_cached, "KVCache: one new token", "C0")):
+    axs[0].plot(length, ts * 1e3, color=colour, alpha=0.25, lw=0.7)
+    axs[0].plot(length, running_median(ts) * 1e3, color=colour, lw=2, label=name)
+    axs[1].plot(length, 1 / running_median(ts), color=colour, lw=2, label=name)
+axs[0].set_ylabel("ms per generated token"); axs[0].set_ylim(0, np.percentile(t_full, 99) * 1e3 * 1.1)
+axs[1].set_ylabel("tokens per second"); axs[1].set_ylim(0, None)
+for ax in axs:
+    ax.set_xlabel("length of the text so far (tokens)"); ax.legend()
+fig.suptitle(f"measured when this notebook ran, on {cpu_name()}, 1 thread (re-run to measure your machine)", fontsize=10)
+plt.show()
+for L in (64, 128, 256, 511):
+    a, b = running_median(t_full)[L - len(prompt)], running_median(t_cached)[L - len(prompt)]
+    print(f"at {L:3d} tokens: {a * 1e3:5.2f} ms without a cache, {b * 1e3:5.2f} ms with one ({a / b:4.1f}x)")
+print(f"all {n} tokens: {n / t_full.sum():.0f} tokens/s without a cache, {n / t_cached.sum():.0f} with one")"""),
+("md", """## How much memory the cache takes, and why decode is memory-bound
+The cache holds, per layer, a key and a value vector for every KV head and every token:
+`2 × layers × kv_heads × head_dim × tokens × bytes per number`. For the shape of an 8-billion
+parameter model such as Llama 3 8B (32 layers, 8 KV heads of 128 dimensions, grouped-query
+attention: 32 query heads share them) that is 256 KiB per token in float32.
+
+A decode step reads **every byte of the cache** once, to do one multiply-add per number
+for each query head that shares it: for float32 and 4 query heads per KV head, about 2
+floating-point operations per byte loaded, while a processor's cores together can do ten
+or more in the time the memory delivers one byte. So the step waits for memory, and its time is roughly the cache's bytes divided by the
+memory bandwidth: at 8192 tokens a float32 cache is 2 GiB to read *per generated token*.
+Storing the cache in 16 bits (`dtype=np.float16` or `ml_dtypes.bfloat16`) halves both the
+memory and the bytes to read; pyattn widens each tile to float32 in the kernel and does the
+arithmetic in float32. (Whether that also halves a step's time depends on the machine:
+widening costs some arithmetic, which on a single core may matter more than the bytes.)"""),
+("code", """layers, kv_heads, head_dim = 32, 8, 128
+itemsize = {"float32": 4, "float16": 2, "bfloat16": 2}
+for name, size in itemsize.items():
+    per_token = 2 * layers * kv_heads * head_dim * size          # K and V
+    print(f"{name:8s}: {per_token / 2**10:4.0f} KiB per token, {per_token * 8192 / 2**30:.0f} GiB for 8192 tokens, "
+          f"{per_token * 131072 / 2**30:3.0f} GiB for 128k tokens (one sequence)")
+tokens = np.array([1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072])
+fig, ax = plt.subplots(figsize=(6.5, 4.2), layout="constrained")
+for name in ("float32", "bfloat16"):
+    ax.plot(tokens, 2 * layers * kv_heads * head_dim * itemsize[name] * tokens / 2**30, marker="o",
+            label=f"KV cache, {name}" + (" (or float16)" if name == "bfloat16" else ""))
+ax.axhline(8.0e9 * 2 / 2**30, color="grey", ls="--", label="the model's 8B weights in bfloat16")
+ax.set_xscale("log"); ax.set_yscale("log"); ax.minorticks_off()
+ax.set_xticks(tokens, [f"{t // 1024}k" for t in tokens])
+gib = [0.125, 0.25, 0.5, 1, 2, 4, 8, 16, 32]
+ax.set_yticks(gib, [f"{g:g}" for g in gib])
+ax.set_xlabel("tokens in the cache (one sequence)"); ax.set_ylabel("GiB")
+ax.set_title("32 layers x 8 KV heads x 128 dims (Llama 3 8B's shape), computed", fontsize=10)
+ax.legend(); plt.show()"""),
+("md", """The small model's own caches, the real arrays, in each dtype, and how close 16-bit
+caches keep the logits: the generated text is replayed through caches of each dtype, one
+token at a time, and compared with the float32 caches. New keys and values are rounded
+when they are written (bfloat16 keeps 8 significant bits, float16 11), the rest is float32."""),
+("code", """def replay(text, dtype):
+    \"\"\"Logits of each step when the model reads text through caches of dtype, one token at a
+    time after the prompt (teacher forcing: the same tokens whatever the dtype).\"\"\"
+    ids = [stoi[c] for c in text]
+    caches = [block.attn.new_cache(1, MAX_LEN, dtype) for block in blocks]
+    rows = [logits(np.array([ids[:len(prompt)]]), caches)[0, -1]]
+    rows += [logits(np.array([ids[t:t + 1]]), caches)[0, -1] for t in range(len(prompt), len(ids) - 1)]
+    return np.array(rows), caches
+
+dtypes = {"float32": np.float32, "float16": np.float16}
+if ml_dtypes is not None:
+    dtypes["bfloat16"] = ml_dtypes.bfloat16
+else:
+    print("(bfloat16 skipped: ml_dtypes is not installed)")
+ref, _ = replay(text_cached, np.float32)
+p = pyattn.softmax(ref, scale=1 / 0.05)                # the sampling probabilities (temperature 0.05)
+print(f"logits range over [{ref.min():.2f}, {ref.max():.2f}]")
+for name, dt in dtypes.items():
+    lg, caches = replay(text_cached, dt)
+    nbytes = sum(c.k.nbytes + c.v.nbytes for c in caches)
+    print(f"{name:8s} caches: {nbytes / 2**10:3.0f} KiB (k and v, {N_LAYERS} layers x {MAX_LEN} tokens, {caches[0].k.dtype})", end="")
+    if dt is not np.float32:
+        print(f"; vs float32: logits differ by at most {np.abs(lg - ref).max():.1e}, sampling probabilities by "
+              f"{np.abs(pyattn.softmax(lg, scale=1 / 0.05) - p).max():.1e}, same likeliest character at "
+              f"{np.mean(lg.argmax(-1) == ref.argmax(-1)):.0%} of {len(ref)} steps", end="")
+    print()"""),
+("md", """## Attention variants, pictured
+The cached call takes the same structured masks as `scaled_dot_product_attention`, with
+positions counted in the cache.
+
+**Sliding window.** `window=(left, right)`: query `i` sees keys `i - left … i + right`.
+With `is_causal=True` and `window=(3, 0)` each token sees itself and the 3 before it (Mistral
+uses `(4095, 0)`). Information still travels further through the layers. The kernel skips
+the key tiles outside the window, so a decode step reads only the rows near the end of the
+cache however long it is (the `KVCache` itself still keeps every row). Below, the weights
+for `L = S = 12`; the same rule applied token by token through a `KVCache` gives the same
+rows."""),
+("code", """L = S = 12
+rng = np.random.default_rng(1)
+q, k, v = (rng.standard_normal((1, 1, L, 8), dtype=np.float32) for _ in range(3))
+out, w = pyattn.scaled_dot_product_attention(q, k, v, is_causal=True, window=(3, 0), return_weights=True)
+i, j = np.indices((L, S))
+allowed = (j <= i) & (j >= i - 3)
+assert np.array_equal(w[0, 0] > 0, allowed)
+cache = pyattn.KVCache(1, 1, L, 8)                    # the same, one token at a time
+steps = np.concatenate([cache.attend(q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1], window=(3, 0))
+                        for t in range(L)], axis=2)
+print("decoding through a KVCache vs the whole sequence at once, largest difference:", np.abs(steps - out).max())
+assert np.allclose(steps, out, atol=1e-6)
+fig, ax = plt.subplots(figsize=(6, 5), layout="constrained")
+heatmap(ax, np.where(allowed, w[0, 0], -np.inf), colorbar="attention weight",
+        title="window=(3, 0), is_causal=True:\\neach query sees itself and the 3 keys before it")
+plt.show()"""),
+("md", """**ALiBi.** Instead of position embeddings, ALiBi adds a penalty proportional to distance
+to every score: `-slope[h] × |i - j|`, one slope per head (a geometric series: `2^(-8h/H)`
+for heads `h = 1 … H`). Steep heads look near, gentle heads far, and the rule extends to any
+length. `alibi_slopes=` adds it inside the kernel; below, the biases of heads 1, 2 and 4
+of eight (future keys masked by causality), and a check that the weights equal a softmax
+of scores plus these biases."""),
+("code", """H8 = 8
+slopes = 2.0 ** (-8.0 * np.arange(1, H8 + 1) / H8)
+bias = np.where(j <= i, -slopes[:, None, None] * np.abs(i - j), -np.inf)        # (H, L, S), causal
+q8, k8, v8 = (rng.standard_normal((H8, L, 8), dtype=np.float32) for _ in range(3))
+_, w8 = pyattn.scaled_dot_product_attention(q8, k8, v8, is_causal=True, alibi_slopes=slopes, return_weights=True)
+by_hand = pyattn.softmax(q8 @ k8.transpose(0, 2, 1) / np.sqrt(8) + bias)
+print("alibi_slopes vs softmax(scores + bias) by hand, largest difference:", np.abs(w8 - by_hand).max())
+assert np.allclose(w8, by_hand, atol=1e-5)
+fig, axs = plt.subplots(1, 3, figsize=(15, 4.4), layout="constrained")
+for ax, h in zip(axs, (0, 1, 3)):
+    im = heatmap(ax, bias[h], title=f"head {h + 1} of 8: slope {slopes[h]:.3g}", colorbar=False,
+                 vmin=bias[0][np.isfinite(bias[0])].min(), vmax=0)
+fig.colorbar(im, ax=axs, shrink=0.8, label="bias added to the score; grey: masked (causal)")
+plt.show()"""),
+("md", """**Softcap.** `softcap=c` replaces each scaled score `s` by `c · tanh(s / c)` before the
+softmax (Gemma 2 uses `c = 50`): small scores pass almost unchanged, large ones are squashed
+below `c`, so no single key can take all the weight through one huge score."""),
+("code", """s = np.linspace(-60, 60, 241)
+scores_q, scores_k = np.ones((1, 1)), np.array([[40.0], [20.0], [0.0], [-10.0]])   # E = 1, scale 1: scores 40, 20, 0, -10
+print("weights without softcap:", pyattn.scaled_dot_product_attention(scores_q, scores_k, np.eye(4), scale=1.0)[0])
+print("weights, softcap=20:    ", pyattn.scaled_dot_product_attention(scores_q, scores_k, np.eye(4), scale=1.0, softcap=20.0)[0])
+fig, ax = plt.subplots(figsize=(5.5, 3.8), layout="constrained")
+ax.plot(s, s, "k--", lw=1, label="no softcap")
+for c in (10, 20, 50):
+    ax.plot(s, c * np.tanh(s / c), label=f"softcap={c}")
+ax.set_xlabel("scaled score"); ax.set_ylabel("score the softmax sees"); ax.set_ylim(-62, 62); ax.legend()
+plt.show()"""),
+("md", """**Sinks.** A softmax always hands out a total weight of 1, even when no key is a good
+match, so a head that has nothing to say still mixes some values in. `sinks=` (gpt-oss) adds
+one learned logit per head to every row's denominator, a key whose value is zero: the
+weights of the real keys may now sum to less than 1. Below, row 4's scores are all very
+negative: without a sink its weights still sum to 1; with a sink (logit 0) they nearly
+vanish, and so does its output. Row 2 has every key masked (a bool mask row all `False`):
+weights 0 and an output of 0 either way. The sink's own weight is not among the weights
+returned."""),
+("code", """T = 6
+k6 = rng.standard_normal((1, T, 4), dtype=np.float32); k6[..., 0] = 3.0       # every key points one way...
+q6 = 0.3 * rng.standard_normal((1, T, 4), dtype=np.float32); q6[0, 4] = [-4, 0, 0, 0]   # ...query 4 the other
+v6 = rng.standard_normal((1, T, 3), dtype=np.float32)
+mask = np.tril(np.ones((T, T), bool)); mask[2] = False                          # row 2: nothing to attend to
+o0, w0 = pyattn.scaled_dot_product_attention(q6, k6, v6, attn_mask=mask, return_weights=True)
+o1, w1 = pyattn.scaled_dot_product_attention(q6, k6, v6, attn_mask=mask, sinks=np.zeros(1, np.float32),
+                                             return_weights=True)
+print("row sums without a sink:", w0[0].sum(-1))
+print("row sums with a sink:   ", w1[0].sum(-1))
+print("output row 4 without / with a sink:", o0[0, 4], o1[0, 4])
+fig, axs = plt.subplots(1, 2, figsize=(13, 4.6), layout="constrained")
+for ax, wt, name in ((axs[0], w0[0], "without a sink"), (axs[1], w1[0], "with a sink (logit 0)")):
+    im = heatmap(ax, np.where(mask, wt, -np.inf), rows=[f"{r}: sum {x:.2f}" for r, x in enumerate(wt.sum(-1))],
+                 title=name, colorbar=False, vmin=0, vmax=1)
+fig.colorbar(im, ax=axs, shrink=0.8, label="attention weight; grey: masked")
+plt.show()"""),
+("md", """## Merging partial results: the log-sum-exp
+With `return_lse=True` attention also returns, per row, `lse = log Σ_j exp(s_j)` over the keys
+it saw. Two results over disjoint sets of keys then combine exactly into the result over
+their union: `out = e^(lse₁ - lse) out₁ + e^(lse₂ - lse) out₂` with `lse = logaddexp(lse₁, lse₂)`.
+`pyattn.merge_attention` does it; that is how a long cache is split over threads in a
+decode step, and how ring attention spreads keys over machines."""),
+("code", """q, k, v = (rng.standard_normal((4, 10, 16), dtype=np.float32) for _ in range(3))
+whole, lse = pyattn.scaled_dot_product_attention(q, k, v, return_lse=True)
+o1, l1 = pyattn.scaled_dot_product_attention(q, k[:, :6], v[:, :6], return_lse=True)   # keys 0..5
+o2, l2 = pyattn.scaled_dot_product_attention(q, k[:, 6:], v[:, 6:], return_lse=True)   # keys 6..9
+merged, lse_m = pyattn.merge_attention([o1, o2], [l1, l2])
+by_hand = np.exp(l1 - lse_m)[..., None] * o1 + np.exp(l2 - lse_m)[..., None] * o2
+print("merged vs whole:", np.abs(merged - whole).max(), " lse:", np.abs(lse_m - lse).max(),
+      " by hand vs merged:", np.abs(by_hand - merged).max())
+assert np.allclose(merged, whole, atol=1e-5) and np.allclose(lse_m, lse, atol=1e-5)"""),
 ]
 
 

@@ -357,17 +357,28 @@ def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
         mask = prep_mask(attn_mask, full_batch + (L, S), dt)
         if groups > 1:
             mask = split_axis(mask, -3, hkv, groups)
+    # decoding with GQA (one query per head): the query heads of each key/value
+    # head become rows of one call, so every key/value tile is read once for
+    # the group (row_div: rows per query position); per-head options keep
+    # the head-by-head layout
+    stack = (groups > 1 and L == 1 and mask is None and p == 0 and not return_weights
+             and alibi_slopes is None and sinks is None and groups <= 48)
     q = bcast(q, batch + (L, E))
     k = bcast(k, batch + (S, E))
     v = bcast(v, batch + (S, Ev))
+    if stack:
+        q, k, v = q[..., 0, :], k[..., 0, :, :], v[..., 0, :, :]
+        batch = batch[:-1]
     shape = full_batch + (L, Ev)
-    extra = {}
+    extra = {"row_div": groups} if stack else {}
     for arr, name, doc in ((alibi_slopes, "alibi_slopes", "(Hq,) or (B, Hq)"),
                            (sinks, "sinks", "(Hq,)"), (kv_len, "kv_len", "")):
         if arr is None:
             continue
         if name == "kv_len":
             a = np.ascontiguousarray(np.broadcast_to(arr, full_batch), dtype=np.int64)
+            if stack:
+                a = np.ascontiguousarray(a.reshape(full_batch[:-1] + (hkv, groups))[..., 0])
         else:
             a = per_head(arr, name, full_batch, doc)
         extra[{"alibi_slopes": "slopes"}.get(name, name)] = a.reshape(-1)
@@ -378,6 +389,8 @@ def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
         check_out(out, shape, dt, narrow)
         if out.dtype == dt and out_for_kernel(out, (q, k, v, mask)):
             kout = split_axis(out, -3, hkv, groups) if groups > 1 else out
+            if stack:
+                kout = kout[..., 0, :]
     res, w, lse = _C.sdpa(q, k, v, kout, mask, causal, sc, p, key_, bool(return_weights),
                           bool(return_lse), left, right, cap, **extra)
     if groups > 1:

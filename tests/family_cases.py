@@ -6,9 +6,10 @@ the kernel contract (csrc/README.md) fixes each element's arithmetic (KC
 panels in order, one FMA per term, 60-key tiles, the shared vector exp, the
 8-float / 4-double softmax pieces), not the tile shapes or the vector width.
 
-Only shapes whose arithmetic avoids the C library's exp are here (the
-generic family and the decode path use it, and libm's last bits may differ
-between machines): no NaN rows, no L <= 8.
+Only shapes whose arithmetic avoids the C library's exp, tanh and log are
+here (the generic family, the merge of split decode chunks, softcap, sinks
+and the log-sum-exp use them, and libm's last bits may differ between
+machines): no NaN rows, no decode over S >= 4096 keys.
 
     python tests/family_cases.py --write    # record the hashes (x86 with AVX2)
 """
@@ -72,6 +73,29 @@ def cases():
                         q.swapaxes(-1, -2).copy().swapaxes(-1, -2), k[:, ::-1], v[..., ::2])))
         out.append((f"sdpa_dropout_{t}",
                     lambda q=q, k=k, v=v: _C.sdpa(q, k, v, None, None, 1, 0.25, 0.3, 12345)[0]))
+        # the decode kernels (rows path): one and several queries, GQA heads stacked
+        # as rows, E with a tail (40), a window, strided keys
+        for L, S, E, Hq, Hkv in [(1, 3000, 64, 4, 4), (4, 1000, 40, 2, 2), (1, 2500, 128, 8, 2),
+                                 (3, 700, 24, 6, 1)]:
+            q = det((2, Hq, L, E), 15, dt)
+            k, v = det((2, Hkv, S, E), 16, dt), det((2, Hkv, S, E + 5), 17, dt)
+            out.append((f"decode_{L}x{S}x{E}_{Hq}/{Hkv}_{t}",
+                        lambda q=q, k=k, v=v: pyattn.scaled_dot_product_attention(
+                            q, k, v, is_causal="bottom_right", enable_gqa=True)))
+            out.append((f"decode_window_{L}x{S}x{E}_{Hq}/{Hkv}_{t}",
+                        lambda q=q, k=k, v=v: pyattn.scaled_dot_product_attention(
+                            q, k[..., ::-1, :], v, is_causal="bottom_right", enable_gqa=True, window=(333, 0))))
+        # structured masks on the tiled path: a window with ALiBi
+        q, k, v = det((2, 3, 150, 32), 18, dt), det((2, 3, 170, 32), 19, dt), det((2, 3, 170, 16), 20, dt)
+        out.append((f"sdpa_window_alibi_{t}",
+                    lambda q=q, k=k, v=v: pyattn.scaled_dot_product_attention(
+                        q, k, v, is_causal=True, window=(40, 0), alibi_slopes=np.array([0.5, 0.25, 0.125]))))
+    # 16-bit storage (float32 arithmetic): decode and tiled, a 16-bit KV cache
+    q, k, v = det((2, 4, 1, 64), 21, np.float32), det((2, 2, 2000, 64), 22, np.float16), det((2, 2, 2000, 64), 23, np.float16)
+    out.append(("decode_float16_cache", lambda q=q, k=k, v=v: pyattn.attention_with_kvcache(
+        q, k, v, cache_seqlens=[1999, 1500])))
+    q16 = det((2, 100, 48), 24, np.float16)
+    out.append(("sdpa_float16", lambda q=q16: pyattn.scaled_dot_product_attention(q, q, q, is_causal=True)))
     return out
 
 

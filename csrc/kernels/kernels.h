@@ -6,6 +6,7 @@
  *   pa_gemm_<dt>_<isa>     GEMM micro-kernel (pa_gemm_ukr)
  *   pa_tilesm_<dt>_<isa>   online-softmax tile step (pa_tilesm_fn)
  *   pa_softmax_<dt>_<isa>  one softmax row (pa_softmax_fn)
+ *   pa_row{dot,sm,pv}_<dt>_<isa>  the decode kernels (pa_decode_kernel)
  *   pa_fma_probe_<isa>     the benchmark's FMA peak probe (pa_fma_probe_fn)
  *   pa_read_probe_<isa>    its read-bandwidth probe (pa_read_probe_fn)
  *   pa_widen_{f16,bf16}_f32_<isa>  16-bit storage to float32 (pa_widen_fn)
@@ -21,7 +22,12 @@
                               int m, int n, int accumulate);                                     \
     void pa_tilesm_##DT##_##ISA(void *St, pa_ssize nj, pa_ssize ncols, pa_ssize ld,              \
                                 void *m, void *l, void *alpha);                                  \
-    void pa_softmax_##DT##_##ISA(const pa_softmax_row *r);
+    void pa_softmax_##DT##_##ISA(const pa_softmax_row *r);                                      \
+    void pa_rowdot_##DT##_##ISA(const void *Q, pa_ssize qrs, pa_ssize R, const void *K,          \
+                                pa_ssize krs, pa_ssize nj, pa_ssize E, void *s, pa_ssize ss);    \
+    void pa_rowsm_##DT##_##ISA(void *s, pa_ssize nj, void *m, void *l, void *alpha);            \
+    void pa_rowpv_##DT##_##ISA(const void *P, pa_ssize ps, pa_ssize R, const void *V,            \
+                               pa_ssize vrs, pa_ssize nj, pa_ssize Ev, void *acc, pa_ssize ald);
 #define PA_WIDEN_OF(ISA)                                                                          \
     void pa_widen_f16_f32_##ISA(float *dst, const uint16_t *src, pa_ssize n);                    \
     void pa_widen_bf16_f32_##ISA(float *dst, const uint16_t *src, pa_ssize n);

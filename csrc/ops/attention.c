@@ -54,7 +54,8 @@ static void attn_args(const attn_ctx *c, pa_ssize b, pa_attn_args *out)
     a.mask = pa_mask_of(c->bt, c->mask, c->mask_kind, c->dtype, b);
     const pa_ssize n = o->kv_len ? (pa_ssize)o->kv_len[b] : c->S;
     a.rule.S = n;
-    a.rule.qoff = (o->kv_len || o->causal == PA_CAUSAL_BOTTOM_RIGHT) ? n - c->L : 0;
+    a.rule.div = o->row_div;
+    a.rule.qoff = (o->kv_len || o->causal == PA_CAUSAL_BOTTOM_RIGHT) ? n - c->L / o->row_div : 0;
     a.rule.causal = o->causal != PA_CAUSAL_NONE;
     a.rule.left = o->left;
     a.rule.right = o->right;
@@ -144,7 +145,7 @@ int pa_attention(const pa_family *fam, int dtype, const pa_batch *bt, pa_ssize L
     size_t ntasks;
     if (!pa_mul_ok((size_t)bt->count, (size_t)c.nblk, &ntasks) || ntasks > (size_t)PTRDIFF_MAX)
         return -1;
-    if (w == NULL && L <= PA_SPLIT_MAXL && S >= PA_SPLIT_MINS &&
+    if (w == NULL && (L <= PA_SPLIT_MAXL || (opts->row_div > 1 && L <= c.bq)) && S >= PA_SPLIT_MINS &&
         E <= PA_FLASH_MAXD && Ev <= PA_FLASH_MAXD) {
         size_t n, bytes;
         c.nchunks = (S + PA_SPLIT_CHUNK - 1) / PA_SPLIT_CHUNK;

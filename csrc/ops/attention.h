@@ -70,6 +70,7 @@ static inline double pa_ld_f64(const void *p, pa_ssize idx, int sd)
         pa_key_range(&a->rule, i, &lo, &hi);                                        \
         lo -= j0; hi -= j0;                                                         \
         if (lo < 0) lo = 0;                                                         \
+        if (lo > n) lo = n;                                                         \
         if (hi > n) hi = n;                                                         \
         if (a->softcap > 0) {                                                       \
             const T c = (T)a->softcap, ic = (T)(1.0 / a->softcap);                  \
@@ -78,7 +79,7 @@ static inline double pa_ld_f64(const void *p, pa_ssize idx, int sd)
         pa_admit_##DT(&a->mask, i, j0, s, ss, n, lo, hi);                           \
         if (a->slope != 0) {                                                        \
             const T sl = (T)a->slope;                                               \
-            const pa_ssize d = i + a->rule.qoff - j0;                               \
+            const pa_ssize d = i / a->rule.div + a->rule.qoff - j0;                 \
             for (pa_ssize t = lo; t < hi; t++)                                      \
                 s[t * ss] -= sl * (T)(d > t ? d - t : t - d);                       \
         }                                                                           \

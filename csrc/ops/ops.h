@@ -92,6 +92,8 @@ typedef struct {
     const pa_operand *lse;      /* (L,) per b, element stride cs, or NULL */
     int q_dt, k_dt, v_dt;       /* storage dtypes of q, k, v: the compute dtype, or
                                    PA_F16 / PA_BF16 when it is PA_F32 */
+    pa_ssize row_div;           /* >= 1: rows per query position (the query heads of
+                                   one key/value head stacked as rows, decoding) */
 } pa_attn_opts;
 
 /* Attention per flat batch index b (all axes but the last two).

@@ -12,6 +12,8 @@ const pa_family pa_family_neon = {
              {pa_gemm_f64_neon, 12, 4, PA_GEMM_KC, 96, 1024, "pyattn_gemm_f64_neon_12x4"}},
     .tilesm = {{pa_tilesm_f32_neon, "pyattn_tilesm_f32_neon"}, {pa_tilesm_f64_neon, "pyattn_tilesm_f64_neon"}},
     .softmax = {{pa_softmax_f32_neon, "pyattn_softmax_f32_neon"}, {pa_softmax_f64_neon, "pyattn_softmax_f64_neon"}},
+    .decode = {{pa_rowdot_f32_neon, pa_rowsm_f32_neon, pa_rowpv_f32_neon, "pyattn_decode_f32_neon"},
+               {pa_rowdot_f64_neon, pa_rowsm_f64_neon, pa_rowpv_f64_neon, "pyattn_decode_f64_neon"}},
     .attn_bq = {48, 48},
     .attn_name = {"pyattn_attn_f32_flash_48x60", "pyattn_attn_f64_flash_48x60"},
     .widen = {{pa_widen_f16_f32_neon, "pyattn_widen_f16_neon"}, {pa_widen_bf16_f32_neon, "pyattn_widen_bf16_neon"}},

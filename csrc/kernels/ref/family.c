@@ -7,6 +7,8 @@ const pa_family pa_family_generic = {
              {pa_gemm_f64_ref, 4, 8, PA_GEMM_KC, 64, 1024, "pyattn_gemm_f64_ref_4x8"}},
     .tilesm = {{pa_tilesm_f32_ref, "pyattn_tilesm_f32_ref"}, {pa_tilesm_f64_ref, "pyattn_tilesm_f64_ref"}},
     .softmax = {{pa_softmax_f32_ref, "pyattn_softmax_f32_ref"}, {pa_softmax_f64_ref, "pyattn_softmax_f64_ref"}},
+    .decode = {{pa_rowdot_f32_ref, pa_rowsm_f32_ref, pa_rowpv_f32_ref, "pyattn_decode_f32_ref"},
+               {pa_rowdot_f64_ref, pa_rowsm_f64_ref, pa_rowpv_f64_ref, "pyattn_decode_f64_ref"}},
     .attn_bq = {48, 48},
     .attn_name = {"pyattn_attn_f32_flash_48x60", "pyattn_attn_f64_flash_48x60"},
     .widen = {{pa_widen_f16_f32_ref, "pyattn_widen_f16_ref"}, {pa_widen_bf16_f32_ref, "pyattn_widen_bf16_ref"}},
