@@ -89,7 +89,10 @@ typedef void (*pa_widen_fn)(float *dst, const uint16_t *src, pa_ssize n);
  *        exp by the 16-partial rule.
  *   pv:  acc[r*ald + d] += P[r*ps + j] * V[j*vrs + d] for j in order,
  *        skipping P == 0 (one FMA per term); d < Ev, V rows contiguous;
- *        acc rows are padded to a multiple of the vector width. */
+ *        acc rows are padded to a multiple of the vector width.
+ * dot[0] / pv[0] read K / V of the compute dtype; dot[1], pv[1] (float16)
+ * and dot[2], pv[2] (bfloat16) read them in 16 bits (float32 only; NULL
+ * for float64), widening as they load. Strides count elements. */
 typedef void (*pa_rowdot_fn)(const void *Q, pa_ssize qrs, pa_ssize R, const void *K, pa_ssize krs,
                              pa_ssize nj, pa_ssize E, void *s, pa_ssize ss);
 typedef void (*pa_rowsm_fn)(void *s, pa_ssize nj, void *m, void *l, void *alpha);
@@ -97,7 +100,7 @@ typedef void (*pa_rowpv_fn)(const void *P, pa_ssize ps, pa_ssize R, const void *
                             pa_ssize nj, pa_ssize Ev, void *acc, pa_ssize ald);
 
 typedef struct { pa_tilesm_fn fn; const char *name; } pa_tilesm_kernel;
-typedef struct { pa_rowdot_fn dot; pa_rowsm_fn sm; pa_rowpv_fn pv; const char *name; } pa_decode_kernel;
+typedef struct { pa_rowdot_fn dot[3]; pa_rowsm_fn sm; pa_rowpv_fn pv[3]; const char *name; } pa_decode_kernel;
 typedef struct { pa_widen_fn fn; const char *name; } pa_widen_kernel;
 typedef struct { pa_softmax_fn fn; const char *name; } pa_softmax_kernel;
 

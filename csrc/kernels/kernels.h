@@ -30,7 +30,14 @@
                                pa_ssize vrs, pa_ssize nj, pa_ssize Ev, void *acc, pa_ssize ald);
 #define PA_WIDEN_OF(ISA)                                                                          \
     void pa_widen_f16_f32_##ISA(float *dst, const uint16_t *src, pa_ssize n);                    \
-    void pa_widen_bf16_f32_##ISA(float *dst, const uint16_t *src, pa_ssize n);
+    void pa_widen_bf16_f32_##ISA(float *dst, const uint16_t *src, pa_ssize n);                   \
+    PA_DECODE16_OF(ISA, f16)                                                                      \
+    PA_DECODE16_OF(ISA, bf16)
+#define PA_DECODE16_OF(ISA, H)                                                                    \
+    void pa_rowdot_##H##_f32_##ISA(const void *Q, pa_ssize qrs, pa_ssize R, const void *K,       \
+                                   pa_ssize krs, pa_ssize nj, pa_ssize E, void *s, pa_ssize ss); \
+    void pa_rowpv_##H##_f32_##ISA(const void *P, pa_ssize ps, pa_ssize R, const void *V,         \
+                                  pa_ssize vrs, pa_ssize nj, pa_ssize Ev, void *acc, pa_ssize ald);
 
 PA_KERNELS_OF(ref, f32)
 PA_KERNELS_OF(ref, f64)
@@ -62,5 +69,6 @@ float pa_read_probe_neon(const float *p, size_t n);
 #endif
 #undef PA_KERNELS_OF
 #undef PA_WIDEN_OF
+#undef PA_DECODE16_OF
 
 #endif

@@ -51,6 +51,22 @@ PA_NEON_FN float32x4_t pa_neon_widen_bf16_f32(const uint16_t *p)
     return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16));
 }
 
+/* The 16-partial sum of the decode kernels (vocab.h, vhsum16): p[l] +
+ * p[l + 8], then + 4, + 2, + 1 */
+PA_NEON_FN float pa_neon_hsum16_f32(const float32x4_t *a)
+{
+    const float32x4_t s4 = vaddq_f32(vaddq_f32(a[0], a[2]), vaddq_f32(a[1], a[3]));
+    const float32x2_t s2 = vadd_f32(vget_low_f32(s4), vget_high_f32(s4));
+    return vget_lane_f32(s2, 0) + vget_lane_f32(s2, 1);
+}
+PA_NEON_FN double pa_neon_hsum16_f64(const float64x2_t *a)
+{
+    const float64x2_t b0 = vaddq_f64(a[0], a[4]), b1 = vaddq_f64(a[1], a[5]);
+    const float64x2_t b2 = vaddq_f64(a[2], a[6]), b3 = vaddq_f64(a[3], a[7]);
+    const float64x2_t d = vaddq_f64(vaddq_f64(b0, b2), vaddq_f64(b1, b3));
+    return vgetq_lane_f64(d, 0) + vgetq_lane_f64(d, 1);
+}
+
 PA_NEON_FN float64x2_t pa_neon_load_f64(const double *p) { return vld1q_f64(p); }
 PA_NEON_FN void pa_neon_store_f64(double *p, float64x2_t x) { vst1q_f64(p, x); }
 PA_NEON_FN float64x2_t pa_neon_set1_f64(double x) { return vdupq_n_f64(x); }

@@ -20,6 +20,9 @@
  * and, for f32 only:
  *   vwiden_f16(p) vwiden_bf16(p)  VL 16-bit values (float16 / bfloat16 bits)
  *                             at p, as floats (exact)
+ * and, for both dtypes:
+ *   vhsum16(a)                the sum of 16 partials held in a[0 .. 16/VL):
+ *                             p[l] + p[l + 8], then + 4, + 2, + 1
  * and exp_vec.inc adds vexp(x) for x <= 0. */
 #ifndef PYATTN_VEC_VOCAB_H
 #define PYATTN_VEC_VOCAB_H
@@ -52,6 +55,7 @@
 #define vpow2i PA_V(pow2i)
 #define vwiden_f16 PA_V(widen_f16)
 #define vwiden_bf16 PA_V(widen_bf16)
+#define vhsum16 PA_V(hsum16)
 #define vexp PA_CAT(vexp_, PA_DT)        /* exp_vec.inc */
 
 #endif

@@ -45,6 +45,25 @@ PA_AVX2_FN __m256 pa_avx2_widen_bf16_f32(const uint16_t *p)
     return _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
 }
 
+/* The 16-partial sum of the decode kernels (vocab.h, vhsum16): a[0..NV)
+ * hold partials p[0..15]; p[l] + p[l + 8], then + 4, + 2, + 1. */
+PA_AVX2_FN float pa_avx2_hsum8_tail_f32(__m256 s8)     /* from the p[l] + p[l + 8] step */
+{
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+PA_AVX2_FN float pa_avx2_hsum16_f32(const __m256 *a) { return pa_avx2_hsum8_tail_f32(_mm256_add_ps(a[0], a[1])); }
+PA_AVX2_FN double pa_avx2_hsum4_tail_f64(__m256d s4)   /* from the p[l] + p[l + 4] step */
+{
+    const __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s4), _mm256_extractf128_pd(s4, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));
+}
+PA_AVX2_FN double pa_avx2_hsum16_f64(const __m256d *a)
+{
+    return pa_avx2_hsum4_tail_f64(_mm256_add_pd(_mm256_add_pd(a[0], a[2]), _mm256_add_pd(a[1], a[3])));
+}
+
 PA_AVX2_FN __m256d pa_avx2_load_f64(const double *p) { return _mm256_loadu_pd(p); }
 PA_AVX2_FN void pa_avx2_store_f64(double *p, __m256d x) { _mm256_storeu_pd(p, x); }
 PA_AVX2_FN __m256d pa_avx2_set1_f64(double x) { return _mm256_set1_pd(x); }

@@ -22,6 +22,25 @@ PA_AVX512_FN void pa_avx512_store_f32(float *p, __m512 x) { _mm512_storeu_ps(p, 
 PA_AVX512_FN __m512 pa_avx512_set1_f32(float x) { return _mm512_set1_ps(x); }
 PA_AVX512_FN __m512 pa_avx512_zero_f32(void) { return _mm512_setzero_ps(); }
 PA_AVX512_FN __m512 pa_avx512_bcast_f32(const float *p) { return _mm512_set1_ps(*p); }
+/* The 16-partial sum of the decode kernels (vocab.h, vhsum16): p[l] +
+ * p[l + 8], then + 4, + 2, + 1 (the tails of simd_avx2.h) */
+PA_AVX512_FN float pa_avx512_hsum16_f32(const __m512 *a)
+{
+    const __m256 lo = _mm512_castps512_ps256(a[0]);
+    const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[0]), 1));
+    const __m256 s8 = _mm256_add_ps(lo, hi);
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+PA_AVX512_FN double pa_avx512_hsum16_f64(const __m512d *a)
+{
+    const __m512d s8 = _mm512_add_pd(a[0], a[1]);
+    const __m256d s4 = _mm256_add_pd(_mm512_castpd512_pd256(s8), _mm512_extractf64x4_pd(s8, 1));
+    const __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s4), _mm256_extractf128_pd(s4, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));
+}
+
 /* 16 float16 / bfloat16 values to floats, exactly */
 PA_AVX512_FN __m512 pa_avx512_widen_f16_f32(const uint16_t *p)
 {

@@ -36,6 +36,15 @@ enum { pa_emu_lanes_f32 = 16, pa_emu_lanes_f64 = 8 };
     PA_EMU2(zero_where, DT, V) PA_EMU1(pow2i, DT, V)
 
 PA_EMU_OPS(f32, float, pa_emu_v_f32, 8)
+PA_AVX2_FN float pa_emu_hsum16_f32(const pa_emu_v_f32 *a)
+{
+    return pa_avx2_hsum8_tail_f32(_mm256_add_ps(a[0].lo, a[0].hi));
+}
+PA_AVX2_FN double pa_emu_hsum16_f64(const pa_emu_v_f64 *a)
+{
+    const __m256d s8lo = _mm256_add_pd(a[0].lo, a[1].lo), s8hi = _mm256_add_pd(a[0].hi, a[1].hi);
+    return pa_avx2_hsum4_tail_f64(_mm256_add_pd(s8lo, s8hi));
+}
 PA_AVX2_FN pa_emu_v_f32 pa_emu_widen_f16_f32(const uint16_t *p)
 {
     return (pa_emu_v_f32){pa_avx2_widen_f16_f32(p), pa_avx2_widen_f16_f32(p + 8)};
