@@ -99,7 +99,13 @@ typedef void (*pa_rowsm_fn)(void *s, pa_ssize nj, void *m, void *l, void *alpha)
 typedef void (*pa_rowpv_fn)(const void *P, pa_ssize ps, pa_ssize R, const void *V, pa_ssize vrs,
                             pa_ssize nj, pa_ssize Ev, void *acc, pa_ssize ald);
 
+/* The logit softcap on n contiguous scores: x = cap * tanh(x / cap), tanh
+ * computed as sign(y) (1 - e) / (1 + e), e = exp(-2|y|) with the family's
+ * exp (SIMD families: the shared vector exp, so they give the same bits). */
+typedef void (*pa_softcap_fn)(void *x, pa_ssize n, double cap);
+
 typedef struct { pa_tilesm_fn fn; const char *name; } pa_tilesm_kernel;
+typedef struct { pa_softcap_fn fn; const char *name; } pa_softcap_kernel;
 typedef struct { pa_rowdot_fn dot[3]; pa_rowsm_fn sm; pa_rowpv_fn pv[3]; const char *name; } pa_decode_kernel;
 typedef struct { pa_widen_fn fn; const char *name; } pa_widen_kernel;
 typedef struct { pa_softmax_fn fn; const char *name; } pa_softmax_kernel;
@@ -111,6 +117,7 @@ typedef struct pa_family {
     pa_tilesm_kernel tilesm[PA_NCOMPUTE];
     pa_softmax_kernel softmax[PA_NCOMPUTE];
     pa_decode_kernel decode[PA_NCOMPUTE];
+    pa_softcap_kernel softcap[PA_NCOMPUTE];
     int attn_bq[PA_NCOMPUTE];               /* flash query block: a multiple of
                                                lcm(MR, NR) of the gemm kernel */
     const char *attn_name[PA_NCOMPUTE];

@@ -7,6 +7,7 @@
  *   pa_tilesm_<dt>_<isa>   online-softmax tile step (pa_tilesm_fn)
  *   pa_softmax_<dt>_<isa>  one softmax row (pa_softmax_fn)
  *   pa_row{dot,sm,pv}_<dt>_<isa>  the decode kernels (pa_decode_kernel)
+ *   pa_softcap_<dt>_<isa>  the logit softcap (pa_softcap_fn)
  *   pa_fma_probe_<isa>     the benchmark's FMA peak probe (pa_fma_probe_fn)
  *   pa_read_probe_<isa>    its read-bandwidth probe (pa_read_probe_fn)
  *   pa_widen_{f16,bf16}_f32_<isa>  16-bit storage to float32 (pa_widen_fn)
@@ -26,6 +27,7 @@
     void pa_rowdot_##DT##_##ISA(const void *Q, pa_ssize qrs, pa_ssize R, const void *K,          \
                                 pa_ssize krs, pa_ssize nj, pa_ssize E, void *s, pa_ssize ss);    \
     void pa_rowsm_##DT##_##ISA(void *s, pa_ssize nj, void *m, void *l, void *alpha);            \
+    void pa_softcap_##DT##_##ISA(void *x, pa_ssize n, double cap);                              \
     void pa_rowpv_##DT##_##ISA(const void *P, pa_ssize ps, pa_ssize R, const void *V,            \
                                pa_ssize vrs, pa_ssize nj, pa_ssize Ev, void *acc, pa_ssize ald);
 #define PA_WIDEN_OF(ISA)                                                                          \

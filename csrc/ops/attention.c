@@ -43,6 +43,7 @@ static void attn_args(const attn_ctx *c, pa_ssize b, pa_attn_args *out)
     const pa_ssize es = (pa_ssize)pa_elsize(c->dtype);
     const pa_attn_opts *o = c->opts;
     pa_attn_args a;
+    a.fam = c->fam;
     a.L = c->L; a.S = c->S; a.E = c->E; a.Ev = c->Ev;
     a.q = (const char *)c->q->p + pa_batch_offset(c->bt, c->q->bs, b) * (pa_ssize)pa_elsize(o->q_dt);
     a.q_rs = c->q->rs; a.q_cs = c->q->cs;

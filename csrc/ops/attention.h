@@ -22,6 +22,7 @@
 #define PA_REF_BK 64
 
 typedef struct {
+    const pa_family *fam;                   /* the call's kernels (softcap) */
     pa_ssize L, S, E, Ev;
     const void *q; pa_ssize q_rs, q_cs;     /* (L, E)  */
     const void *k; pa_ssize k_rs, k_cs;     /* (S, E)  */
@@ -61,7 +62,17 @@ static inline double pa_ld_f64(const void *p, pa_ssize idx, int sd)
  * range of pa_key_range and a bool mask; pa_admit_*). Applied to the n
  * scores s[t*ss] of keys j0 + t of query row i; every frame and path of the
  * forward calls it, so the rule exists once. */
-#define PA_DEFINE_SCORES(T, DT, TANH)                                               \
+#define PA_DEFINE_SCORES(T, DT, DTYPE)                                              \
+    /* admissibility alone: the key range and a bool mask (frames that ran the  \
+     * transforms themselves; no float mask then) */                            \
+    static inline void pa_attn_admit_##DT(const pa_attn_args *a, pa_ssize i,        \
+                                          pa_ssize j0, T *s, pa_ssize ss,           \
+                                          pa_ssize n)                               \
+    {                                                                               \
+        pa_ssize lo, hi;                                                            \
+        pa_key_range(&a->rule, i, &lo, &hi);                                        \
+        pa_admit_##DT(&a->mask, i, j0, s, ss, n, lo - j0, hi - j0);                 \
+    }                                                                               \
     static inline void pa_attn_scores_##DT(const pa_attn_args *a, pa_ssize i,       \
                                            pa_ssize j0, T *s, pa_ssize ss,          \
                                            pa_ssize n)                              \
@@ -72,9 +83,11 @@ static inline double pa_ld_f64(const void *p, pa_ssize idx, int sd)
         if (lo < 0) lo = 0;                                                         \
         if (lo > n) lo = n;                                                         \
         if (hi > n) hi = n;                                                         \
-        if (a->softcap > 0) {                                                       \
-            const T c = (T)a->softcap, ic = (T)(1.0 / a->softcap);                  \
-            for (pa_ssize t = lo; t < hi; t++) s[t * ss] = c * TANH(s[t * ss] * ic); \
+        if (a->softcap > 0) {               /* the family's softcap, element by     \
+                                               element where s is strided */        \
+            const pa_softcap_fn cap = a->fam->softcap[DTYPE].fn;                    \
+            if (ss == 1) cap(s + lo, hi - lo, a->softcap);                          \
+            else for (pa_ssize t = lo; t < hi; t++) cap(s + t * ss, 1, a->softcap); \
         }                                                                           \
         pa_admit_##DT(&a->mask, i, j0, s, ss, n, lo, hi);                           \
         if (a->slope != 0) {                                                        \
@@ -84,8 +97,8 @@ static inline double pa_ld_f64(const void *p, pa_ssize idx, int sd)
                 s[t * ss] -= sl * (T)(d > t ? d - t : t - d);                       \
         }                                                                           \
     }
-PA_DEFINE_SCORES(float, f32, tanhf)
-PA_DEFINE_SCORES(double, f64, tanh)
+PA_DEFINE_SCORES(float, f32, PA_F32)
+PA_DEFINE_SCORES(double, f64, PA_F64)
 #undef PA_DEFINE_SCORES
 
 /* True when rows [i0, i1) all admit keys [j0, j1) and nothing changes their

@@ -15,6 +15,7 @@ const pa_family pa_family_neon = {
     .decode = {{{pa_rowdot_f32_neon, pa_rowdot_f16_f32_neon, pa_rowdot_bf16_f32_neon}, pa_rowsm_f32_neon,
                  {pa_rowpv_f32_neon, pa_rowpv_f16_f32_neon, pa_rowpv_bf16_f32_neon}, "pyattn_decode_f32_neon"},
                {{pa_rowdot_f64_neon, NULL, NULL}, pa_rowsm_f64_neon, {pa_rowpv_f64_neon, NULL, NULL}, "pyattn_decode_f64_neon"}},
+    .softcap = {{pa_softcap_f32_neon, "pyattn_softcap_f32_neon"}, {pa_softcap_f64_neon, "pyattn_softcap_f64_neon"}},
     .attn_bq = {48, 48},
     .attn_name = {"pyattn_attn_f32_flash_48x60", "pyattn_attn_f64_flash_48x60"},
     .widen = {{pa_widen_f16_f32_neon, "pyattn_widen_f16_neon"}, {pa_widen_bf16_f32_neon, "pyattn_widen_bf16_neon"}},

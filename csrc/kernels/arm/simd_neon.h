@@ -26,6 +26,7 @@ PA_NEON_FN float32x4_t pa_neon_bcast_f32(const float *p) { return vld1q_dup_f32(
 PA_NEON_FN float32x4_t pa_neon_add_f32(float32x4_t a, float32x4_t b) { return vaddq_f32(a, b); }
 PA_NEON_FN float32x4_t pa_neon_sub_f32(float32x4_t a, float32x4_t b) { return vsubq_f32(a, b); }
 PA_NEON_FN float32x4_t pa_neon_mul_f32(float32x4_t a, float32x4_t b) { return vmulq_f32(a, b); }
+PA_NEON_FN float32x4_t pa_neon_div_f32(float32x4_t a, float32x4_t b) { return vdivq_f32(a, b); }
 /* a > b ? a : b (x86 maxps: b when either is NaN; NEON's fmax would give NaN) */
 PA_NEON_FN float32x4_t pa_neon_max_f32(float32x4_t a, float32x4_t b) { return vbslq_f32(vcgtq_f32(a, b), a, b); }
 PA_NEON_FN float32x4_t pa_neon_fma_f32(float32x4_t a, float32x4_t b, float32x4_t c) { return vfmaq_f32(c, a, b); }
@@ -75,6 +76,7 @@ PA_NEON_FN float64x2_t pa_neon_bcast_f64(const double *p) { return vld1q_dup_f64
 PA_NEON_FN float64x2_t pa_neon_add_f64(float64x2_t a, float64x2_t b) { return vaddq_f64(a, b); }
 PA_NEON_FN float64x2_t pa_neon_sub_f64(float64x2_t a, float64x2_t b) { return vsubq_f64(a, b); }
 PA_NEON_FN float64x2_t pa_neon_mul_f64(float64x2_t a, float64x2_t b) { return vmulq_f64(a, b); }
+PA_NEON_FN float64x2_t pa_neon_div_f64(float64x2_t a, float64x2_t b) { return vdivq_f64(a, b); }
 PA_NEON_FN float64x2_t pa_neon_max_f64(float64x2_t a, float64x2_t b) { return vbslq_f64(vcgtq_f64(a, b), a, b); }
 PA_NEON_FN float64x2_t pa_neon_fma_f64(float64x2_t a, float64x2_t b, float64x2_t c) { return vfmaq_f64(c, a, b); }
 PA_NEON_FN float64x2_t pa_neon_fnma_f64(float64x2_t a, float64x2_t b, float64x2_t c) { return vfmsq_f64(c, a, b); }

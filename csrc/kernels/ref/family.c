@@ -10,6 +10,7 @@ const pa_family pa_family_generic = {
     .decode = {{{pa_rowdot_f32_ref, pa_rowdot_f16_f32_ref, pa_rowdot_bf16_f32_ref}, pa_rowsm_f32_ref,
                  {pa_rowpv_f32_ref, pa_rowpv_f16_f32_ref, pa_rowpv_bf16_f32_ref}, "pyattn_decode_f32_ref"},
                {{pa_rowdot_f64_ref, NULL, NULL}, pa_rowsm_f64_ref, {pa_rowpv_f64_ref, NULL, NULL}, "pyattn_decode_f64_ref"}},
+    .softcap = {{pa_softcap_f32_ref, "pyattn_softcap_f32_ref"}, {pa_softcap_f64_ref, "pyattn_softcap_f64_ref"}},
     .attn_bq = {48, 48},
     .attn_name = {"pyattn_attn_f32_flash_48x60", "pyattn_attn_f64_flash_48x60"},
     .widen = {{pa_widen_f16_f32_ref, "pyattn_widen_f16_ref"}, {pa_widen_bf16_f32_ref, "pyattn_widen_bf16_ref"}},

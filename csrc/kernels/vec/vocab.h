@@ -8,7 +8,7 @@
  * vocabulary (simd_<isa>.h) defines, for each dtype:
  *   vload(p) vstore(p, x)     VL elements, unaligned
  *   vset1(x) vzero() vbcast(p) every lane x, 0, or *p
- *   vadd vsub vmul            IEEE, lane by lane
+ *   vadd vsub vmul vdiv       IEEE, lane by lane
  *   vmax(a, b)                a > b ? a : b per lane (x86 maxps: b when
  *                             either is NaN -- the softmax NaN rule needs it)
  *   vfma(a, b, c)             a*b + c, one rounding
@@ -46,6 +46,7 @@
 #define vadd PA_V(add)
 #define vsub PA_V(sub)
 #define vmul PA_V(mul)
+#define vdiv PA_V(div)
 #define vmax PA_V(max)
 #define vfma PA_V(fma)
 #define vfnma PA_V(fnma)

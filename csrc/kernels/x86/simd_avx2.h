@@ -23,6 +23,7 @@ PA_AVX2_FN __m256 pa_avx2_bcast_f32(const float *p) { return _mm256_broadcast_ss
 PA_AVX2_FN __m256 pa_avx2_add_f32(__m256 a, __m256 b) { return _mm256_add_ps(a, b); }
 PA_AVX2_FN __m256 pa_avx2_sub_f32(__m256 a, __m256 b) { return _mm256_sub_ps(a, b); }
 PA_AVX2_FN __m256 pa_avx2_mul_f32(__m256 a, __m256 b) { return _mm256_mul_ps(a, b); }
+PA_AVX2_FN __m256 pa_avx2_div_f32(__m256 a, __m256 b) { return _mm256_div_ps(a, b); }
 PA_AVX2_FN __m256 pa_avx2_max_f32(__m256 a, __m256 b) { return _mm256_max_ps(a, b); }
 PA_AVX2_FN __m256 pa_avx2_fma_f32(__m256 a, __m256 b, __m256 c) { return _mm256_fmadd_ps(a, b, c); }
 PA_AVX2_FN __m256 pa_avx2_fnma_f32(__m256 a, __m256 b, __m256 c) { return _mm256_fnmadd_ps(a, b, c); }
@@ -72,6 +73,7 @@ PA_AVX2_FN __m256d pa_avx2_bcast_f64(const double *p) { return _mm256_broadcast_
 PA_AVX2_FN __m256d pa_avx2_add_f64(__m256d a, __m256d b) { return _mm256_add_pd(a, b); }
 PA_AVX2_FN __m256d pa_avx2_sub_f64(__m256d a, __m256d b) { return _mm256_sub_pd(a, b); }
 PA_AVX2_FN __m256d pa_avx2_mul_f64(__m256d a, __m256d b) { return _mm256_mul_pd(a, b); }
+PA_AVX2_FN __m256d pa_avx2_div_f64(__m256d a, __m256d b) { return _mm256_div_pd(a, b); }
 PA_AVX2_FN __m256d pa_avx2_max_f64(__m256d a, __m256d b) { return _mm256_max_pd(a, b); }
 PA_AVX2_FN __m256d pa_avx2_fma_f64(__m256d a, __m256d b, __m256d c) { return _mm256_fmadd_pd(a, b, c); }
 PA_AVX2_FN __m256d pa_avx2_fnma_f64(__m256d a, __m256d b, __m256d c) { return _mm256_fnmadd_pd(a, b, c); }

@@ -54,6 +54,7 @@ PA_AVX512_FN __m512 pa_avx512_widen_bf16_f32(const uint16_t *p)
 PA_AVX512_FN __m512 pa_avx512_add_f32(__m512 a, __m512 b) { return _mm512_add_ps(a, b); }
 PA_AVX512_FN __m512 pa_avx512_sub_f32(__m512 a, __m512 b) { return _mm512_sub_ps(a, b); }
 PA_AVX512_FN __m512 pa_avx512_mul_f32(__m512 a, __m512 b) { return _mm512_mul_ps(a, b); }
+PA_AVX512_FN __m512 pa_avx512_div_f32(__m512 a, __m512 b) { return _mm512_div_ps(a, b); }
 PA_AVX512_FN __m512 pa_avx512_max_f32(__m512 a, __m512 b) { return _mm512_max_ps(a, b); }
 PA_AVX512_FN __m512 pa_avx512_fma_f32(__m512 a, __m512 b, __m512 c) { return _mm512_fmadd_ps(a, b, c); }
 PA_AVX512_FN __m512 pa_avx512_fnma_f32(__m512 a, __m512 b, __m512 c) { return _mm512_fnmadd_ps(a, b, c); }
@@ -73,6 +74,7 @@ PA_AVX512_FN __m512d pa_avx512_bcast_f64(const double *p) { return _mm512_set1_p
 PA_AVX512_FN __m512d pa_avx512_add_f64(__m512d a, __m512d b) { return _mm512_add_pd(a, b); }
 PA_AVX512_FN __m512d pa_avx512_sub_f64(__m512d a, __m512d b) { return _mm512_sub_pd(a, b); }
 PA_AVX512_FN __m512d pa_avx512_mul_f64(__m512d a, __m512d b) { return _mm512_mul_pd(a, b); }
+PA_AVX512_FN __m512d pa_avx512_div_f64(__m512d a, __m512d b) { return _mm512_div_pd(a, b); }
 PA_AVX512_FN __m512d pa_avx512_max_f64(__m512d a, __m512d b) { return _mm512_max_pd(a, b); }
 PA_AVX512_FN __m512d pa_avx512_fma_f64(__m512d a, __m512d b, __m512d c) { return _mm512_fmadd_pd(a, b, c); }
 PA_AVX512_FN __m512d pa_avx512_fnma_f64(__m512d a, __m512d b, __m512d c) { return _mm512_fnmadd_pd(a, b, c); }

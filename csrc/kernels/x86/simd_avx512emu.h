@@ -32,6 +32,7 @@ enum { pa_emu_lanes_f32 = 16, pa_emu_lanes_f64 = 8 };
     PA_AVX2_FN V pa_emu_zero_##DT(void) { return (V){pa_avx2_zero_##DT(), pa_avx2_zero_##DT()}; } \
     PA_AVX2_FN V pa_emu_bcast_##DT(const T *p) { return pa_emu_set1_##DT(*p); }                \
     PA_EMU2(add, DT, V) PA_EMU2(sub, DT, V) PA_EMU2(mul, DT, V) PA_EMU2(max, DT, V)              \
+    PA_EMU2(div, DT, V)                                                                          \
     PA_EMU3(fma, DT, V) PA_EMU3(fnma, DT, V) PA_EMU2(lt, DT, V) PA_EMU2(eq, DT, V)               \
     PA_EMU2(zero_where, DT, V) PA_EMU1(pow2i, DT, V)
 
