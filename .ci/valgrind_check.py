@@ -25,4 +25,30 @@ for dt in (np.float32, np.float64):
             bad()
         except (ValueError, TypeError):
             pass
+    # generation: structured masks, log-sum-exp and merge, KV caches, decode (split, GQA rows)
+    o, lse = pyattn.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True, window=(9, 2),
+                                                 alibi_slopes=np.linspace(0.1, 0.4, 4), softcap=5.0,
+                                                 sinks=np.zeros(4), return_lse=True)
+    pyattn.merge_attention([o, o], [lse, lse])
+    kc = np.zeros((2, 2, 5000, 24), dt)
+    vc = np.zeros((2, 2, 5000, 20), dt)
+    kc[:, :, :4990] = rng.standard_normal((2, 2, 4990, 24))
+    pyattn.attention_with_kvcache(q[:, :, :1], kc, vc, k[:, :, :1], v[:, :, :1], cache_seqlens=[4990, 100],
+                                  window=(3000, 0), return_lse=True)
+    pyattn.attention_with_kvcache(q[:, :, :3], kc, vc, cache_seqlens=4000, sinks=np.ones(4))
+    try:
+        pyattn.attention_with_kvcache(q[:, :, :1], kc, vc, k[:, :, :1], v[:, :, :1], cache_seqlens=5000)
+    except ValueError:
+        pass
+    cache = layer.eval().new_cache(2, 8, dtype=dt)
+    layer(q[0, :, :3], cache=cache), layer(q[0, :, 3:4], cache=cache)
+# 16-bit storage
+for d16 in (np.float16,):
+    q16 = rng.standard_normal((1, 4, 2, 40)).astype(d16)
+    k16 = rng.standard_normal((1, 2, 4100, 40)).astype(d16)
+    pyattn.scaled_dot_product_attention(q16, k16, k16, enable_gqa=True, is_causal="bottom_right")
+    pyattn.scaled_dot_product_attention(q16[:, :, :1].astype(np.float32), k16, k16[..., ::2], enable_gqa=True)
+    pyattn.matmul(q16[0, 0], k16[0, 0].T)
+    c = pyattn.KVCache(1, 2, 64, 40, dtype=d16)
+    c.attend(q16.astype(np.float32), q16[:, :2], q16[:, :2])
 print("valgrind workout done")
