@@ -126,6 +126,13 @@ static int compute_of(const view *const *vs, int n, const char *names)
     return cd;
 }
 
+/* Threads for this call: a private nthreads argument in [1, PA_MAX_THREADS]
+ * (pyattn.dask gives each task its share of a worker), else the pool's. */
+static int call_threads(int req)
+{
+    return (req >= 1 && req <= PA_MAX_THREADS) ? req : pa_get_num_threads();
+}
+
 /* Shape as a Python string, for messages. New reference. */
 static PyObject *shape_str(const view *v)
 {
@@ -239,11 +246,13 @@ PyDoc_STRVAR(matmul_doc,
 
 static PyObject *py_matmul(PyObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"a", "b", "out", "bias", NULL};
+    static char *kwlist[] = {"a", "b", "out", "bias", "nthreads", NULL};
     PyObject *ao, *bo, *outo = Py_None, *biaso = Py_None;
     PyArrayObject *res = NULL;
     view a, b, o, bias;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OO:matmul", kwlist, &ao, &bo, &outo, &biaso))
+    int req_threads = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OOi:matmul", kwlist, &ao, &bo, &outo, &biaso,
+                                     &req_threads))
         return NULL;
     if (get_view(ao, "a", 2, PA_ALLOW_16, 0, &a) < 0 || get_view(bo, "b", 2, PA_ALLOW_16, 0, &b) < 0)
         goto fail;
@@ -276,7 +285,7 @@ static PyObject *py_matmul(PyObject *self, PyObject *args, PyObject *kw)
     operand_of(&a, nb, &A);
     operand_of(&b, nb, &B);
     operand_of(&o, nb, &C);
-    int rc, nt = pa_get_num_threads();
+    int rc, nt = call_threads(req_threads);
     const pa_family *fam = family;
     Py_BEGIN_ALLOW_THREADS
     rc = pa_matmul(fam, cd, a.dtype, b.dtype, &bt, M, N, K, &A, &B, &C, bias_p, bias_s, nt);
@@ -395,9 +404,11 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"q", "k", "v", "out", "mask", "causal", "scale", "dropout_p",
                              "dropout_key", "want_weights", "want_lse", "left", "right",
-                             "softcap", "slopes", "sinks", "kv_len", "row_div", NULL};
+                             "softcap", "slopes", "sinks", "kv_len", "row_div", "qoff", "nthreads",
+                             NULL};
     PyObject *qo, *ko, *vo, *outo = Py_None, *mo = Py_None;
-    PyObject *slo = Py_None, *sio = Py_None, *kvo = Py_None;
+    PyObject *slo = Py_None, *sio = Py_None, *kvo = Py_None, *qoffo = Py_None;
+    int req_threads = 0;
     int causal = 0, want_w = 0, want_lse = 0;
     Py_ssize_t left = -1, right = -1, row_div = 1;
     double scale = 1.0, dropout_p = 0.0, softcap = 0.0;
@@ -405,9 +416,10 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
     PyArrayObject *res = NULL, *wres = NULL, *lres = NULL;
     view q, k, v, o, m, w, lv, scores;
     int kind;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOiddKppnndOOOn:sdpa", kwlist, &qo, &ko, &vo,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOiddKppnndOOOnOi:sdpa", kwlist, &qo, &ko, &vo,
                                      &outo, &mo, &causal, &scale, &dropout_p, &key, &want_w,
-                                     &want_lse, &left, &right, &softcap, &slo, &sio, &kvo, &row_div))
+                                     &want_lse, &left, &right, &softcap, &slo, &sio, &kvo, &row_div,
+                                     &qoffo, &req_threads))
         return NULL;
     if (get_view(qo, "query", 2, PA_ALLOW_16, 0, &q) < 0 ||
         get_view(ko, "key", 2, PA_ALLOW_16, 0, &k) < 0 ||
@@ -453,7 +465,18 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
     pa_operand Q, Kk, V, Mk, O, W, Lse;
     batch_of(&q, nb, &bt);
     pa_attn_opts opts = {causal, left < 0 ? -1 : (pa_ssize)left, right < 0 ? -1 : (pa_ssize)right,
-                         softcap, NULL, NULL, NULL, NULL, q.dtype, k.dtype, v.dtype, (pa_ssize)row_div};
+                         softcap, NULL, NULL, NULL, NULL, q.dtype, k.dtype, v.dtype, (pa_ssize)row_div,
+                         0, 0};
+    if (qoffo != Py_None) {             /* row i at key position i + qoff (pyattn.dask's blocks) */
+        const Py_ssize_t qv = PyLong_AsSsize_t(qoffo);
+        if (qv == -1 && PyErr_Occurred()) goto fail;
+        if (kvo != Py_None) {
+            PyErr_SetString(PyExc_ValueError, "qoff excludes kv_len");
+            goto fail;
+        }
+        opts.has_qoff = 1;
+        opts.qoff = (pa_ssize)qv;
+    }
     const void *pp;
     if (get_perbatch(slo, "alibi_slopes", NPY_FLOAT64, bt.count, &pp) < 0) goto fail;
     opts.slopes = (const double *)pp;
@@ -480,7 +503,7 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
     operand_of(&o, nb, &O);
     if (kind) operand_of(&m, nb, &Mk);
     if (want_w) operand_of(&w, nb, &W);
-    int rc, nt = pa_get_num_threads();
+    int rc, nt = call_threads(req_threads);
     const pa_family *fam = family;
     Py_BEGIN_ALLOW_THREADS
     rc = pa_attention(fam, cd, &bt, L, S, E, Ev, &Q, &Kk, &V, kind ? &Mk : NULL, kind, &opts,
@@ -497,16 +520,18 @@ fail:
 }
 
 PyDoc_STRVAR(merge_doc,
-"merge(outs, lses) -> (out, lse)\n\n"
+"merge(outs, lses, nthreads=0) -> (out, lse)\n\n"
 "Private kernel entry: outs (P, ..., L, Ev) and lses (P, ..., L) of one\n"
 "dtype with equal axes. Use pyattn.merge_attention.");
 
-static PyObject *py_merge(PyObject *self, PyObject *args)
+static PyObject *py_merge(PyObject *self, PyObject *args, PyObject *kw)
 {
+    static char *kwlist[] = {"outs", "lses", "nthreads", NULL};
     PyObject *oo, *lo;
     PyArrayObject *res = NULL, *lres = NULL;
     view os, ls, o, l;
-    if (!PyArg_ParseTuple(args, "OO:merge", &oo, &lo)) return NULL;
+    int req_threads = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|i:merge", kwlist, &oo, &lo, &req_threads)) return NULL;
     if (get_view(oo, "outputs", 3, 0, 0, &os) < 0 || get_view(lo, "lses", 2, 0, 0, &ls) < 0)
         goto fail;
     if (os.dtype != ls.dtype) {
@@ -536,7 +561,7 @@ static PyObject *py_merge(PyObject *self, PyObject *args)
     operand_of(&ls1, nb, &Ls);
     operand_of(&o, nb, &O);
     operand_of(&l, nb, &Lo);
-    int nt = pa_get_num_threads();
+    int nt = call_threads(req_threads);
     Py_BEGIN_ALLOW_THREADS
     pa_merge(os.dtype, &bt, P, L, Ev, &Os, os.st[0], &Ls, ls.st[0], &O, &Lo, nt);
     Py_END_ALLOW_THREADS
@@ -705,7 +730,7 @@ static PyMethodDef methods[] = {
     {"matmul", (PyCFunction)(void (*)(void))py_matmul, METH_VARARGS | METH_KEYWORDS, matmul_doc},
     {"softmax", (PyCFunction)(void (*)(void))py_softmax, METH_VARARGS | METH_KEYWORDS, softmax_doc},
     {"sdpa", (PyCFunction)(void (*)(void))py_sdpa, METH_VARARGS | METH_KEYWORDS, sdpa_doc},
-    {"merge", py_merge, METH_VARARGS, merge_doc},
+    {"merge", (PyCFunction)(void (*)(void))py_merge, METH_VARARGS | METH_KEYWORDS, merge_doc},
     {"set_num_threads", py_set_num_threads, METH_O, "set_num_threads(n): threads for the kernels"},
     {"get_num_threads", py_get_num_threads, METH_NOARGS, "get_num_threads() -> int"},
     {"select_isa", py_select_isa, METH_O,

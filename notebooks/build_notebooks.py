@@ -927,6 +927,255 @@ assert np.allclose(merged, whole, atol=1e-5) and np.allclose(lse_m, lse, atol=1e
 ]
 
 
+# ---------------------------------------------------------------------------
+NB["08_scale_out"] = [
+("md", """# 08 · Beyond one machine: pyattn on Dask
+pyattn works on NumPy arrays in one process. `pyattn.dask` builds the same attention as a
+[Dask](https://docs.dask.org) task graph over chunked arrays, so the work can spread over the
+worker processes of a cluster: the threads of one machine, several processes, or many
+machines. It needs the optional extra (`pip install "pyattn[dask]"`: `dask[array]` and
+`distributed`); `import pyattn` alone never imports dask.
+
+This notebook starts a small cluster of worker processes **on this machine**, runs a batch of
+sequences on it, splits one long causal sequence along its queries and its keys, times one
+and two workers against local pyattn, and ends with the three lines that point the same
+code at a real cluster."""),
+("code", SETUP + """import os, platform, time
+import dask
+import dask.array as da
+from dask.distributed import Client, LocalCluster, wait
+import pyattn.dask                         # needs the dask extra: pip install "pyattn[dask]"
+
+def cpu_name():
+    \"\"\"The processor's name on Linux, else what the platform module knows.\"\"\"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "an unknown CPU"
+
+def best(fn, n=3):
+    \"\"\"The shortest of n runs of fn(), in seconds.\"\"\"
+    ts = []
+    for _ in range(n):
+        t = time.perf_counter(); fn(); ts.append(time.perf_counter() - t)
+    return min(ts)
+
+def task_names(arr, prefix):
+    \"\"\"The keys of arr's task graph whose name starts with prefix.\"\"\"
+    names = (key[0] if isinstance(key, tuple) else key for key in arr.__dask_graph__())
+    return [n for n in names if isinstance(n, str) and n.startswith(prefix)]
+
+print(f"dask {dask.__version__}, {os.cpu_count()} CPUs here: {cpu_name()}")"""),
+("md", """## Why attention splits exactly
+Row `i` of the output is `out_i = Σ_j softmax(s_i)_j v_j`, with scores `s_ij = q_i · k_j × scale`.
+It depends on query `i` and on the keys and values, never on another query. So chunks of the
+query, along the batch, the heads or the rows `L`, are **independent tasks**: each runs the
+ordinary kernel on its rows, and nothing passes between them.
+
+Chunks of the **keys** need one more number per row. Attention over a chunk `A` of keys with
+`return_lse=True` also returns `lse_A = log Σ_{j∈A} exp(s_ij)`, and two chunks combine exactly:
+
+    lse = logaddexp(lse_A, lse_B)
+    out = exp(lse_A - lse) · out_A + exp(lse_B - lse) · out_B
+
+(`pyattn.merge_attention`; notebook 07 checks it by hand). `pyattn.dask` makes one task per
+(query chunk, key chunk) pair and merges each query chunk's partial results in a tree,
+neighbours first. The arithmetic is the same; only the order in which the sums are added
+changes, so results equal local pyattn up to float rounding."""),
+("md", """## A cluster on this machine
+`LocalCluster(processes=True)` starts a scheduler and worker *processes*, as a real cluster
+would have, here two workers of one thread each. They talk over TCP on the loopback
+interface (127.0.0.1): nothing outside this machine can reach them (`dashboard_address` is
+pinned to 127.0.0.1 too, on any free port). The dashboard shows the tasks live while they
+run (its pages need the `bokeh` package, which this notebook does not)."""),
+("code", """cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                       dashboard_address="127.0.0.1:0")      # loopback only, any free port
+client = Client(cluster)
+print("scheduler:", cluster.scheduler_address)
+print("dashboard:", client.dashboard_link)
+print("workers (address: threads):", client.nthreads())"""),
+("md", """## A batch of sequences
+32 sequences of 8 heads, `L = S = 1024`, head size 64, causal, in chunks of 4 sequences:
+8 query chunks, so 8 independent attention tasks. The inputs are made **by the workers**
+(`dask.array.random`) and kept in their memory (`persist`): nothing passes through this
+notebook. (A NumPy array wrapped with `da.from_array` travels inside the task graph: fine
+when small, slow when big. Real data would be read by the workers themselves, e.g. with
+`da.from_zarr`.)
+
+`pyattn.dask.scaled_dot_product_attention` takes the arguments of the local function and
+returns a lazy dask array whose chunks follow the query's; `compute()` runs the tasks on the
+cluster and gathers the result here."""),
+("code", """B, H, L, E = 32, 8, 1024, 64
+rng = da.random.default_rng(0)
+q, k, v = (rng.standard_normal((B, H, L, E), dtype=np.float32, chunks=(4, H, L, E)) for _ in range(3))
+q, k, v = client.persist([q, k, v])                  # made by the workers, kept in their memory
+wait([q, k, v])
+
+y = pyattn.dask.scaled_dot_product_attention(q, k, v, is_causal=True)
+print(y)                                             # lazy: nothing has run yet
+print("chunks along the batch:", y.chunks[0], "|", len(task_names(y, "pyattn-attention")), "attention tasks")
+t = time.perf_counter()
+out = y.compute()                                    # runs on the cluster, result gathered here
+print(f"computed on the cluster in {time.perf_counter() - t:.2f} s: {type(out).__name__} {out.shape} {out.dtype}")
+
+qn, kn, vn = dask.compute(q, k, v)                   # the same inputs, brought here
+ref = pyattn.scaled_dot_product_attention(qn, kn, vn, is_causal=True)
+print("cluster vs local pyattn, largest difference:", np.abs(out - ref).max())
+assert np.allclose(out, ref)"""),
+("md", """Chunks along the batch split nothing inside a sequence: each task runs the local kernel on
+whole rows, so the result is the local one (here to the last bit)."""),
+("md", """## One long sequence, split along queries and keys
+One sequence of `L = S = 8192` tokens, 4 heads, split into 8 chunks of 1024 along both `L`
+and `S`: 8 × 8 = 64 (query chunk, key chunk) pairs. Without a mask, query chunk `i` attends
+to all 8 key chunks and merges 8 partial results (7 merges). **Causal** attention lets query
+chunk `i` see only key chunks `0 … i`: the pairs above the diagonal are entirely masked, and
+`pyattn.dask` makes no task for them. That leaves `n(n+1)/2 = 36` attention tasks instead of
+64, and `i` merges for query chunk `i`, 28 in all: nearly half the work is never scheduled,
+the same half a causal kernel skips tile by tile on one machine. The tasks are named
+`pyattn-attention-…` and `pyattn-merge-…` in the graph; the count below reads them there."""),
+("code", """n = 8
+L2 = S2 = 8192
+rng = da.random.default_rng(1)
+q2, k2, v2 = client.persist([rng.standard_normal((1, 4, L2, E), dtype=np.float32, chunks=(1, 4, L2 // n, E))
+                             for _ in range(3)])
+wait([q2, k2, v2])
+y2 = pyattn.dask.scaled_dot_product_attention(q2, k2, v2, is_causal=True)
+y2_full = pyattn.dask.scaled_dot_product_attention(q2, k2, v2)          # no mask: every pair
+attn, merges = task_names(y2, "pyattn-attention"), task_names(y2, "pyattn-merge")
+print(f"causal:    {len(attn):2d} attention tasks (n(n+1)/2 = {n * (n + 1) // 2}), {len(merges)} merges")
+print(f"no mask:   {len(task_names(y2_full, 'pyattn-attention')):2d} attention tasks (n*n = {n * n}), "
+      f"{len(task_names(y2_full, 'pyattn-merge'))} merges")
+assert len(attn) == n * (n + 1) // 2 and len(task_names(y2_full, "pyattn-attention")) == n * n
+
+# which (query chunk, key chunk) pairs became tasks: the last two numbers of each task's name
+def tiles(names):
+    m = np.full((n, n), np.nan)                     # nan: no task
+    for name in names:
+        i, j = map(int, name.rsplit("-", 2)[-2:])
+        m[i, j] = 1.0 if i == j else 0.0
+    return m
+
+fig, axs = plt.subplots(1, 2, figsize=(13, 5), layout="constrained")
+legend = {0.0: "a task: every key visible", 1.0: "a task: causal mask inside", np.nan: "no task"}
+heatmap(axs[0], tiles(task_names(y2_full, "pyattn-attention")), fmt="", colorbar=False, vmin=0, vmax=1,
+        xlabel="key chunk (1024 keys)", ylabel="query chunk (1024 queries)",
+        title=f"no mask: {n * n} attention tasks")
+m = tiles(attn)
+heatmap(axs[1], m, fmt="", colorbar=False, vmin=0, vmax=1, legend=legend,
+        rows=[f"{i}: {i} merge{'s' if i != 1 else ''}" for i in range(n)],
+        xlabel="key chunk (1024 keys)", ylabel="query chunk: merges",
+        title=f"is_causal=True: {np.isfinite(m).sum()} attention tasks, {len(merges)} merges")
+plt.show()"""),
+("md", """On the cluster, and against local pyattn on the same inputs. Where a query chunk has one
+key chunk (chunk 0) nothing is merged and the rows are the local ones; elsewhere **the merge
+reassociates the sums** (a log-sum-exp of per-chunk sums instead of one running sum), so
+results differ by float32 rounding: `np.allclose` with `rtol=1e-5, atol=1e-6` (float32 keeps
+about 7 significant digits)."""),
+("code", """t = time.perf_counter()
+out2 = y2.compute()
+print(f"computed on the cluster in {time.perf_counter() - t:.2f} s")
+q2n, k2n, v2n = dask.compute(q2, k2, v2)
+ref2 = pyattn.scaled_dot_product_attention(q2n, k2n, v2n, is_causal=True)
+diff = np.abs(out2 - ref2).reshape(4, n, L2 // n, E).max(axis=(0, 2, 3))
+print("largest difference per query chunk:", diff)
+print("largest difference overall:", diff.max(), "(values up to", np.abs(ref2).max(), ")")
+assert np.allclose(out2, ref2, rtol=1e-5, atol=1e-6)     # the merge reassociates the sums"""),
+("md", """## Threads: one rule per worker
+A worker with `k` threads runs up to `k` tasks at once. Each task's pyattn call takes its
+share of the worker's thread budget, `max(1, budget // k)`, so a worker is never
+oversubscribed. The budget is the worker's `OMP_NUM_THREADS` when set, else its CPUs. The
+*nanny* that `LocalCluster(processes=True)` and `dask worker` use to start worker processes
+sets `OMP_NUM_THREADS=1` by default: that is dask's own rule, one thread per task and
+parallelism from the tasks. So here each task runs pyattn on one thread, and one worker uses
+one core. `pyattn.dask.set_task_threads(n)` fixes the number instead (it is recorded in the
+graphs built afterwards, so it reaches remote workers), e.g. for workers started with one
+task thread on machines with many cores."""),
+("code", """print("OMP_NUM_THREADS in each worker:", client.run(lambda: os.environ.get("OMP_NUM_THREADS")))"""),
+("md", """## Timings: one worker, two workers, local pyattn
+**This machine has 2 CPU cores, so two workers of one thread is the most that can help**:
+at best two workers halve one worker's time. The same graph on a real cluster spreads over as
+many workers as it has chunks. The batch above, timed (best of 3) on a second cluster with
+one worker and on the two-worker cluster, both ways: the result left on the workers
+(`persist`, as a pipeline that goes on computing there would), and gathered into this
+notebook (`compute`, which also copies the 64 MiB result between processes). Local pyattn
+on the same inputs, in this process with 1 and 2 threads, for comparison.
+
+**The timings are illustrative**: they were measured when this notebook ran, on a small
+shared machine, and they are not yours. Re-running the notebook re-measures everything."""),
+("code", """def time_batch(client, n=3):
+    \"\"\"Best of n runs of the batch's attention on client's cluster, in seconds:
+    (result kept on the workers, result gathered here).\"\"\"
+    rng = da.random.default_rng(2)
+    q, k, v = client.persist([rng.standard_normal((B, H, L, E), dtype=np.float32, chunks=(4, H, L, E))
+                              for _ in range(3)])
+    wait([q, k, v])
+    attn = lambda: pyattn.dask.scaled_dot_product_attention(q, k, v, is_causal=True)   # a fresh graph
+    kept = lambda: wait(client.persist(attn()))
+    gathered = lambda: client.compute(attn()).result()
+    kept()                                            # warm-up: the workers import pyattn
+    return best(kept, n), best(gathered, n)
+
+times = {}
+with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0") as one, \\
+        Client(one) as client1:
+    times["1 worker"] = time_batch(client1)
+times["2 workers"] = time_batch(client)
+
+threads = pyattn.get_num_threads()
+local = {}
+for nt in (1, 2):
+    pyattn.set_num_threads(nt)
+    local[f"local pyattn, {nt} thread{'s' if nt > 1 else ''}"] = best(
+        lambda: pyattn.scaled_dot_product_attention(qn, kn, vn, is_causal=True))
+pyattn.set_num_threads(threads)
+
+labels, secs, colours = [], [], []
+for name, t in local.items():
+    labels.append(name); secs.append(t); colours.append("C0")
+for name, (kept, gathered) in times.items():
+    labels += [f"Dask, {name}: result kept there", f"Dask, {name}: gathered here"]
+    secs += [kept, gathered]; colours += ["C1" if name == "1 worker" else "C2"] * 2
+fig, ax = plt.subplots(figsize=(8, 4), layout="constrained")
+bars = ax.barh(labels[::-1], secs[::-1], color=colours[::-1])
+ax.bar_label(bars, fmt="%.2f s", padding=3)
+ax.set_xlabel(f"seconds (best of 3): {B} sequences x {H} heads, L = S = {L}, E = {E}, causal, float32")
+ax.set_xlim(0, max(secs) * 1.2)
+ax.set_title(f"measured when this notebook ran, on {cpu_name()}, {os.cpu_count()} CPUs\\n"
+             "(illustrative: re-run to measure your machine)", fontsize=10)
+plt.show()
+for name, t in zip(labels, secs):
+    print(f"{name:38s} {t:.3f} s")"""),
+("md", """What the bars show on a machine this small: the cluster's times include work a single
+process does not do: the scheduler's round trips, moving chunks between processes, and for
+"gathered here" copying the whole result into the notebook. With two cores, two workers
+can at most halve one worker's time, and local pyattn already uses both cores in one
+process, without any of those costs. Dask pays off when the data or the work outgrows one
+machine: more cores than one machine has, or arrays larger than its memory, which then
+never need to exist in one place."""),
+("md", """## The same code on a real cluster
+Start a scheduler (`dask scheduler`) and workers (`dask worker scheduler-address:8786`) on
+machines that have `pyattn[dask]` installed (the same version everywhere: tasks call pyattn
+by name), then connect to it instead of starting a `LocalCluster`:
+
+```python
+from dask.distributed import Client
+client = Client("scheduler-address:8786")
+y = pyattn.dask.scaled_dot_product_attention(q, k, v, is_causal=True)   # the same calls as above
+```
+
+Everything else in this notebook stays as it is: the graph does not depend on where it runs.
+Load the inputs on the workers (`da.from_zarr`, `da.random`, …) rather than from NumPy
+arrays in the notebook. `pyattn.dask.multi_head_attention` does the projections and the
+heads of `pyattn.multi_head_attention` the same way, per chunk."""),
+("code", """client.close()
+cluster.close()
+print("client and cluster closed")"""),
+]
+
+
 def build(run=True, names=None):
     for name, cells in NB.items():
         if names and name not in names:

@@ -293,10 +293,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
 
 def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, rng,
-          return_weights, out, window, alibi_slopes, softcap, sinks, return_lse, kv_len):
+          return_weights, out, window, alibi_slopes, softcap, sinks, return_lse, kv_len,
+          qoff=None, nthreads=0, check_only=False):
     """scaled_dot_product_attention's body; kv_len (an int64 array that
     broadcasts to the query's batch axes, or None) is attention_with_kvcache's
-    per-sequence filled length."""
+    per-sequence filled length. pyattn.dask's blocks pass qoff (query row i
+    at key position i + qoff) and nthreads (the task's share of a worker);
+    check_only validates and returns (dtype, result shape) without computing."""
     q = as_array(query, "query")
     k = as_array(key, "key")
     v = as_array(value, "value")
@@ -383,6 +386,12 @@ def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
             a = per_head(arr, name, full_batch, doc)
         extra[{"alibi_slopes": "slopes"}.get(name, name)] = a.reshape(-1)
 
+    if check_only:
+        return dt, shape
+    if qoff is not None:
+        extra["qoff"] = int(qoff)
+    if nthreads:
+        extra["nthreads"] = int(nthreads)
     key_ = dropout_key(rng) if p > 0 else 0
     kout = None
     if out is not None:

@@ -56,7 +56,8 @@ static void attn_args(const attn_ctx *c, pa_ssize b, pa_attn_args *out)
     const pa_ssize n = o->kv_len ? (pa_ssize)o->kv_len[b] : c->S;
     a.rule.S = n;
     a.rule.div = o->row_div;
-    a.rule.qoff = (o->kv_len || o->causal == PA_CAUSAL_BOTTOM_RIGHT) ? n - c->L / o->row_div : 0;
+    a.rule.qoff = o->has_qoff ? o->qoff
+                : (o->kv_len || o->causal == PA_CAUSAL_BOTTOM_RIGHT) ? n - c->L / o->row_div : 0;
     a.rule.causal = o->causal != PA_CAUSAL_NONE;
     a.rule.left = o->left;
     a.rule.right = o->right;

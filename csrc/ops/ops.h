@@ -94,6 +94,8 @@ typedef struct {
                                    PA_F16 / PA_BF16 when it is PA_F32 */
     pa_ssize row_div;           /* >= 1: rows per query position (the query heads of
                                    one key/value head stacked as rows, decoding) */
+    int has_qoff;               /* 1: row i sits at key position i + qoff (a block of a */
+    pa_ssize qoff;              /* longer sequence: pyattn.dask) */
 } pa_attn_opts;
 
 /* Attention per flat batch index b (all axes but the last two).
