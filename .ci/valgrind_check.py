@@ -40,7 +40,7 @@ for dt in (np.float32, np.float64):
         pyattn.attention_with_kvcache(q[:, :, :1], kc, vc, k[:, :, :1], v[:, :, :1], cache_seqlens=5000)
     except ValueError:
         pass
-    cache = layer.eval().new_cache(2, 8, dtype=dt)
+    cache = layer.eval().new_cache(4, 8, dtype=dt)
     layer(q[0, :, :3], cache=cache), layer(q[0, :, 3:4], cache=cache)
 # 16-bit storage
 for d16 in (np.float16,):

@@ -1095,8 +1095,9 @@ graphs built afterwards, so it reaches remote workers), e.g. for workers started
 task thread on machines with many cores."""),
 ("code", """print("OMP_NUM_THREADS in each worker:", client.run(lambda: os.environ.get("OMP_NUM_THREADS")))"""),
 ("md", """## Timings: one worker, two workers, local pyattn
-**This machine has 2 CPU cores, so two workers of one thread is the most that can help**:
-at best two workers halve one worker's time. The same graph on a real cluster spreads over as
+**The machine that built this notebook has 2 CPU cores, so two workers of one thread each is
+the most that can help**: at best two workers halve one worker's time (the figure's title
+names the CPUs of the machine that ran it). The same graph on a real cluster spreads over as
 many workers as it has chunks. The batch above, timed (best of 3) on a second cluster with
 one worker and on the two-worker cluster, both ways: the result left on the workers
 (`persist`, as a pipeline that goes on computing there would), and gathered into this
