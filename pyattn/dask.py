@@ -237,6 +237,22 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
     lead_bounds = [bounds(c) for c in qf.chunks[:nb]]
     l_bounds = bounds(qf.chunks[-2])
     s_bounds = bounds(kf.chunks[-2])
+
+    def piece(arr, sl, cache={}):
+        """arr[sl] as a task argument: the chunk itself when sl is exactly one chunk
+        (no copy, no extra task), else a slice of the array."""
+        key = id(arr)
+        if key not in cache:
+            cache[key] = (arr.to_delayed(), [dict((b, i) for i, b in enumerate(bounds(c))) for c in arr.chunks])
+        blocks_, index = cache[key]
+        idx = []
+        for d, x in enumerate(sl):
+            b = (0, arr.shape[d]) if x == slice(None) else (x.start, x.stop)
+            if b not in index[d]:
+                return arr[tuple(sl)]
+            idx.append(index[d][b])
+        return blocks_[tuple(idx)]
+
     blocks = np.empty(tuple(len(b) for b in lead_bounds) + (len(l_bounds),), dtype=object)
     for lead_idx in itertools.product(*[range(len(b)) for b in lead_bounds]):
         lead = [slice(*lead_bounds[d][i]) for d, i in enumerate(lead_idx)]
@@ -248,15 +264,15 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
         for li, (l0, l1) in enumerate(l_bounds):
             lo = _key_range(l0, S, g, causal, left, right)[0]
             hi = _key_range(l1 - 1, S, g, causal, left, right)[1]
-            qb = qf[tuple(lead) + (slice(l0, l1), slice(None))]
+            qb = piece(qf, lead + [slice(l0, l1), slice(None)])
             bshape = tuple(s.stop - s.start for s in lead) + (l1 - l0, Ev)
             parts = []
             for si, (s0, s1) in enumerate(s_bounds):
                 if s0 >= hi or s1 <= lo:
                     continue                      # excluded by the causal rule / the window
-                kb = kf[tuple(kv_lead) + (slice(s0, s1), slice(None))]
-                vb = vf[tuple(kv_lead) + (slice(s0, s1), slice(None))]
-                mb = None if mf is None else mf[tuple(lead) + (slice(l0, l1), slice(s0, s1))]
+                kb = piece(kf, kv_lead + [slice(s0, s1), slice(None)])
+                vb = piece(vf, kv_lead + [slice(s0, s1), slice(None)])
+                mb = None if mf is None else piece(mf, lead + [slice(l0, l1), slice(s0, s1)])
                 sl = None if slopes_full is None else np.ascontiguousarray(slopes_full[tuple(lead)])
                 sk = None if (sinks_full is None or parts) else np.ascontiguousarray(sinks_full[tuple(lead)])
                 name = f"pyattn-attention-{token}-{'-'.join(map(str, lead_idx))}-{li}-{si}"
