@@ -26,6 +26,14 @@ the graph, so it reaches remote workers).
 Results equal local pyattn up to the reassociation of the merge (the
 per-chunk log-sum-exp combination), never bit for bit when ``S`` is split.
 
+A worker lost while tasks run: dask.distributed reschedules its tasks on
+the workers left (its nanny restarts the process), and the computation
+completes with the right result; this is what tests/test_dask.py observes
+when it terminates a worker process of a LocalCluster mid-computation. Past
+``distributed.scheduler.allowed-failures`` lost attempts of a task, dask
+raises ``KilledWorker`` instead: an error, never a wrong result (the tasks
+are pure functions of their inputs).
+
 >>> import numpy as np, dask.array as da, pyattn, pyattn.dask
 >>> x = da.from_array(np.random.default_rng(0).standard_normal((2, 4, 64, 16)), chunks=(1, 4, 32, 16))
 >>> y = pyattn.dask.scaled_dot_product_attention(x, x.rechunk((2, 4, 64, 16)), x, is_causal=True)

@@ -101,17 +101,23 @@ PA_DEFINE_SCORES(float, f32, PA_F32)
 PA_DEFINE_SCORES(double, f64, PA_F64)
 #undef PA_DEFINE_SCORES
 
-/* True when rows [i0, i1) all admit keys [j0, j1) and nothing changes their
- * scores (no mask, softcap or ALiBi): the frame may leave such a tile as the
- * GEMM wrote it. The key range's ends grow with i (pa_keyrule). */
-static inline int pa_attn_tile_plain(const pa_attn_args *a, pa_ssize i0, pa_ssize i1,
-                                     pa_ssize j0, pa_ssize j1)
+/* inside: rows [i0, i1) all admit keys [j0, j1) (no mask; the key range's
+ * ends grow with i: pa_keyrule), so no score of the tile is excluded. plain:
+ * and nothing changes the scores (no softcap or ALiBi): the frame may leave
+ * such a tile as the GEMM wrote it. */
+static inline int pa_attn_tile_inside(const pa_attn_args *a, pa_ssize i0, pa_ssize i1,
+                                      pa_ssize j0, pa_ssize j1)
 {
-    if (a->mask.kind != PA_MASK_NONE || a->softcap > 0 || a->slope != 0) return 0;
+    if (a->mask.kind != PA_MASK_NONE) return 0;
     pa_ssize lo0, hi0, lo1, hi1;
     pa_key_range(&a->rule, i0, &lo0, &hi0);
     pa_key_range(&a->rule, i1 - 1, &lo1, &hi1);
     return lo1 <= j0 && j1 <= hi0;
+}
+static inline int pa_attn_tile_plain(const pa_attn_args *a, pa_ssize i0, pa_ssize i1,
+                                     pa_ssize j0, pa_ssize j1)
+{
+    return a->softcap == 0 && a->slope == 0 && pa_attn_tile_inside(a, i0, i1, j0, j1);
 }
 
 /* The end of a row: from its running max m and sum l (of exp(s - m) over the
