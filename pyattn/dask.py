@@ -43,7 +43,6 @@ True
 from __future__ import annotations
 
 import itertools
-import operator
 import os
 import threading
 import uuid
@@ -59,7 +58,7 @@ except ImportError as exc:  # pragma: no cover - exercised without dask installe
 
 from . import _C
 from ._api import _linear, _sdpa
-from ._checks import as_array, causal_code, compute_dtype, index_value, window_value
+from ._checks import as_array, causal_code, index_value, window_value
 
 __all__ = ["scaled_dot_product_attention", "multi_head_attention", "set_task_threads"]
 
@@ -337,7 +336,7 @@ def multi_head_attention(query, key, value, num_heads, w_q, w_k, w_v, w_o=None, 
     unbatched = xq.ndim == 2
     if unbatched:
         xq, xk, xv = xq[None], xk[None], xv[None]
-    d_out, d_vo = wq.shape[0], wv.shape[0]
+    d_vo = wv.shape[0]
 
     def proj(x, w, b):
         x = x.rechunk(x.chunks[:-1] + (x.shape[-1],))

@@ -1,7 +1,6 @@
 """pyattn.dask (API.md "Beyond one machine"): against local pyattn, to the
 tolerance of the merge's reassociation, on every chunking, on the synchronous
 and threaded schedulers and on a dask.distributed LocalCluster of processes."""
-import os
 import subprocess
 import sys
 import time
