@@ -488,3 +488,23 @@ def test_layer_cache_errors(rng):
     with pytest.raises(ValueError, match="context_length"):
         m(rng.standard_normal((1, 4, 8)), cache=c)
     assert c.lengths.tolist() == [3]
+
+
+def test_gqa_decode_stacked_rows_into_out(rng):
+    """Decoding with GQA runs a key/value head's query heads as rows of one call;
+    the result lands in a given out= (also a transposed one) and lse matches."""
+    q = rng.standard_normal((2, 8, 1, 16)).astype(np.float32)
+    k = rng.standard_normal((2, 2, 50, 16)).astype(np.float32)
+    v = rng.standard_normal((2, 2, 50, 12)).astype(np.float32)
+    want, wl = pyattn.scaled_dot_product_attention(q, k, v, enable_gqa=True, is_causal="bottom_right",
+                                                   return_lse=True)
+    rw, rl = R.scaled_dot_product_attention(q, k, v, enable_gqa=True, is_causal="bottom_right", return_lse=True)
+    check(want, rw, mag_attention(q, np.repeat(k, 4, 1), np.repeat(v, 4, 1),
+                                  R.scaled_dot_product_attention(q, k, v, enable_gqa=True, is_causal="bottom_right",
+                                                                 return_weights=True)[1], 0.25))
+    for out in (np.full((2, 8, 1, 12), 7, np.float32), np.full((2, 1, 8, 12), 7, np.float32).transpose(0, 2, 1, 3)):
+        r = pyattn.scaled_dot_product_attention(q, k, v, enable_gqa=True, is_causal="bottom_right", out=out)
+        assert r is out and np.array_equal(out, want)
+    o, lse = pyattn.attention_with_kvcache(q, k, v, cache_seqlens=50, return_lse=True,
+                                           out=np.empty((2, 8, 1, 12), np.float32))
+    assert np.array_equal(o, want) and np.array_equal(lse, wl)
