@@ -63,6 +63,12 @@ typedef struct {
 typedef void (*pa_tilesm_fn)(void *St, pa_ssize nj, pa_ssize ncols, pa_ssize ld,
                              void *m, void *l, void *alpha);
 
+/* The backward's probability step on a key-major score tile (as
+ * pa_tilesm_fn): St = exp(St - lse[c]) for column c, with lse of the compute
+ * dtype (ncols,); a score of -inf gives 0, and a column whose lse is -inf
+ * (nothing admissible) is taken as lse 0, so its -inf scores give 0. */
+typedef void (*pa_tilep_fn)(void *St, pa_ssize nj, pa_ssize ncols, pa_ssize ld, const void *lse);
+
 /* One row of masked, scaled softmax (pa_softmax_row in pyattn.h). */
 typedef void (*pa_softmax_fn)(const pa_softmax_row *r);
 
@@ -105,6 +111,7 @@ typedef void (*pa_rowpv_fn)(const void *P, pa_ssize ps, pa_ssize R, const void *
 typedef void (*pa_softcap_fn)(void *x, pa_ssize n, double cap);
 
 typedef struct { pa_tilesm_fn fn; const char *name; } pa_tilesm_kernel;
+typedef struct { pa_tilep_fn fn; const char *name; } pa_tilep_kernel;
 typedef struct { pa_softcap_fn fn; const char *name; } pa_softcap_kernel;
 typedef struct { pa_rowdot_fn dot[3]; pa_rowsm_fn sm; pa_rowpv_fn pv[3]; const char *name; } pa_decode_kernel;
 typedef struct { pa_widen_fn fn; const char *name; } pa_widen_kernel;
@@ -115,6 +122,7 @@ typedef struct pa_family {
     int isa;                                /* PA_ISA_* */
     pa_gemm_kernel gemm[PA_NCOMPUTE];
     pa_tilesm_kernel tilesm[PA_NCOMPUTE];
+    pa_tilep_kernel tilep[PA_NCOMPUTE];
     pa_softmax_kernel softmax[PA_NCOMPUTE];
     pa_decode_kernel decode[PA_NCOMPUTE];
     pa_softcap_kernel softcap[PA_NCOMPUTE];

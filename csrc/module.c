@@ -368,6 +368,43 @@ fail:
     return NULL;
 }
 
+PyDoc_STRVAR(softmax_backward_doc,
+"softmax_backward(grad_y, y, scale=1.0) -> grad_x\n\n"
+"Private kernel entry: the softmax backward over the last axis, grad_y and y\n"
+"of one dtype and shape. Use pyattn.softmax_backward.");
+
+static PyObject *py_softmax_backward(PyObject *self, PyObject *args)
+{
+    PyObject *go, *yo;
+    double scale = 1.0;
+    PyArrayObject *res = NULL;
+    view g, y, o;
+    if (!PyArg_ParseTuple(args, "OO|d:softmax_backward", &go, &yo, &scale)) return NULL;
+    if (get_view(go, "grad_y", 1, 0, 0, &g) < 0 || get_view(yo, "y", 1, 0, 0, &y) < 0) goto fail;
+    if (g.dtype != y.dtype) {
+        PyErr_SetString(PyExc_TypeError, "grad_y and y must have one dtype");
+        goto fail;
+    }
+    if (same_batch(&y, "y", &g, "grad_y", y.nd) < 0) goto fail;
+    res = get_out(Py_None, y.nd, y.shape, y.dtype, &o, "softmax gradient");
+    if (!res) goto fail;
+    pa_batch bt;
+    pa_operand G, Y, O;
+    batch_of(&y, y.nd - 1, &bt);
+    operand_of(&g, y.nd - 1, &G);
+    operand_of(&y, y.nd - 1, &Y);
+    operand_of(&o, y.nd - 1, &O);
+    int rc, nt = pa_get_num_threads();
+    Py_BEGIN_ALLOW_THREADS
+    rc = pa_softmax_backward(y.dtype, &bt, y.shape[y.nd - 1], &G, &Y, scale, &O, nt);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) { PyErr_NoMemory(); goto fail; }
+    return (PyObject *)res;
+fail:
+    Py_XDECREF(res);
+    return NULL;
+}
+
 /* A per-head value array of the attention binding: None, or a 1-D
  * C-contiguous array of npy_type with one entry per flat batch index. */
 static int get_perbatch(PyObject *o, const char *name, int npy_type, pa_ssize count,
@@ -516,6 +553,151 @@ fail:
     Py_XDECREF(res);
     Py_XDECREF(wres);
     Py_XDECREF(lres);
+    return NULL;
+}
+
+/* Zero-filled C-contiguous array (gradients are accumulated into it). */
+static PyArrayObject *new_zeros(int nd, const pa_ssize *shape, int dtype, const char *what)
+{
+    PyArrayObject *a = new_array(nd, shape, dtype, what);
+    if (a) memset(PyArray_DATA(a), 0, (size_t)PyArray_NBYTES(a));
+    return a;
+}
+
+PyDoc_STRVAR(sdpa_backward_doc,
+"sdpa_backward(q, k, v, o, go, lse, mask=None, causal=0, scale=1.0, dropout_p=0.0,\n"
+"              dropout_key=0, left=-1, right=-1, softcap=0.0, slopes=None, sinks=None,\n"
+"              reduce=(), nthreads=0) -> (dq, dk, dv, dsinks or None)\n\n"
+"Private kernel entry: the attention backward, every operand of one compute\n"
+"dtype with equal batch axes; reduce flags the batch axes that key and value\n"
+"broadcast over (dk, dv get extent 1 there, summed). dsinks: one value per\n"
+"flat batch index. Use pyattn.scaled_dot_product_attention_backward.");
+
+static PyObject *py_sdpa_backward(PyObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"q", "k", "v", "o", "go", "lse", "mask", "causal", "scale",
+                             "dropout_p", "dropout_key", "left", "right", "softcap", "slopes",
+                             "sinks", "reduce", "nthreads", NULL};
+    PyObject *qo, *ko, *vo, *oo, *goo, *lo, *mo = Py_None, *slo = Py_None, *sio = Py_None;
+    PyObject *redo = NULL;
+    int causal = 0, req_threads = 0;
+    Py_ssize_t left = -1, right = -1;
+    double scale = 1.0, dropout_p = 0.0, softcap = 0.0;
+    unsigned long long key = 0;
+    PyArrayObject *dq = NULL, *dk = NULL, *dv = NULL, *ds = NULL;
+    view q, k, v, o, go, lv, m, scores, dqv, dkv, dvv;
+    int kind, reduce[PA_MAXDIMS];
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOO|OiddKnndOOOi:sdpa_backward", kwlist, &qo, &ko,
+                                     &vo, &oo, &goo, &lo, &mo, &causal, &scale, &dropout_p, &key,
+                                     &left, &right, &softcap, &slo, &sio, &redo, &req_threads))
+        return NULL;
+    if (get_view(qo, "query", 2, 0, 0, &q) < 0 || get_view(ko, "key", 2, 0, 0, &k) < 0 ||
+        get_view(vo, "value", 2, 0, 0, &v) < 0 || get_view(oo, "out", 2, 0, 0, &o) < 0 ||
+        get_view(goo, "grad_out", 2, 0, 0, &go) < 0 || get_view(lo, "lse", 1, 0, 0, &lv) < 0)
+        goto fail;
+    const int cd = q.dtype;
+    if (k.dtype != cd || v.dtype != cd || o.dtype != cd || go.dtype != cd || lv.dtype != cd) {
+        PyErr_SetString(PyExc_TypeError, "query, key, value, out, grad_out and lse must have one dtype");
+        goto fail;
+    }
+    if (check_causal(causal) < 0) goto fail;
+    if (!(dropout_p >= 0.0 && dropout_p < 1.0)) {
+        PyErr_SetString(PyExc_ValueError, "dropout_p must be in [0, 1)");
+        goto fail;
+    }
+    if (!(softcap >= 0.0 && softcap < INFINITY)) {
+        PyErr_SetString(PyExc_ValueError, "softcap must be finite and > 0 (0: none)");
+        goto fail;
+    }
+    const int nd = q.nd, nb = nd - 2;
+    if (same_batch(&q, "query", &k, "key", nb) < 0 || same_batch(&q, "query", &v, "value", nb) < 0 ||
+        same_batch(&q, "query", &o, "out", nb) < 0 || same_batch(&q, "query", &go, "grad_out", nb) < 0)
+        goto fail;
+    const pa_ssize L = q.shape[nd - 2], E = q.shape[nd - 1];
+    const pa_ssize S = k.shape[nd - 2], Ev = v.shape[nd - 1];
+    if (k.shape[nd - 1] != E) { shape_error("key", &k, "query", &q); goto fail; }
+    if (v.shape[nd - 2] != S) { shape_error("value", &v, "key", &k); goto fail; }
+    if (o.shape[nd - 2] != L || o.shape[nd - 1] != Ev) { shape_error("out", &o, "value", &v); goto fail; }
+    if (go.shape[nd - 2] != L || go.shape[nd - 1] != Ev) { shape_error("grad_out", &go, "out", &o); goto fail; }
+    int lok = lv.nd == nb + 1;
+    for (int d = 0; lok && d <= nb; d++) lok = lv.shape[d] == q.shape[d];
+    if (!lok) { shape_error("lse", &lv, "query", &q); goto fail; }
+    scores = q;
+    scores.shape[nd - 1] = S;
+    if (get_mask(mo, &scores, cd, &m, &kind) < 0) goto fail;
+    for (int d = 0; d < nb; d++) reduce[d] = 0;
+    if (redo && redo != Py_None) {
+        PyObject *seq = PySequence_Fast(redo, "reduce must be a sequence");
+        if (!seq) goto fail;
+        const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+        int bad = n != nb;
+        for (Py_ssize_t d = 0; !bad && d < n; d++) {
+            const int t = PyObject_IsTrue(PySequence_Fast_GET_ITEM(seq, d));
+            if (t < 0) bad = 1; else reduce[d] = t;
+        }
+        Py_DECREF(seq);
+        if (bad) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_ValueError, "reduce must hold one flag per batch axis (%d)", nb);
+            goto fail;
+        }
+    }
+    pa_batch bt;
+    batch_of(&q, nb, &bt);
+    pa_attn_opts opts = {causal, left < 0 ? -1 : (pa_ssize)left, right < 0 ? -1 : (pa_ssize)right,
+                         softcap, NULL, NULL, NULL, NULL, cd, cd, cd, 1, 0, 0};
+    const void *pp;
+    if (get_perbatch(slo, "alibi_slopes", NPY_FLOAT64, bt.count, &pp) < 0) goto fail;
+    opts.slopes = (const double *)pp;
+    if (get_perbatch(sio, "sinks", NPY_FLOAT64, bt.count, &pp) < 0) goto fail;
+    opts.sinks = (const double *)pp;
+    pa_ssize kshape[PA_MAXDIMS];
+    memcpy(kshape, k.shape, sizeof(pa_ssize) * (size_t)nd);
+    for (int d = 0; d < nb; d++)
+        if (reduce[d]) kshape[d] = 1;
+    dq = new_zeros(nd, q.shape, cd, "query gradient");
+    if (!dq) goto fail;
+    dk = new_zeros(nd, kshape, cd, "key gradient");
+    if (!dk) goto fail;
+    kshape[nd - 1] = Ev;
+    dv = new_zeros(nd, kshape, cd, "value gradient");
+    if (!dv) goto fail;
+    if (opts.sinks) {
+        npy_intp n = (npy_intp)bt.count;
+        ds = (PyArrayObject *)PyArray_ZEROS(1, &n, NPY_FLOAT64, 0);
+        if (!ds) goto fail;
+    }
+    if (get_view((PyObject *)dq, "dq", nd, 0, 1, &dqv) < 0 || get_view((PyObject *)dk, "dk", nd, 0, 1, &dkv) < 0 ||
+        get_view((PyObject *)dv, "dv", nd, 0, 1, &dvv) < 0)
+        goto fail;
+    for (int d = 0; d < nb; d++)
+        if (reduce[d]) dkv.st[d] = dvv.st[d] = 0;
+    pa_operand Q, Kk, V, Mk, O, Go, Lse, DQ, DK, DV;
+    operand_of(&q, nb, &Q);
+    operand_of(&k, nb, &Kk);
+    operand_of(&v, nb, &V);
+    operand_of(&o, nb, &O);
+    operand_of(&go, nb, &Go);
+    operand_of(&lv, nb, &Lse);
+    operand_of(&dqv, nb, &DQ);
+    operand_of(&dkv, nb, &DK);
+    operand_of(&dvv, nb, &DV);
+    if (kind) operand_of(&m, nb, &Mk);
+    int rc, nt = call_threads(req_threads);
+    const pa_family *fam = family;
+    double *dsp = ds ? (double *)PyArray_DATA(ds) : NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = pa_attention_backward(fam, cd, &bt, reduce, L, S, E, Ev, &Q, &Kk, &V, kind ? &Mk : NULL, kind,
+                               &opts, scale, dropout_p, (uint64_t)key, &O, &Lse, &Go, &DQ, &DK, &DV,
+                               dsp, nt);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) { PyErr_NoMemory(); goto fail; }
+    return Py_BuildValue("(NNNN)", dq, dk, dv, ds ? (PyObject *)ds : Py_NewRef(Py_None));
+fail:
+    Py_XDECREF(dq);
+    Py_XDECREF(dk);
+    Py_XDECREF(dv);
+    Py_XDECREF(ds);
     return NULL;
 }
 
@@ -729,7 +911,10 @@ static PyObject *py_read_probe(PyObject *self, PyObject *arg)
 static PyMethodDef methods[] = {
     {"matmul", (PyCFunction)(void (*)(void))py_matmul, METH_VARARGS | METH_KEYWORDS, matmul_doc},
     {"softmax", (PyCFunction)(void (*)(void))py_softmax, METH_VARARGS | METH_KEYWORDS, softmax_doc},
+    {"softmax_backward", py_softmax_backward, METH_VARARGS, softmax_backward_doc},
     {"sdpa", (PyCFunction)(void (*)(void))py_sdpa, METH_VARARGS | METH_KEYWORDS, sdpa_doc},
+    {"sdpa_backward", (PyCFunction)(void (*)(void))py_sdpa_backward, METH_VARARGS | METH_KEYWORDS,
+     sdpa_backward_doc},
     {"merge", (PyCFunction)(void (*)(void))py_merge, METH_VARARGS | METH_KEYWORDS, merge_doc},
     {"set_num_threads", py_set_num_threads, METH_O, "set_num_threads(n): threads for the kernels"},
     {"get_num_threads", py_get_num_threads, METH_NOARGS, "get_num_threads() -> int"},

@@ -25,12 +25,15 @@ except ImportError:
     ) from None
 from ._api import (attention_with_kvcache, matmul, merge_attention, multi_head_attention,
                    scaled_dot_product_attention, softmax)
+from ._grad import (scaled_dot_product_attention_backward, scaled_dot_product_attention_vjp,
+                    softmax_backward)
 from ._kvcache import KVCache
 
 __version__ = "0.1.0"
 __all__ = [
     "matmul", "softmax", "scaled_dot_product_attention", "multi_head_attention",
     "merge_attention", "attention_with_kvcache", "KVCache",
+    "scaled_dot_product_attention_backward", "scaled_dot_product_attention_vjp", "softmax_backward",
     "set_num_threads", "get_num_threads", "show_config", "nn", "__version__",
 ]
 

@@ -15,7 +15,8 @@ from ._checks import causal_code, compute_dtype
 
 __all__ = ["matmul", "softmax", "scaled_dot_product_attention", "multi_head_attention",
            "causal_mask", "dropout_keep", "linear", "merge_attention", "attention_with_kvcache",
-           "window_mask", "alibi_bias"]
+           "window_mask", "alibi_bias", "scaled_dot_product_attention_backward",
+           "softmax_backward"]
 
 
 def _f64(x):
@@ -182,6 +183,88 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     out = out.astype(dt)
     res = (out,) + ((w.astype(dt),) if return_weights else ()) + ((lse.astype(dt),) if return_lse else ())
     return res[0] if len(res) == 1 else res
+
+
+def _sum_to(g, shape):
+    """Sum a broadcast gradient back to an operand's shape."""
+    lead = g.ndim - len(shape)
+    g = g.sum(axis=tuple(range(lead))) if lead else g
+    axes = tuple(i for i, n in enumerate(shape) if n == 1 and g.shape[i] != 1)
+    return g.sum(axis=axes, keepdims=True) if axes else g
+
+
+def scaled_dot_product_attention_backward(grad_out, query, key, value, attn_mask=None,
+                                          dropout_p=0.0, is_causal=False, scale=None,
+                                          enable_gqa=False, *, dropout_key=0, window=None,
+                                          alibi_slopes=None, softcap=None, sinks=None):
+    """The vector-Jacobian product of scaled_dot_product_attention, from the
+    definitions, on the full (L, S) matrices (float64):
+
+    z = scale q k^T; c = softcap tanh(z / softcap) (or z); s = c + masks;
+    P = softmax(s) (the sink in the denominator); W = P x keep / (1 - p);
+    out = W v. With dO = grad_out: dW = dO v^T, dP = dW x keep / (1 - p),
+    D = rowsum(dO o out), dS = P (dP - D) (0 where P = 0), dz = dS (1 -
+    (c / softcap)^2), dq = scale dz k, dk = scale dz^T q, dv = W^T dO,
+    dsink = -sum_i exp(sink - lse_i) D_i. Gradients are summed back to the
+    shapes of query, key and value (broadcast axes; GQA groups). Returns
+    (dq, dk, dv[, dsinks]) in the compute dtype."""
+    q0, k0, v0 = (np.asarray(t) for t in (query, key, value))
+    dt = compute_dtype((q0, "query"), (k0, "key"), (v0, "value"))
+    q, k, v, go = _f64(q0), _f64(k0), _f64(v0), _f64(grad_out)
+    E = q.shape[-1]
+    scale = (1.0 / math.sqrt(E) if E else 1.0) if scale is None else scale
+    g = 1
+    if enable_gqa and q.shape[-3] != k.shape[-3]:
+        g = q.shape[-3] // k.shape[-3]
+        k = np.repeat(k, g, axis=-3)
+        v = np.repeat(v, g, axis=-3)
+    out, w, lse = scaled_dot_product_attention(
+        q, k, v, attn_mask, dropout_p, is_causal, scale, dropout_key=dropout_key,
+        return_weights=True, return_lse=True, window=window, alibi_slopes=alibi_slopes,
+        softcap=softcap, sinks=sinks)
+    P = scaled_dot_product_attention(
+        q, k, v, attn_mask, 0.0, is_causal, scale, return_weights=True, window=window,
+        alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks)[1]
+    kv = np.broadcast_to(v, P.shape[:-2] + v.shape[-2:])
+    kk = np.broadcast_to(k, P.shape[:-2] + k.shape[-2:])
+    qq = np.broadcast_to(q, P.shape[:-2] + q.shape[-2:])
+    gob = np.broadcast_to(go, out.shape)
+    keep = 1.0
+    if dropout_p > 0:
+        keep = dropout_keep(dropout_key, P.shape, dropout_p) / (1.0 - dropout_p)
+    with np.errstate(invalid="ignore"):
+        dP = np.matmul(gob, np.swapaxes(kv, -1, -2)) * keep
+        D = (gob * out).sum(-1)
+        dS = np.where(P == 0, 0.0, P * (dP - D[..., None]))
+    if softcap is not None:
+        z = np.matmul(qq, np.swapaxes(kk, -1, -2)) * scale
+        dS = dS * (1.0 - np.tanh(z / softcap) ** 2)
+    dS = dS * scale
+    dq = np.matmul(dS, kk)
+    dk = np.matmul(np.swapaxes(dS, -1, -2), qq)
+    dv = np.matmul(np.swapaxes(w, -1, -2), gob)
+    if g > 1:
+        dk = dk.reshape(dk.shape[:-3] + (-1, g) + dk.shape[-2:]).sum(-3)
+        dv = dv.reshape(dv.shape[:-3] + (-1, g) + dv.shape[-2:]).sum(-3)
+    res = (_sum_to(dq, q0.shape).astype(dt), _sum_to(dk, k0.shape).astype(dt),
+           _sum_to(dv, v0.shape).astype(dt))
+    if sinks is not None:
+        sk = np.broadcast_to(_f64(sinks)[..., None], lse.shape)
+        ds = -(np.exp(sk - lse) * D)
+        ds = ds.sum(-1)
+        res = res + (_sum_to(ds, np.shape(sinks)).astype(dt),)
+    return res
+
+
+def softmax_backward(grad_y, y, axis=-1, scale=None):
+    """grad_x = scale * y * (grad_y - sum(grad_y * y, axis)), 0 where y = 0."""
+    gy, yy = _f64(grad_y), _f64(y)
+    dt = compute_dtype((np.asarray(y), "y"))
+    sc = 1.0 if scale is None else scale
+    with np.errstate(invalid="ignore"):
+        d = (gy * yy).sum(axis=axis, keepdims=True)
+        gx = np.where(yy == 0, 0.0, sc * yy * (gy - d))
+    return gx.astype(dt)
 
 
 def merge_attention(outputs, lses):

@@ -38,26 +38,29 @@ typedef struct {
     char *partials;          /* (count, nchunks, L, 2 + Ev) in split mode */
 } attn_ctx;
 
-static void attn_args(const attn_ctx *c, pa_ssize b, pa_attn_args *out)
+void pa_attn_setup(pa_attn_args *out, const pa_family *fam, int dtype, const pa_batch *bt, pa_ssize b,
+                   pa_ssize L, pa_ssize S, pa_ssize E, pa_ssize Ev,
+                   const pa_operand *q, const pa_operand *k, const pa_operand *v,
+                   const pa_operand *mask, int mask_kind, const pa_attn_opts *o, double scale,
+                   double dropout_p, uint64_t key, const pa_operand *res, const pa_operand *w)
 {
-    const pa_ssize es = (pa_ssize)pa_elsize(c->dtype);
-    const pa_attn_opts *o = c->opts;
+    const pa_ssize es = (pa_ssize)pa_elsize(dtype);
     pa_attn_args a;
-    a.fam = c->fam;
-    a.L = c->L; a.S = c->S; a.E = c->E; a.Ev = c->Ev;
-    a.q = (const char *)c->q->p + pa_batch_offset(c->bt, c->q->bs, b) * (pa_ssize)pa_elsize(o->q_dt);
-    a.q_rs = c->q->rs; a.q_cs = c->q->cs;
-    a.k = (const char *)c->k->p + pa_batch_offset(c->bt, c->k->bs, b) * (pa_ssize)pa_elsize(o->k_dt);
-    a.k_rs = c->k->rs; a.k_cs = c->k->cs;
-    a.v = (const char *)c->v->p + pa_batch_offset(c->bt, c->v->bs, b) * (pa_ssize)pa_elsize(o->v_dt);
-    a.v_rs = c->v->rs; a.v_cs = c->v->cs;
+    a.fam = fam;
+    a.L = L; a.S = S; a.E = E; a.Ev = Ev;
+    a.q = (const char *)q->p + pa_batch_offset(bt, q->bs, b) * (pa_ssize)pa_elsize(o->q_dt);
+    a.q_rs = q->rs; a.q_cs = q->cs;
+    a.k = (const char *)k->p + pa_batch_offset(bt, k->bs, b) * (pa_ssize)pa_elsize(o->k_dt);
+    a.k_rs = k->rs; a.k_cs = k->cs;
+    a.v = (const char *)v->p + pa_batch_offset(bt, v->bs, b) * (pa_ssize)pa_elsize(o->v_dt);
+    a.v_rs = v->rs; a.v_cs = v->cs;
     a.q_dt = o->q_dt; a.k_dt = o->k_dt; a.v_dt = o->v_dt;
-    a.mask = pa_mask_of(c->bt, c->mask, c->mask_kind, c->dtype, b);
-    const pa_ssize n = o->kv_len ? (pa_ssize)o->kv_len[b] : c->S;
+    a.mask = pa_mask_of(bt, mask, mask_kind, dtype, b);
+    const pa_ssize n = o->kv_len ? (pa_ssize)o->kv_len[b] : S;
     a.rule.S = n;
     a.rule.div = o->row_div;
     a.rule.qoff = o->has_qoff ? o->qoff
-                : (o->kv_len || o->causal == PA_CAUSAL_BOTTOM_RIGHT) ? n - c->L / o->row_div : 0;
+                : (o->kv_len || o->causal == PA_CAUSAL_BOTTOM_RIGHT) ? n - L / o->row_div : 0;
     a.rule.causal = o->causal != PA_CAUSAL_NONE;
     a.rule.left = o->left;
     a.rule.right = o->right;
@@ -65,28 +68,38 @@ static void attn_args(const attn_ctx *c, pa_ssize b, pa_attn_args *out)
     a.slope = o->slopes ? o->slopes[b] : 0.0;
     a.has_sink = o->sinks != NULL;
     a.sink = o->sinks ? o->sinks[b] : 0.0;
-    a.scale = c->scale;
-    a.dropout_p = c->dropout_p;
-    a.dropout_key = c->key;
-    a.ctr_base = (uint64_t)b * (uint64_t)c->L * (uint64_t)c->S;
-    a.out = (char *)c->out->p + pa_batch_offset(c->bt, c->out->bs, b) * es;
-    a.o_rs = c->out->rs; a.o_cs = c->out->cs;
-    if (c->w) {
-        a.w = (char *)c->w->p + pa_batch_offset(c->bt, c->w->bs, b) * es;
-        a.w_rs = c->w->rs; a.w_cs = c->w->cs;
+    a.scale = scale;
+    a.dropout_p = dropout_p;
+    a.dropout_key = key;
+    a.ctr_base = (uint64_t)b * (uint64_t)L * (uint64_t)S;
+    if (res) {
+        a.out = (char *)res->p + pa_batch_offset(bt, res->bs, b) * es;
+        a.o_rs = res->rs; a.o_cs = res->cs;
+    } else {
+        a.out = NULL; a.o_rs = a.o_cs = 0;
+    }
+    if (w) {
+        a.w = (char *)w->p + pa_batch_offset(bt, w->bs, b) * es;
+        a.w_rs = w->rs; a.w_cs = w->cs;
     } else {
         a.w = NULL; a.w_rs = a.w_cs = 0;
     }
     if (o->lse) {
-        a.lse = (char *)o->lse->p + pa_batch_offset(c->bt, o->lse->bs, b) * es;
+        a.lse = (char *)o->lse->p + pa_batch_offset(bt, o->lse->bs, b) * es;
         a.lse_s = o->lse->cs;
     } else {
         a.lse = NULL; a.lse_s = 0;
     }
     a.key_begin = 0;
-    a.key_end = c->S;
+    a.key_end = S;
     a.partial = NULL;
     *out = a;
+}
+
+static void attn_args(const attn_ctx *c, pa_ssize b, pa_attn_args *out)
+{
+    pa_attn_setup(out, c->fam, c->dtype, c->bt, b, c->L, c->S, c->E, c->Ev, c->q, c->k, c->v,
+                  c->mask, c->mask_kind, c->opts, c->scale, c->dropout_p, c->key, c->out, c->w);
 }
 
 static void attn_task(void *ctx_, pa_ssize t, int tid)

@@ -9,7 +9,7 @@
 #ifndef PYATTN_OPS_ATTENTION_H
 #define PYATTN_OPS_ATTENTION_H
 
-#include "family.h"
+#include "ops.h"
 
 /* decode shapes (few queries, many keys): keys split into fixed chunks, one
  * task each, merged in chunk order -- a partition that depends on the shape
@@ -152,6 +152,34 @@ void pa_flash_run(const pa_family *f, int dtype, const pa_attn_args *a, pa_ssize
                   void *ws);
 void pa_flash_merge(int dtype, const pa_attn_args *a, pa_ssize i, const void *partials,
                     pa_ssize nchunks, pa_ssize chunk_stride, void *ws);
+
+/* The pa_attn_args of flat batch index b of an attention call (attention.c):
+ * operands, the key rule, per-head options; res (the output) and w may be
+ * NULL. */
+void pa_attn_setup(pa_attn_args *a, const pa_family *fam, int dtype, const pa_batch *bt, pa_ssize b,
+                   pa_ssize L, pa_ssize S, pa_ssize E, pa_ssize Ev,
+                   const pa_operand *q, const pa_operand *k, const pa_operand *v,
+                   const pa_operand *mask, int mask_kind, const pa_attn_opts *o, double scale,
+                   double dropout_p, uint64_t key, const pa_operand *res, const pa_operand *w);
+
+/* The backward's own operands of one head (strides in elements): the
+ * forward's output o and lse, the incoming gradient go, and the gradients
+ * it adds into: dq (L, E), dk (S, E), dv (S, Ev); dsink receives the sink's
+ * gradient (or NULL). */
+typedef struct {
+    const void *o; pa_ssize o_rs, o_cs;
+    const void *go; pa_ssize go_rs, go_cs;
+    const void *lse; pa_ssize lse_s;
+    void *dq; pa_ssize dq_rs, dq_cs;
+    void *dk; pa_ssize dk_rs, dk_cs;
+    void *dv; pa_ssize dv_rs, dv_cs;
+    double *dsink;
+} pa_bwd_io;
+
+/* The tiled backward of one head (attn_backward.inc) on family f's kernels;
+ * ws: pa_bwd_ws bytes, aligned to 64 (0: the size overflows). */
+size_t pa_bwd_ws(const pa_family *f, int dtype, pa_ssize L, pa_ssize E, pa_ssize Ev);
+void pa_bwd_head(const pa_family *f, int dtype, const pa_attn_args *a, const pa_bwd_io *io, void *ws);
 
 /* The exact path (attention_ref.c), rows [i0, i1), at most PA_REF_BQ. */
 size_t pa_attn_ref_ws(int dtype, pa_ssize E, pa_ssize Ev);

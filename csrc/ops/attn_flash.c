@@ -1,5 +1,6 @@
-/* attn_flash.c -- the tiled (FlashAttention-2) forward: frame code around a
- * family's GEMM micro-kernel and tile step (attn_flash.inc, once per dtype). */
+/* attn_flash.c -- the tiled (FlashAttention-2) forward and backward: frame
+ * code around a family's GEMM micro-kernel and tile steps (attn_flash.inc,
+ * attn_backward.inc, once per dtype). */
 #include <math.h>
 #include "attention.h"
 
@@ -23,6 +24,9 @@ static void widen_rows(const pa_family *f, int sd, const void *p, pa_ssize rs, p
 #define PA_TEMPLATE "ops/attn_flash.inc"
 #include "dtypes.inc"
 #undef PA_TEMPLATE
+#define PA_TEMPLATE "ops/attn_backward.inc"
+#include "dtypes.inc"
+#undef PA_TEMPLATE
 
 size_t pa_flash_ws(const pa_family *f, int dtype, pa_ssize E, pa_ssize Ev)
 {
@@ -41,4 +45,15 @@ void pa_flash_merge(int dtype, const pa_attn_args *a, pa_ssize i, const void *pa
 {
     if (dtype == PA_F32) flash_merge_f32(a, i, partials, nchunks, chunk_stride, ws);
     else flash_merge_f64(a, i, partials, nchunks, chunk_stride, ws);
+}
+
+size_t pa_bwd_ws(const pa_family *f, int dtype, pa_ssize L, pa_ssize E, pa_ssize Ev)
+{
+    return dtype == PA_F32 ? bwd_ws_f32(f, L, E, Ev) : bwd_ws_f64(f, L, E, Ev);
+}
+
+void pa_bwd_head(const pa_family *f, int dtype, const pa_attn_args *a, const pa_bwd_io *io, void *ws)
+{
+    if (dtype == PA_F32) bwd_head_f32(f, a, io, ws);
+    else bwd_head_f64(f, a, io, ws);
 }

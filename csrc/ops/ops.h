@@ -78,6 +78,11 @@ int pa_softmax(const pa_family *fam, int dtype, const pa_batch *bt, pa_ssize S,
                const pa_operand *x, const pa_operand *mask, int mask_kind,
                int causal, double scale, const pa_operand *out, int nthreads);
 
+/* The softmax backward over rows of length S: out = scale * y * (gy -
+ * sum(gy * y)), 0 where y is 0. gy, y, out share bt. */
+int pa_softmax_backward(int dtype, const pa_batch *bt, pa_ssize S, const pa_operand *gy,
+                        const pa_operand *y, double scale, const pa_operand *out, int nthreads);
+
 /* The structured parts of an attention call (API.md "Structured masks",
  * "Log-sum-exp out", "Generation"). Per-head values come as arrays over
  * the flat batch index b (the binding broadcast them). */
@@ -106,6 +111,24 @@ int pa_attention(const pa_family *fam, int dtype, const pa_batch *bt, pa_ssize L
                  const pa_operand *mask, int mask_kind, const pa_attn_opts *opts, double scale,
                  double dropout_p, uint64_t dropout_key,
                  const pa_operand *out, const pa_operand *w, int nthreads);
+
+/* The attention backward (attn_backward.c): per flat batch index b, from
+ * the forward's operands and options (16-bit storage excluded: q_dt etc.
+ * are dtype; no kv_len or row_div), its output o (L, Ev) and lse (L,), and
+ * the incoming gradient go (L, Ev), adds the gradients into dq (L, E), dk
+ * (S, E), dv (S, Ev) -- which the caller zeroed. dk and dv have batch
+ * stride 0 on the axes flagged in reduce[0..nb) (the flat indices that
+ * differ only there share one key/value head: their gradients are summed,
+ * in the order of b). dsinks (count,) or NULL: per b, the gradient of its
+ * sink logit. Results do not depend on nthreads. */
+int pa_attention_backward(const pa_family *fam, int dtype, const pa_batch *bt, const int *reduce,
+                          pa_ssize L, pa_ssize S, pa_ssize E, pa_ssize Ev,
+                          const pa_operand *q, const pa_operand *k, const pa_operand *v,
+                          const pa_operand *mask, int mask_kind, const pa_attn_opts *opts,
+                          double scale, double dropout_p, uint64_t dropout_key,
+                          const pa_operand *o, const pa_operand *lse, const pa_operand *go,
+                          const pa_operand *dq, const pa_operand *dk, const pa_operand *dv,
+                          double *dsinks, int nthreads);
 
 /* merge_attention: per flat batch index b, P partial results -- outputs
  * (L, Ev) and log-sum-exps (L,) over disjoint key sets, part p at element

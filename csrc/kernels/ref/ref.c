@@ -14,6 +14,9 @@
 #define PA_TEMPLATE "kernels/ref/tilesm_ref.inc"
 #include "dtypes.inc"
 #undef PA_TEMPLATE
+#define PA_TEMPLATE "kernels/ref/tilep_ref.inc"
+#include "dtypes.inc"
+#undef PA_TEMPLATE
 #define PA_TEMPLATE "kernels/ref/softmax_ref.inc"
 #include "dtypes.inc"
 #undef PA_TEMPLATE
