@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._api import _linear, multi_head_attention
-from ._checks import check_numeric, compute_dtype, index_value, is16, to_dtype
+import copy
+
+from ._api import _linear, matmul, multi_head_attention, scaled_dot_product_attention
+from ._checks import as_array, check_numeric, compute_dtype, index_value, is16, to_dtype
+from ._grad import scaled_dot_product_attention_backward
 from ._kvcache import KVCache
 
 __all__ = ["SelfAttention", "CausalAttention", "MultiHeadAttention"]
@@ -74,12 +77,15 @@ class _Attention:
             setattr(self, w, self._uniform((self.d_out, self.d_in), bound))
             setattr(self, b, self._uniform((self.d_out,), bound) if self.qkv_bias else None)
         self.out_proj_weight = self.out_proj_bias = None
+        self._tape = None
+        self.grads = {}
         self._has_out = out_proj
         self._has_out_bias = out_proj and out_bias
         if out_proj:
             ob = 1.0 / np.sqrt(self.d_out)
             self.out_proj_weight = self._uniform((self.d_out, self.d_out), ob)
             self.out_proj_bias = self._uniform((self.d_out,), ob) if out_bias else None
+        self.zero_grad()
 
     def _uniform(self, shape, bound):
         return self._rng.uniform(-bound, bound, size=shape).astype(np.float32)
@@ -107,6 +113,15 @@ class _Attention:
             if self._has_out_bias:
                 e["out_proj.bias"] = ("out_proj_bias", (self.d_out,))
         return e
+
+    def parameters(self):
+        """The live parameter arrays, keyed as :meth:`state_dict` (not copies:
+        ``p -= lr * g`` updates the layer in place)."""
+        return {k: getattr(self, attr) for k, (attr, _) in self._expected().items()}
+
+    def zero_grad(self):
+        """Set every entry of :attr:`grads` to zeros of its parameter's shape and dtype."""
+        self.grads = {k: np.zeros_like(p) for k, p in self.parameters().items()}
 
     def state_dict(self):
         """Copies of the parameters as NumPy arrays, under the seed classes' keys."""
@@ -162,6 +177,8 @@ class _Attention:
             new[attr] = a
         for attr, a in new.items():
             setattr(self, attr, a)
+        self.zero_grad()
+        self._tape = None
         return self
 
     # -- generation -----------------------------------------------------------
@@ -227,6 +244,9 @@ class _Attention:
         if self.context_length is not None and T > self.context_length:
             raise ValueError(f"x has {T} tokens (shape {x.shape}), more than context_length={self.context_length}")
         p = self.dropout if self.training else 0.0
+        self._tape = None
+        if self.training:
+            return self._call_train(x, attn_mask, return_weights, p)
         res = multi_head_attention(
             x, x, x, self.num_heads, self.W_query, self.W_key, self.W_value,
             self.out_proj_weight, self.b_query, self.b_key, self.b_value, self.out_proj_bias,
@@ -238,6 +258,107 @@ class _Attention:
         return res
 
     forward = __call__
+
+    # -- training -------------------------------------------------------------
+    def _call_train(self, x, attn_mask, return_weights, p):
+        """The forward of multi_head_attention (same arithmetic, same
+        result), keeping what backward needs: the input, the heads' q, k, v,
+        the attention output and its log-sum-exp, the dropout generator's
+        state before the call. Never an (L, S) matrix (unless the weights
+        are asked for)."""
+        params = [a for a in (self.W_query, self.W_key, self.W_value, self.out_proj_weight,
+                              self.b_query, self.b_key, self.b_value, self.out_proj_bias) if a is not None]
+        dt = compute_dtype((x, "x"), *[(a, "parameter") for a in params])
+        x3 = to_dtype(x if x.ndim == 3 else x[None], dt)
+        B, T = x3.shape[:2]
+        H, hd = self.num_heads, self.d_out // self.num_heads
+
+        def heads(w, b):
+            return _linear(x3, w, b, dt).reshape(B, T, H, hd).transpose(0, 2, 1, 3)
+
+        q = heads(self.W_query, self.b_query)
+        k = heads(self.W_key, self.b_key)
+        v = heads(self.W_value, self.b_value)
+        ctx = np.empty((B, T, H, hd), dt)
+        rng = copy.deepcopy(self._rng) if p > 0 else None
+        r = scaled_dot_product_attention(q, k, v, attn_mask, p, self.causal, rng=self._rng if p > 0 else None,
+                                         return_weights=return_weights, return_lse=True,
+                                         out=ctx.transpose(0, 2, 1, 3))
+        lse = r[-1]
+        ctx = ctx.reshape(B, T, self.d_out)
+        out = ctx if not self._has_out else _linear(ctx, self.out_proj_weight, self.out_proj_bias, dt)
+        self._tape = dict(x=x3, q=q, k=k, v=v, ctx=ctx, lse=lse, mask=attn_mask, p=p, rng=rng,
+                          dt=dt, unbatched=x.ndim == 2)
+        if x.ndim == 2:
+            out = out[0]
+        if not return_weights:
+            return out
+        w = r[1] if x.ndim == 3 else r[1][0]
+        if self.num_heads == 1 and not self._has_out:
+            w = w[..., 0, :, :]
+        return out, w
+
+    def backward(self, grad_y):
+        """Backpropagate through the last call (made in training mode).
+
+        ``grad_y``: the gradient of a loss with respect to that call's output
+        (its shape). Returns the gradient with respect to that call's input
+        ``x`` and adds each parameter's gradient into :attr:`grads` (keys of
+        :meth:`state_dict`; accumulated until :meth:`zero_grad`, as PyTorch's
+        ``.grad``). Dropout is part of the gradient (the call's pattern is
+        regenerated). The attention part runs
+        :func:`pyattn.scaled_dot_product_attention_backward`; the projections
+        are matrix products.
+
+        Raises ``RuntimeError`` when there is no training-mode call to go back
+        through (none yet, an eval-mode call since, or its backward already
+        ran); ``ValueError`` when ``grad_y``'s shape is not the output's.
+        """
+        t = self._tape
+        if t is None:
+            raise RuntimeError("backward needs a preceding call in training mode (layer.train()), "
+                               "and runs once per call")
+        dt, x3, ctx = t["dt"], t["x"], t["ctx"]
+        B, T = x3.shape[:2]
+        H, hd = self.num_heads, self.d_out // self.num_heads
+        oshape = (T, self.d_out) if t["unbatched"] else (B, T, self.d_out)
+        gy = as_array(grad_y, "grad_y")
+        if gy.shape != oshape:
+            raise ValueError(f"grad_y has shape {gy.shape}, but the layer's output has shape {oshape}")
+        if gy.dtype.kind != "f":
+            raise TypeError(f"grad_y must be a float array, got dtype {gy.dtype}")
+        gy = to_dtype(gy, dt).reshape(B * T, self.d_out)
+        self._tape = None
+        new = {}
+        if self._has_out:
+            new["out_proj.weight"] = matmul(gy.T, ctx.reshape(B * T, self.d_out))
+            if self._has_out_bias:
+                new["out_proj.bias"] = gy.sum(axis=0)
+            gctx = matmul(gy, to_dtype(self.out_proj_weight, dt))
+        else:
+            gctx = gy
+        go = gctx.reshape(B, T, H, hd).transpose(0, 2, 1, 3)
+        o = ctx.reshape(B, T, H, hd).transpose(0, 2, 1, 3)
+        dq, dk, dv = scaled_dot_product_attention_backward(
+            go, t["q"], t["k"], t["v"], o, t["lse"], t["mask"], t["p"], self.causal,
+            rng=t["rng"])
+        x2 = x3.reshape(B * T, self.d_in)
+        gx = None
+        for g, (w, b), name in zip((dq, dk, dv), _QKV, ("W_query", "W_key", "W_value")):
+            g2 = g.transpose(0, 2, 1, 3).reshape(B * T, self.d_out)
+            new[f"{name}.weight"] = matmul(g2.T, x2)
+            if self.qkv_bias:
+                new[f"{name}.bias"] = g2.sum(axis=0)
+            part = matmul(g2, to_dtype(getattr(self, w), dt))
+            gx = part if gx is None else gx + part
+        for key_, g in new.items():
+            acc = self.grads.get(key_)
+            param = self.parameters()[key_]
+            if acc is None or acc.shape != param.shape or acc.dtype != param.dtype:
+                acc = self.grads[key_] = np.zeros_like(param)
+            acc += g.astype(acc.dtype, copy=False)
+        gx = gx.reshape(B, T, self.d_in)
+        return gx[0] if t["unbatched"] else gx
 
     def __repr__(self):
         extra = f", context_length={self.context_length}" if self.context_length is not None else ""
