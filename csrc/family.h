@@ -31,6 +31,8 @@ enum { PA_ISA_GENERIC = 0, PA_ISA_AVX2 = 1, PA_ISA_AVX512 = 2, PA_ISA_AVX512_EMU
  * element's arithmetic (and so its bits) does not depend on the family ---- */
 #define PA_GEMM_KC 256      /* K panel: every GEMM element sums KC panels in order */
 #define PA_FLASH_BK 60      /* keys per flash tile: a multiple of every MR (4, 6, 12) */
+#define PA_BWD_QC 48        /* the backward sums dK, dV over query chunks of 48, in order
+                               (every family's attn_bq is a multiple of it) */
 #define PA_FLASH_MAXD 512   /* larger head dims take the exact (reference) path */
 
 /* GEMM micro-kernel.

@@ -90,6 +90,22 @@ def cases():
         out.append((f"sdpa_window_alibi_{t}",
                     lambda q=q, k=k, v=v: pyattn.scaled_dot_product_attention(
                         q, k, v, is_causal=True, window=(40, 0), alibi_slopes=np.array([0.5, 0.25, 0.125]))))
+        # the backward on the tiled frame: a fixed lse (integers: no libm log in the
+        # path), plain, causal, window + ALiBi, softcap, dropout, a bool mask, GQA
+        # (sinks excluded: their gradient uses the C library's exp)
+        q, k, v = det((2, 4, 130, 24), 25, dt), det((2, 2, 150, 24), 26, dt), det((2, 2, 150, 20), 27, dt)
+        o, go = det((2, 4, 130, 20), 28, dt), det((2, 4, 130, 20), 29, dt)
+        lse = det((2, 4, 130), 30, dt) + 6
+        bm = det((130, 150), 31, np.float64) > -1.5
+        for nm, kw in [("plain", {}), ("causal", {"is_causal": True}),
+                       ("window_alibi", {"is_causal": "bottom_right", "window": (50, 0),
+                                         "alibi_slopes": np.array([0.5, 0.25, 0.125, 0.0625])}),
+                       ("softcap", {"softcap": 3.0}), ("dropout", {"dropout_p": 0.25, "rng": 77}),
+                       ("boolmask", {"attn_mask": bm})]:
+            out.append((f"backward_{nm}_{t}",
+                        lambda q=q, k=k, v=v, o=o, go=go, lse=lse, kw=kw: np.concatenate([
+                            g.ravel() for g in pyattn.scaled_dot_product_attention_backward(
+                                go, q, k, v, o, lse, enable_gqa=True, **kw)])))
     # 16-bit storage (float32 arithmetic): decode and tiled, a 16-bit KV cache
     q, k, v = det((2, 4, 1, 64), 21, np.float32), det((2, 2, 2000, 64), 22, np.float16), det((2, 2, 2000, 64), 23, np.float16)
     out.append(("decode_float16_cache", lambda q=q, k=k, v=v: pyattn.attention_with_kvcache(
