@@ -42,6 +42,19 @@ for dt in (np.float32, np.float64):
         pass
     cache = layer.eval().new_cache(4, 8, dtype=dt)
     layer(q[0, :, :3], cache=cache), layer(q[0, :, 3:4], cache=cache)
+    # gradients: the fused backward (GQA, structured options, dropout), vjp, softmax, layers
+    kw = dict(is_causal=True, enable_gqa=True, window=(9, 2), alibi_slopes=np.linspace(0.1, 0.4, 4),
+              softcap=5.0, sinks=np.zeros(4))
+    pyattn.scaled_dot_product_attention_backward(np.ones_like(o), q, k, v, o, lse, **kw)
+    out, bwd = pyattn.scaled_dot_product_attention_vjp(q, q, q, dropout_p=0.2, rng=3, attn_mask=q[..., :1] > 0)
+    bwd(out), bwd(out)
+    pyattn.softmax_backward(q, pyattn.softmax(q), axis=1)
+    y = layer.train()(q[0])
+    layer.backward(y)
+    try:
+        layer.backward(y)
+    except RuntimeError:
+        pass
 # 16-bit storage
 for d16 in (np.float16,):
     q16 = rng.standard_normal((1, 4, 2, 40)).astype(d16)
