@@ -149,3 +149,29 @@ def test_structured_sdpa_matches_reference(seed, dtype, lq, lk, lv, L, S, E, Ev,
     mo, ml = pyattn.merge_attention([o1, o2], [l1, l2])
     check(mo, want, 2 * mag_attention(q, kk, vv, ww, 1 / np.sqrt(E)))
     check(ml, wl, 2 * (4 + fin + np.log1p(S)) * np.sqrt(S + 1))
+
+
+@PROFILE
+@given(seed=st.integers(0, 2**32 - 1), dtype=dtypes, lq=layouts, lk=layouts, lv=layouts,
+       B=st.integers(1, 2), L=st.integers(1, 60), S=st.integers(1, 130), E=st.integers(1, 40),
+       Ev=st.integers(1, 40), causal=st.sampled_from([False, True, "bottom_right"]),
+       mask=st.sampled_from([None, "bool", "float"]), p=st.sampled_from([0.0, 0.0, 0.25]),
+       window=st.sampled_from([None, (5, 0), (None, 3)]), softcap=st.sampled_from([None, 3.0]))
+def test_backward_matches_reference(seed, dtype, lq, lk, lv, B, L, S, E, Ev, causal, mask, p, window, softcap):
+    from test_backward import grad_mags
+    rng = np.random.default_rng(seed)
+    q, k, v = make(rng, (B, L, E), dtype, lq), make(rng, (B, S, E), dtype, lk), make(rng, (1, S, Ev), dtype, lv)
+    m = None
+    if mask == "bool":
+        m = rng.random((B, L, S)) > 0.3
+    elif mask == "float":
+        m = np.where(rng.random((L, S)) > 0.2, rng.standard_normal((L, S)), -np.inf)
+    kw = dict(attn_mask=m, dropout_p=p, is_causal=causal, window=window, softcap=softcap)
+    o, lse = pyattn.scaled_dot_product_attention(q, k, v, rng=seed, return_lse=True, **kw)
+    go = make(rng, o.shape, dtype, lq)
+    got = pyattn.scaled_dot_product_attention_backward(go, q, k, v, o, lse, rng=seed, **kw)
+    want = R.scaled_dot_product_attention_backward(go, q, k, v, dropout_key=dropout_key(seed) if p > 0 else 0, **kw)
+    mags = grad_mags(q, k, v, go, 1 / np.sqrt(E), p, **{n: x for n, x in kw.items() if n != "dropout_p" and x is not None})
+    for g, w, mg in zip(got, want, mags):
+        assert g.shape == w.shape
+        check(g, w, mg)
