@@ -70,6 +70,11 @@ typedef void (*pa_tilesm_fn)(void *St, pa_ssize nj, pa_ssize ncols, pa_ssize ld,
  * dtype (ncols,); a score of -inf gives 0, and a column whose lse is -inf
  * (nothing admissible) is taken as lse 0, so its -inf scores give 0. */
 typedef void (*pa_tilep_fn)(void *St, pa_ssize nj, pa_ssize ncols, pa_ssize ld, const void *lse);
+/* The backward's dS step on key-major tiles P and dP (as pa_tilep_fn), D
+ * (ncols,): dP = P (dP - D[c]) scale, rounded after each operation, and
+ * exactly 0 where P is 0 (a weight of 0 passes nothing back, not a NaN). */
+typedef void (*pa_tileds_fn)(const void *P, void *dP, pa_ssize nj, pa_ssize ncols, pa_ssize ld,
+                             const void *D, double scale);
 
 /* One row of masked, scaled softmax (pa_softmax_row in pyattn.h). */
 typedef void (*pa_softmax_fn)(const pa_softmax_row *r);
@@ -114,6 +119,7 @@ typedef void (*pa_softcap_fn)(void *x, pa_ssize n, double cap);
 
 typedef struct { pa_tilesm_fn fn; const char *name; } pa_tilesm_kernel;
 typedef struct { pa_tilep_fn fn; const char *name; } pa_tilep_kernel;
+typedef struct { pa_tileds_fn fn; const char *name; } pa_tileds_kernel;
 typedef struct { pa_softcap_fn fn; const char *name; } pa_softcap_kernel;
 typedef struct { pa_rowdot_fn dot[3]; pa_rowsm_fn sm; pa_rowpv_fn pv[3]; const char *name; } pa_decode_kernel;
 typedef struct { pa_widen_fn fn; const char *name; } pa_widen_kernel;
@@ -125,6 +131,7 @@ typedef struct pa_family {
     pa_gemm_kernel gemm[PA_NCOMPUTE];
     pa_tilesm_kernel tilesm[PA_NCOMPUTE];
     pa_tilep_kernel tilep[PA_NCOMPUTE];
+    pa_tileds_kernel tileds[PA_NCOMPUTE];
     pa_softmax_kernel softmax[PA_NCOMPUTE];
     pa_decode_kernel decode[PA_NCOMPUTE];
     pa_softcap_kernel softcap[PA_NCOMPUTE];

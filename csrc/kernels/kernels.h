@@ -6,6 +6,7 @@
  *   pa_gemm_<dt>_<isa>     GEMM micro-kernel (pa_gemm_ukr)
  *   pa_tilesm_<dt>_<isa>   online-softmax tile step (pa_tilesm_fn)
  *   pa_tilep_<dt>_<isa>    the backward's probability step (pa_tilep_fn)
+ *   pa_tileds_<dt>_<isa>   the backward's dS step (pa_tileds_fn)
  *   pa_softmax_<dt>_<isa>  one softmax row (pa_softmax_fn)
  *   pa_row{dot,sm,pv}_<dt>_<isa>  the decode kernels (pa_decode_kernel)
  *   pa_softcap_<dt>_<isa>  the logit softcap (pa_softcap_fn)
@@ -26,6 +27,8 @@
                                 void *m, void *l, void *alpha);                                  \
     void pa_tilep_##DT##_##ISA(void *St, pa_ssize nj, pa_ssize ncols, pa_ssize ld,               \
                                const void *lse);                                                 \
+    void pa_tileds_##DT##_##ISA(const void *P, void *dP, pa_ssize nj, pa_ssize ncols, pa_ssize ld,   \
+                                const void *D, double scale);                                    \
     void pa_softmax_##DT##_##ISA(const pa_softmax_row *r);                                      \
     void pa_rowdot_##DT##_##ISA(const void *Q, pa_ssize qrs, pa_ssize R, const void *K,          \
                                 pa_ssize krs, pa_ssize nj, pa_ssize E, void *s, pa_ssize ss);    \

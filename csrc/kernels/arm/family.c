@@ -12,6 +12,7 @@ const pa_family pa_family_neon = {
              {pa_gemm_f64_neon, 12, 4, PA_GEMM_KC, 96, 1024, "pyattn_gemm_f64_neon_12x4"}},
     .tilesm = {{pa_tilesm_f32_neon, "pyattn_tilesm_f32_neon"}, {pa_tilesm_f64_neon, "pyattn_tilesm_f64_neon"}},
     .tilep = {{pa_tilep_f32_neon, "pyattn_tilep_f32_neon"}, {pa_tilep_f64_neon, "pyattn_tilep_f64_neon"}},
+    .tileds = {{pa_tileds_f32_neon, "pyattn_tileds_f32_neon"}, {pa_tileds_f64_neon, "pyattn_tileds_f64_neon"}},
     .softmax = {{pa_softmax_f32_neon, "pyattn_softmax_f32_neon"}, {pa_softmax_f64_neon, "pyattn_softmax_f64_neon"}},
     .decode = {{{pa_rowdot_f32_neon, pa_rowdot_f16_f32_neon, pa_rowdot_bf16_f32_neon}, pa_rowsm_f32_neon,
                  {pa_rowpv_f32_neon, pa_rowpv_f16_f32_neon, pa_rowpv_bf16_f32_neon}, "pyattn_decode_f32_neon"},

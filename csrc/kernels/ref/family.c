@@ -7,6 +7,7 @@ const pa_family pa_family_generic = {
              {pa_gemm_f64_ref, 4, 8, PA_GEMM_KC, 64, 1024, "pyattn_gemm_f64_ref_4x8"}},
     .tilesm = {{pa_tilesm_f32_ref, "pyattn_tilesm_f32_ref"}, {pa_tilesm_f64_ref, "pyattn_tilesm_f64_ref"}},
     .tilep = {{pa_tilep_f32_ref, "pyattn_tilep_f32_ref"}, {pa_tilep_f64_ref, "pyattn_tilep_f64_ref"}},
+    .tileds = {{pa_tileds_f32_ref, "pyattn_tileds_f32_ref"}, {pa_tileds_f64_ref, "pyattn_tileds_f64_ref"}},
     .softmax = {{pa_softmax_f32_ref, "pyattn_softmax_f32_ref"}, {pa_softmax_f64_ref, "pyattn_softmax_f64_ref"}},
     .decode = {{{pa_rowdot_f32_ref, pa_rowdot_f16_f32_ref, pa_rowdot_bf16_f32_ref}, pa_rowsm_f32_ref,
                  {pa_rowpv_f32_ref, pa_rowpv_f16_f32_ref, pa_rowpv_bf16_f32_ref}, "pyattn_decode_f32_ref"},
