@@ -1,4 +1,4 @@
-from typing import Any, Literal, Optional, Sequence, Tuple, Union, overload
+from typing import Any, Callable, Literal, Optional, Sequence, Tuple, Union, overload
 
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike, NDArray
@@ -9,6 +9,7 @@ __version__: str
 __all__ = [
     "matmul", "softmax", "scaled_dot_product_attention", "multi_head_attention",
     "merge_attention", "attention_with_kvcache", "KVCache",
+    "scaled_dot_product_attention_backward", "scaled_dot_product_attention_vjp", "softmax_backward",
     "set_num_threads", "get_num_threads", "show_config", "nn", "__version__",
 ]
 
@@ -91,6 +92,21 @@ def multi_head_attention(
     b_o: Optional[ArrayLike] = ..., *, attn_mask: Optional[ArrayLike] = ..., is_causal: _Causal = ...,
     dropout_p: float = ..., scale: Optional[float] = ..., rng: _Rng = ..., return_weights: bool = ...,
 ) -> Union[NDArray[np.floating[Any]], Tuple[NDArray[np.floating[Any]], NDArray[np.floating[Any]]]]: ...
+def scaled_dot_product_attention_backward(
+    grad_out: ArrayLike, query: ArrayLike, key: ArrayLike, value: ArrayLike, out: ArrayLike,
+    lse: NDArray[np.floating[Any]], attn_mask: Optional[ArrayLike] = ..., dropout_p: float = ...,
+    is_causal: _Causal = ..., scale: Optional[float] = ..., enable_gqa: bool = ..., *,
+    rng: _Rng = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
+    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ...,
+) -> Tuple[_F, ...]: ...
+def scaled_dot_product_attention_vjp(
+    query: ArrayLike, key: ArrayLike, value: ArrayLike, attn_mask: Optional[ArrayLike] = ...,
+    dropout_p: float = ..., is_causal: _Causal = ..., scale: Optional[float] = ...,
+    enable_gqa: bool = ..., *, rng: _Rng = ..., window: _Window = ...,
+    alibi_slopes: Optional[ArrayLike] = ..., softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ...,
+) -> Tuple[_F, Callable[[ArrayLike], Tuple[_F, ...]]]: ...
+def softmax_backward(grad_y: ArrayLike, y: ArrayLike, /, axis: int = ..., *,
+                     scale: Optional[float] = ...) -> _F: ...
 def set_num_threads(n: int) -> None: ...
 def get_num_threads() -> int: ...
 def show_config() -> None: ...

@@ -38,3 +38,19 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def gradients() -> None:
+    q = np.ones((2, 4, 8), np.float32)
+    o, lse = pyattn.scaled_dot_product_attention(q, q, q, is_causal=True, return_lse=True)
+    dq, dk, dv = pyattn.scaled_dot_product_attention_backward(np.ones_like(o), q, q, q, o, lse, is_causal=True)
+    out, backward = pyattn.scaled_dot_product_attention_vjp(q, q, q)
+    grads = backward(np.ones_like(out))
+    gx = pyattn.softmax_backward(np.ones((3, 3)), pyattn.softmax(np.zeros((3, 3))))
+    layer = MultiHeadAttention(8, 8, 2)
+    y = layer(q)
+    g: np.ndarray = layer.backward(np.ones_like(y))
+    layer.zero_grad()
+    for name, p in layer.parameters().items():
+        p -= 0.1 * layer.grads[name]
+    print(dq.shape, dk.shape, dv.shape, len(grads), gx.shape, g.shape)
