@@ -165,6 +165,7 @@ def worker(args):
     emit({"kind": "peak", "gflops_core": None if peak1 is None else peak1 / 1e9, "threads": args.threads})
     kbest = {}
     mm, attn = _cases(args.quick)
+    want = lambda section: args.only is None or section in args.only.split(",")  # noqa: E731
     rep = args.repeat
 
     def run(case, flops, impls, bytes_of=None, rounds=None):
@@ -184,7 +185,7 @@ def worker(args):
             rows.append(r)
             emit(r)
 
-    for M, K, N in [(n, n, n) for n in mm] + ([] if args.quick else list(TALL)):
+    for M, K, N in ([(n, n, n) for n in mm] + ([] if args.quick else list(TALL))) if want("matmul") else []:
         a = rng.standard_normal((M, K), dtype=np.float32)
         b = rng.standard_normal((K, N), dtype=np.float32)
         impls = {"pyattn": lambda: pyattn.matmul(a, b), "numpy": lambda: np.matmul(a, b)}
@@ -193,7 +194,7 @@ def worker(args):
             impls["torch"] = lambda: torch.matmul(ta, tb)
         run({"op": "matmul", "shape": _mm_shape(M, K, N)}, 2.0 * M * N * K, impls)
 
-    for B, H, L, E, causal in attn:
+    for B, H, L, E, causal in attn if want("sdpa") else []:
         q, k, v = (rng.standard_normal((B, H, L, E), dtype=np.float32) for _ in range(3))
         impls = {"pyattn": lambda: pyattn.scaled_dot_product_attention(q, k, v, is_causal=causal)}
         if torch is not None:
@@ -213,48 +214,53 @@ def worker(args):
         flops = 4.0 * B * H * L * L * E * (0.5 if causal else 1.0)
         run({"op": "sdpa", "shape": f"B={B} H={H} L=S={L} E={E}" + (" causal" if causal else "")}, flops, impls)
 
-    # decode: one new query against a long cache of keys (the keys split over threads)
-    S = 8192 if args.quick else 32768
-    q = rng.standard_normal((1, 8, 1, 64), dtype=np.float32)
-    k, v = (rng.standard_normal((1, 8, S, 64), dtype=np.float32) for _ in range(2))
-    impls = {"pyattn": lambda: pyattn.scaled_dot_product_attention(q, k, v, is_causal="bottom_right")}
-    if torch is not None:
-        tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
-        impls["torch"] = lambda: torch.nn.functional.scaled_dot_product_attention(tq, tk, tv)
-    run({"op": "sdpa", "shape": f"decode B=1 H=8 L=1 S={S} E=64"}, 4.0 * 8 * S * 64, impls)
-    if not args.quick:                # the decode step of the issues: 32 heads, E=128, 8192 keys
-        H, S, E = 32, 8192, 128
-        q = rng.standard_normal((1, H, 1, E), dtype=np.float32)
-        k, v = (rng.standard_normal((1, H, S, E), dtype=np.float32) for _ in range(2))
+    if want("decode"):
+        # decode: one new query against a long cache of keys (the keys split over threads)
+        S = 8192 if args.quick else 32768
+        q = rng.standard_normal((1, 8, 1, 64), dtype=np.float32)
+        k, v = (rng.standard_normal((1, 8, S, 64), dtype=np.float32) for _ in range(2))
         impls = {"pyattn": lambda: pyattn.scaled_dot_product_attention(q, k, v, is_causal="bottom_right")}
         if torch is not None:
             tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
             impls["torch"] = lambda: torch.nn.functional.scaled_dot_product_attention(tq, tk, tv)
-        run({"op": "sdpa", "shape": f"decode B=1 H={H} L=1 S={S} E={E}", "bytes": k.nbytes + v.nbytes},
-            4.0 * H * S * E, impls)
+        run({"op": "sdpa", "shape": f"decode B=1 H=8 L=1 S={S} E=64"}, 4.0 * 8 * S * 64, impls)
+        if not args.quick:                # the decode step of the issues: 32 heads, E=128, 8192 keys
+            H, S, E = 32, 8192, 128
+            q = rng.standard_normal((1, H, 1, E), dtype=np.float32)
+            k, v = (rng.standard_normal((1, H, S, E), dtype=np.float32) for _ in range(2))
+            impls = {"pyattn": lambda: pyattn.scaled_dot_product_attention(q, k, v, is_causal="bottom_right")}
+            if torch is not None:
+                tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
+                impls["torch"] = lambda: torch.nn.functional.scaled_dot_product_attention(tq, tk, tv)
+            run({"op": "sdpa", "shape": f"decode B=1 H={H} L=1 S={S} E={E}", "bytes": k.nbytes + v.nbytes},
+                4.0 * H * S * E, impls)
 
-    generation(args, rng, run, torch)
+    if want("generation"):
+        generation(args, rng, run, torch)
+    if want("training"):
+        training(args, rng, run, torch)
 
-    # MultiHeadAttention forward, B=4, T=512, D=768, 12 heads
-    from pyattn.nn import MultiHeadAttention
-    B, T, D, H = (2, 256, 768, 12) if args.quick else (4, 512, 768, 12)
-    x = rng.standard_normal((B, T, D), dtype=np.float32)
-    impls = {}
-    if torch is not None:
-        ref = torch.nn.MultiheadAttention(D, H, batch_first=True).eval()
-        layer = MultiHeadAttention(D, D, H, qkv_bias=True, causal=False).load_state_dict(ref.state_dict()).eval()
-        tx = torch.from_numpy(x)
+    if want("mha"):
+        # MultiHeadAttention forward, B=4, T=512, D=768, 12 heads
+        from pyattn.nn import MultiHeadAttention
+        B, T, D, H = (2, 256, 768, 12) if args.quick else (4, 512, 768, 12)
+        x = rng.standard_normal((B, T, D), dtype=np.float32)
+        impls = {}
+        if torch is not None:
+            ref = torch.nn.MultiheadAttention(D, H, batch_first=True).eval()
+            layer = MultiHeadAttention(D, D, H, qkv_bias=True, causal=False).load_state_dict(ref.state_dict()).eval()
+            tx = torch.from_numpy(x)
 
-        def torch_mha():
-            with torch.no_grad():
-                return ref(tx, tx, tx, need_weights=False)
-        impls["pyattn"] = lambda: layer(x)
-        impls["torch"] = torch_mha
-    else:
-        layer = MultiHeadAttention(D, D, H, qkv_bias=True, causal=False, rng=0).eval()
-        impls["pyattn"] = lambda: layer(x)
-    flops = 2.0 * B * T * D * D * 4 + 4.0 * B * T * T * D
-    run({"op": "mha", "shape": f"B={B} T={T} D={D} H={H}"}, flops, impls)
+            def torch_mha():
+                with torch.no_grad():
+                    return ref(tx, tx, tx, need_weights=False)
+            impls["pyattn"] = lambda: layer(x)
+            impls["torch"] = torch_mha
+        else:
+            layer = MultiHeadAttention(D, D, H, qkv_bias=True, causal=False, rng=0).eval()
+            impls["pyattn"] = lambda: layer(x)
+        flops = 2.0 * B * T * D * D * 4 + 4.0 * B * T * T * D
+        run({"op": "mha", "shape": f"B={B} T={T} D={D} H={H}"}, flops, impls)
     if args.threads == 1:
         emit({"kind": "kernel", "threads": 1, "rounds": len(mm) + len(attn) + 2, "kernel_pct": _kernel_pct(kbest)})
 
@@ -310,6 +316,74 @@ def generation(args, rng, run, torch):
     run({"op": "prefill", "shape": f"B=1 H={H} L=S={L} E={E} causal"}, 2.0 * H * L * L * E, impls)
 
 
+def training(args, rng, run, torch):
+    """The rows of the issue "Train": the attention backward beside PyTorch's
+    CPU backward on the same shapes (its graph built once, `out.backward(g,
+    retain_graph=True)` timed), forward + backward through
+    scaled_dot_product_attention_vjp, and the MultiHeadAttention layer's
+    forward + backward. GFLOP/s count the backward as 2.5x the forward's
+    flops (5 matrix products against 2)."""
+    import numpy as np
+    import pyattn
+    cases = [(8, 1024, 64, False), (8, 1024, 64, True), (8, 2048, 64, False), (8, 2048, 64, True),
+             (4, 2048, 128, False), (4, 2048, 128, True)]
+    if args.quick:
+        cases = [(8, 1024, 64, False), (8, 1024, 64, True)]
+    for H, L, E, causal in cases:
+        q, k, v = (rng.standard_normal((1, H, L, E), dtype=np.float32) for _ in range(3))
+        g = rng.standard_normal((1, H, L, E), dtype=np.float32)
+        o, lse = pyattn.scaled_dot_product_attention(q, k, v, is_causal=causal, return_lse=True)
+        impls = {"pyattn": lambda: pyattn.scaled_dot_product_attention_backward(g, q, k, v, o, lse, is_causal=causal)}
+        fwdbwd = {"pyattn": lambda: pyattn.scaled_dot_product_attention_vjp(q, k, v, is_causal=causal)[1](g)}
+        if torch is not None:
+            F = torch.nn.functional
+            tq, tk, tv = (torch.from_numpy(x).requires_grad_(True) for x in (q, k, v))
+            tg = torch.from_numpy(g)
+            tout = F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
+
+            def torch_bwd():
+                tq.grad = tk.grad = tv.grad = None
+                tout.backward(tg, retain_graph=True)
+
+            def torch_fwdbwd():
+                tq.grad = tk.grad = tv.grad = None
+                F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal).backward(tg)
+            impls["torch"] = torch_bwd
+            fwdbwd["torch"] = torch_fwdbwd
+        fl = 4.0 * H * L * L * E * (0.5 if causal else 1.0)
+        shape = f"B=1 H={H} L=S={L} E={E}" + (" causal" if causal else "")
+        run({"op": "backward", "shape": shape}, 2.5 * fl, impls)
+        run({"op": "fwd+bwd", "shape": shape}, 3.5 * fl, fwdbwd)
+        del impls, fwdbwd
+    # the layer: forward + backward in training mode (no dropout)
+    from pyattn.nn import MultiHeadAttention
+    B, T, D, H = (2, 256, 768, 12) if args.quick else (4, 512, 768, 12)
+    x = rng.standard_normal((B, T, D), dtype=np.float32)
+    gy = rng.standard_normal((B, T, D), dtype=np.float32)
+    layer = MultiHeadAttention(D, D, H, qkv_bias=True, causal=False, rng=0)
+    impls = {}
+    if torch is not None:
+        ref = torch.nn.MultiheadAttention(D, H, batch_first=True)
+        layer.load_state_dict(ref.state_dict())
+        tx = torch.from_numpy(x).requires_grad_(True)
+        tgy = torch.from_numpy(gy)
+
+        def torch_layer():
+            ref.zero_grad(set_to_none=True)
+            tx.grad = None
+            ref(tx, tx, tx, need_weights=False)[0].backward(tgy)
+
+    def pyattn_layer():
+        layer.zero_grad()
+        layer(x)
+        return layer.backward(gy)
+    impls["pyattn"] = pyattn_layer
+    if torch is not None:
+        impls["torch"] = torch_layer
+    flops = 3.0 * (2.0 * B * T * D * D * 4) + 3.5 * 4.0 * B * T * T * D
+    run({"op": "mha fwd+bwd", "shape": f"B={B} T={T} D={D} H={H}"}, flops, impls)
+
+
 def memory_probe():
     """Peak RSS growth of causal attention, L=S=32768, E=64, one head: the
     peak resident memory during the call (Linux VmHWM, reset just before it
@@ -349,6 +423,8 @@ def spawn(threads, args, first=True, numpy_only=False):
            "--repeat", str(args.repeat), "--settle", str(args.settle)] + (["--quick"] if args.quick else [])
     if numpy_only:
         cmd.append("--numpy-only")
+    if args.only:
+        cmd += ["--only", args.only]
     # run outside the source tree so that the installed pyattn is imported
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env, cwd="/")
     rows = []
@@ -375,6 +451,10 @@ def spawn(threads, args, first=True, numpy_only=False):
             nmm = len(mm) + (0 if args.quick else len(TALL))
             n_expected = (nmm * (2 + t) + sum((2 + t) if c[2] <= 2048 else (1 + t) for c in attn)
                           + (2 if args.quick else 3) * (1 + t))
+            if args.only:                   # a subset: no total to show
+                sys.stderr.write(f"\r  threads={threads} {done} rows ")
+                sys.stderr.flush()
+                continue
             frac = min(1.0, done / n_expected)
             bar = "#" * int(30 * frac)
             sys.stderr.write(f"\r  threads={threads} [{bar:<30}] {done}/{n_expected} ")
@@ -527,6 +607,20 @@ def targets(rows, mem):
                 ratio = r["min_ms"] / plain["min_ms"]
                 line(f"prefill {r['shape']}, {r['threads']} thr, {r['impl'][7:]} time vs plain", f"{ratio:.2f}x",
                      "<= 1.10x", ratio <= 1.10)
+    # training ("Train"): the backward vs torch and % of peak (2.5x the forward's
+    # flops), forward + backward vs torch, the layer's forward + backward vs torch
+    for r in data:
+        if r["impl"] != "pyattn" or r["op"] not in ("backward", "fwd+bwd", "mha fwd+bwd"):
+            continue
+        th = get(r["op"], r["shape"], "torch", r["threads"])
+        goal = 1.3 if r["op"] == "mha fwd+bwd" else 1.5
+        if th:
+            ratio = th["median_ms"] / r["median_ms"]
+            line(f"{r['op']} {r['shape']}, {r['threads']} thr, vs torch", f"{ratio:.2f}x", f">= {goal}x",
+                 ratio >= goal)
+        if r["op"] == "backward" and peak.get(r["threads"]):
+            line(f"backward {r['shape']}, {r['threads']} thr, % of peak (2.5x forward flops)",
+                 f"{pct(r):.0f} %", ">= 50 %", pct(r) >= 50)
     if mem is not None:
         line("causal L=S=32768 E=64: peak memory growth", f"{mem:.1f} MB", "< 64 MB", mem < 64)
     return "| target | measured | goal | |\n|---|---|---|---|\n" + "\n".join(out)
@@ -552,6 +646,8 @@ def main():
     ap.add_argument("--plot", default=None, help="write a GFLOP/s vs sequence length plot (matplotlib)")
     ap.add_argument("--md", default=None, help="also write the table with its context to this Markdown file")
     ap.add_argument("--no-memory", action="store_true", help="skip the 32768-token memory probe")
+    ap.add_argument("--only", default=None, help="comma-separated sections to run: matmul, sdpa, decode, "
+                    "generation, training, mha (default: all)")
     ap.add_argument("--from-json", default=None, help="re-render the table, targets and plot from a saved "
                     "results.json instead of measuring")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -578,7 +674,7 @@ def main():
         pinned = [v for v in OPENBLAS_PINS if v in os.environ]
         for i, t in enumerate(threads):
             rows += spawn(t, args, first=i == 0)
-            if pinned:                # NumPy twice: as this environment runs it, and unpinned
+            if pinned and (not args.only or "matmul" in args.only.split(",")):   # NumPy twice: as this environment runs it, and unpinned
                 sys.stderr.write(f"  threads={t}: NumPy again with {', '.join(pinned)} unset\n")
                 rows += spawn(t, args, numpy_only=True)
         mem = None if args.no_memory else memory_probe()
@@ -616,7 +712,7 @@ def main():
     text = "\n".join("- " + h for h in head) + "\n\n" + tab + "\n\n## Performance targets\n\n" + \
         targets(rows, mem) + "\n"
     if args.md and not args.from_json:
-        with open(os.path.join(os.path.dirname(os.path.abspath(args.md)), "results.json"), "w") as f:
+        with open(os.path.splitext(os.path.abspath(args.md))[0].lower() + ".json", "w") as f:
             json.dump({"rows": rows, "memory_mb": mem, "head": head[:4]}, f)
     print(text)
     if args.md:
