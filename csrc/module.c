@@ -808,12 +808,13 @@ static PyObject *py_config(PyObject *self, PyObject *unused)
     pa_cache_sizes(&l1d, &l2, &l3);
     const pa_gemm_kernel *g32 = &f->gemm[PA_F32], *g64 = &f->gemm[PA_F64];
     return Py_BuildValue(
-        "{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:i,s:i,s:n,s:n,s:n,"
+        "{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:i,s:i,s:n,s:n,s:n,"
         "s:(iiiii),s:(iiiii),s:(ii),s:(ii)}",
         "isa", f->name, "isa_machine", pa_isa_name(pa_isa_machine()),
         "gemm_f32", g32->name, "gemm_f64", g64->name,
         "attn_f32", f->attn_name[PA_F32], "attn_f64", f->attn_name[PA_F64],
         "tilesm_f32", f->tilesm[PA_F32].name, "tilesm_f64", f->tilesm[PA_F64].name,
+        "backward_f32", f->tilep[PA_F32].name, "backward_ds_f32", f->tileds[PA_F32].name,
         "softmax_f32", f->softmax[PA_F32].name, "softmax_f64", f->softmax[PA_F64].name,
         "compiler", cc, "threads", pa_get_num_threads(), "max_threads", PA_MAX_THREADS,
         "l1d_bytes", (Py_ssize_t)l1d, "l2_bytes", (Py_ssize_t)l2, "l3_bytes", (Py_ssize_t)l3,
