@@ -49,6 +49,8 @@ for dt in (np.float32, np.float64):
     out, bwd = pyattn.scaled_dot_product_attention_vjp(q, q, q, dropout_p=0.2, rng=3, attn_mask=q[..., :1] > 0)
     bwd(out), bwd(out)
     pyattn.softmax_backward(q, pyattn.softmax(q), axis=1)
+    if dt == np.float32:
+        pyattn.matmul(q[0, 0], k[0, 0, :7].T, precision="bf16")
     y = layer.train()(q[0])
     layer.backward(y)
     try:

@@ -2,7 +2,9 @@
  * dispatch.c -- which kernel family runs: CPUID + XGETBV on x86-64, the
  * architecture itself on aarch64 (NEON is baseline there; no optional
  * extension is used, so there is no HWCAP to read), and the request
- * (PYATTN_ISA, through pyattn._C.select_isa). Nothing else lives here.
+ * (PYATTN_ISA, through pyattn._C.select_isa); the avx512 family comes in
+ * two variants, with AVX512_BF16's bfloat16 products where the CPU has
+ * them, else their exact emulation. Nothing else lives here.
  */
 #include "dispatch.h"
 
@@ -42,6 +44,22 @@ static int pa_detect_isa(void)
 #endif
 }
 
+/* AVX512_BF16 (CPUID leaf 7, subleaf 1, EAX bit 5) with the AVX-512 state. */
+int pa_cpu_has_avx512bf16(void)
+{
+#if defined(PA_HAVE_X86_KERNELS)
+    static int has = -1;         /* first set under the GIL, at import */
+    if (has < 0) {
+        unsigned int a, b, c, d;
+        has = pa_isa_machine() == PA_ISA_AVX512 && __get_cpuid_count(7, 1, &a, &b, &c, &d) &&
+              ((a >> 5) & 1);
+    }
+    return has;
+#else
+    return 0;
+#endif
+}
+
 int pa_isa_machine(void)
 {
     static int machine = -1;     /* first set under the GIL, at import */
@@ -65,7 +83,7 @@ static const pa_family *pa_family_of(int isa)
     switch (isa) {
 #ifdef PA_HAVE_X86_KERNELS
     case PA_ISA_AVX2: return &pa_family_avx2;
-    case PA_ISA_AVX512: return &pa_family_avx512;
+    case PA_ISA_AVX512: return pa_cpu_has_avx512bf16() ? &pa_family_avx512bf16 : &pa_family_avx512;
     case PA_ISA_AVX512_EMU: return &pa_family_avx512emu;
 #endif
 #ifdef PA_HAVE_NEON_KERNELS

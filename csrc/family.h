@@ -30,6 +30,7 @@ enum { PA_ISA_GENERIC = 0, PA_ISA_AVX2 = 1, PA_ISA_AVX512 = 2, PA_ISA_AVX512_EMU
 /* ---- the contract constants: every family's tiles honour them, so an
  * element's arithmetic (and so its bits) does not depend on the family ---- */
 #define PA_GEMM_KC 256      /* K panel: every GEMM element sums KC panels in order */
+#define PA_GEMM_KC_BF16 512 /* K panel of the bfloat16 products (256 pairs: the bytes of PA_GEMM_KC floats) */
 #define PA_FLASH_BK 60      /* keys per flash tile: a multiple of every MR (4, 6, 12) */
 #define PA_BWD_QC 48        /* the backward sums dK, dV over query chunks of 48, in order
                                (every family's attn_bq is a multiple of it) */
@@ -125,10 +126,21 @@ typedef struct { pa_rowdot_fn dot[3]; pa_rowsm_fn sm; pa_rowpv_fn pv[3]; const c
 typedef struct { pa_widen_fn fn; const char *name; } pa_widen_kernel;
 typedef struct { pa_softmax_fn fn; const char *name; } pa_softmax_kernel;
 
+/* gemm_bf16 (precision="bf16"): a pa_gemm_ukr whose A and B are bfloat16
+ * pair panels -- A[(q*MR + i)*2 + t] and B[(q*NR + j)*2 + t] hold K element
+ * 2q + t of row i / column j; kc is even (zero-padded) -- and C float32.
+ * acc sums the pairs in order of q, each as AVX512_BF16's vdpbf16ps does:
+ * the odd element's product first, each step a fused multiply-add with
+ * bfloat16 subnormal inputs read as 0 and subnormal results flushed to a
+ * zero of their sign; then C = acc or C += acc (IEEE). a_rs, a_cs, b_rs
+ * are unused. The portable kernel (kernels/ref/ref.c) is the exact
+ * emulation; kernels/x86/avx512bf16.c runs the instruction. */
+
 typedef struct pa_family {
     const char *name;                       /* PYATTN_ISA's word, e.g. "avx2" */
     int isa;                                /* PA_ISA_* */
     pa_gemm_kernel gemm[PA_NCOMPUTE];
+    pa_gemm_kernel gemm_bf16;               /* bfloat16 products, float32 C */
     pa_tilesm_kernel tilesm[PA_NCOMPUTE];
     pa_tilep_kernel tilep[PA_NCOMPUTE];
     pa_tileds_kernel tileds[PA_NCOMPUTE];
@@ -148,6 +160,7 @@ typedef struct pa_family {
 extern const pa_family pa_family_generic;
 #ifdef PA_HAVE_X86_KERNELS
 extern const pa_family pa_family_avx2, pa_family_avx512, pa_family_avx512emu;
+extern const pa_family pa_family_avx512bf16;   /* avx512 with AVX512_BF16's bfloat16 products */
 #endif
 #ifdef PA_HAVE_NEON_KERNELS
 extern const pa_family pa_family_neon;

@@ -240,25 +240,29 @@ fail:
 /* ------------------------------------------------------------------------ */
 
 PyDoc_STRVAR(matmul_doc,
-"matmul(a, b, out=None, bias=None) -> out\n\n"
+"matmul(a, b, out=None, bias=None, nthreads=0, bf16=False) -> out\n\n"
 "Private kernel entry: a (..., M, K) @ b (..., K, N) (+ bias (N,)) with equal\n"
 "batch axes and dtypes. Use pyattn.matmul.");
 
 static PyObject *py_matmul(PyObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"a", "b", "out", "bias", "nthreads", NULL};
+    static char *kwlist[] = {"a", "b", "out", "bias", "nthreads", "bf16", NULL};
     PyObject *ao, *bo, *outo = Py_None, *biaso = Py_None;
     PyArrayObject *res = NULL;
     view a, b, o, bias;
-    int req_threads = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OOi:matmul", kwlist, &ao, &bo, &outo, &biaso,
-                                     &req_threads))
+    int req_threads = 0, bf16 = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OOip:matmul", kwlist, &ao, &bo, &outo, &biaso,
+                                     &req_threads, &bf16))
         return NULL;
     if (get_view(ao, "a", 2, PA_ALLOW_16, 0, &a) < 0 || get_view(bo, "b", 2, PA_ALLOW_16, 0, &b) < 0)
         goto fail;
     const view *ab[2] = {&a, &b};
     const int cd = compute_of(ab, 2, "a and b");
     if (cd < 0) goto fail;
+    if (bf16 && cd != PA_F32) {
+        PyErr_SetString(PyExc_ValueError, "precision='bf16' needs float32 (or 16-bit) a and b, not float64");
+        goto fail;
+    }
     const int nd = a.nd, nb = nd - 2;
     if (same_batch(&a, "a", &b, "b", nb) < 0) goto fail;
     const pa_ssize M = a.shape[nd - 2], K = a.shape[nd - 1], N = b.shape[nd - 1];
@@ -288,7 +292,7 @@ static PyObject *py_matmul(PyObject *self, PyObject *args, PyObject *kw)
     int rc, nt = call_threads(req_threads);
     const pa_family *fam = family;
     Py_BEGIN_ALLOW_THREADS
-    rc = pa_matmul(fam, cd, a.dtype, b.dtype, &bt, M, N, K, &A, &B, &C, bias_p, bias_s, nt);
+    rc = pa_matmul(fam, cd, a.dtype, b.dtype, &bt, M, N, K, &A, &B, &C, bias_p, bias_s, bf16, nt);
     Py_END_ALLOW_THREADS
     if (rc < 0) { PyErr_NoMemory(); goto fail; }
     return (PyObject *)res;
@@ -808,10 +812,10 @@ static PyObject *py_config(PyObject *self, PyObject *unused)
     pa_cache_sizes(&l1d, &l2, &l3);
     const pa_gemm_kernel *g32 = &f->gemm[PA_F32], *g64 = &f->gemm[PA_F64];
     return Py_BuildValue(
-        "{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:i,s:i,s:n,s:n,s:n,"
+        "{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:i,s:i,s:n,s:n,s:n,"
         "s:(iiiii),s:(iiiii),s:(ii),s:(ii)}",
         "isa", f->name, "isa_machine", pa_isa_name(pa_isa_machine()),
-        "gemm_f32", g32->name, "gemm_f64", g64->name,
+        "gemm_f32", g32->name, "gemm_f64", g64->name, "gemm_bf16", f->gemm_bf16.name,
         "attn_f32", f->attn_name[PA_F32], "attn_f64", f->attn_name[PA_F64],
         "tilesm_f32", f->tilesm[PA_F32].name, "tilesm_f64", f->tilesm[PA_F64].name,
         "backward_f32", f->tilep[PA_F32].name, "backward_ds_f32", f->tileds[PA_F32].name,

@@ -66,6 +66,16 @@ static inline float pa_f16_to_f32(uint16_t h)
     return sign ? -v : v;
 }
 
+/* float32 -> bfloat16 bits, rounded to nearest even (NaN stays a quiet NaN). */
+static inline uint16_t pa_f32_to_bf16(float f)
+{
+    union { float f; uint32_t u; } c;
+    c.f = f;
+    if ((c.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((c.u >> 16) | 0x40u);
+    c.u += 0x7fffu + ((c.u >> 16) & 1u);
+    return (uint16_t)(c.u >> 16);
+}
+
 /* Element idx of an operand stored as sd, as float (sd: PA_F32, PA_F16, PA_BF16). */
 static inline float pa_load_f32(const void *p, pa_ssize idx, int sd)
 {

@@ -100,6 +100,7 @@ def show_config() -> None:
           f"(query rows x keys per tile: {c['attn_f32_tile'][0]}x{c['attn_f32_tile'][1]}, "
           f"{c['attn_f64_tile'][0]}x{c['attn_f64_tile'][1]})")
     print(f"  tile softmax steps: {c['tilesm_f32']}, {c['tilesm_f64']}")
+    print(f"  bfloat16 products : {c['gemm_bf16']} (precision='bf16')")
     print(f"  backward steps    : {c['backward_f32']}, {c['backward_ds_f32']} (and their float64 twins; "
           f"dK, dV summed over query chunks of 48)")
     print(f"  softmax rows      : {c['softmax_f32']}, {c['softmax_f64']}")

@@ -16,7 +16,8 @@ __all__ = [
 _Causal = Union[bool, Literal["top_left", "bottom_right"]]
 _Rng = Union[None, int, np.random.Generator]
 
-def matmul(a: ArrayLike, b: ArrayLike, /, *, out: Optional[NDArray[Any]] = ...) -> NDArray[np.floating[Any]]: ...
+def matmul(a: ArrayLike, b: ArrayLike, /, *, out: Optional[NDArray[Any]] = ...,
+           precision: Optional[Literal["highest", "bf16"]] = ...) -> NDArray[np.floating[Any]]: ...
 def softmax(
     x: ArrayLike, /, axis: int = ..., *, dim: Optional[int] = ..., attn_mask: Optional[ArrayLike] = ...,
     is_causal: _Causal = ..., scale: Optional[float] = ..., out: Optional[NDArray[Any]] = ...,

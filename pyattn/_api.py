@@ -8,7 +8,7 @@ import numpy as np
 from . import _C
 from ._checks import (
     as_array, bcast, broadcast_shapes, causal_code, check_numeric, check_out, compute_dtype, dropout_key,
-    dropout_p_value, index_value, is16, out_for_kernel, per_head, prep_mask, real_scalar,
+    dropout_p_value, index_value, is16, out_for_kernel, per_head, precision_value, prep_mask, real_scalar,
     softcap_value, split_axis, store16, to_dtype, window_value,
 )
 
@@ -16,7 +16,7 @@ __all__ = ["matmul", "softmax", "scaled_dot_product_attention", "multi_head_atte
            "merge_attention", "attention_with_kvcache"]
 
 
-def matmul(a, b, /, *, out=None):
+def matmul(a, b, /, *, out=None, precision=None):
     """Matrix product with the semantics of ``np.matmul``, computed by pyattn's GEMM.
 
     Shapes: ``a (..., M, K) @ b (..., K, N) -> (..., M, N)``. A 1-D ``a`` is
@@ -35,6 +35,14 @@ def matmul(a, b, /, *, out=None):
     out : ndarray, optional
         Receives the result; exact result shape and dtype (or the 16-bit
         dtype of an operand: the float32 result is rounded into it), writeable.
+    precision : None, "highest" or "bf16"
+        ``None`` / ``"highest"``: float32 (float64) products and sums.
+        ``"bf16"`` (opt-in, float32 and 16-bit operands only): every element
+        of ``a`` and ``b`` is rounded to bfloat16 (nearest even), the
+        products are exact and summed in float32 -- on AVX512_BF16's
+        ``vdpbf16ps`` where the CPU has it (``show_config()`` names the
+        kernel), elsewhere by its exact emulation (the same bits, slower).
+        The result stays float32.
 
     Returns
     -------
@@ -43,7 +51,8 @@ def matmul(a, b, /, *, out=None):
     Raises
     ------
     ValueError
-        Scalars, mismatched inner dimensions, batch axes that do not broadcast.
+        Scalars, mismatched inner dimensions, batch axes that do not broadcast,
+        an unknown ``precision``, ``precision="bf16"`` with a float64 operand.
     TypeError
         Complex, object, string or datetime operands.
 
@@ -52,6 +61,8 @@ def matmul(a, b, /, *, out=None):
     >>> import numpy as np, pyattn
     >>> pyattn.matmul(np.ones((2, 3)), np.ones((3, 4))).shape
     (2, 4)
+    >>> pyattn.matmul(np.full((1, 2), 1.001, np.float32), np.ones((2, 1), np.float32), precision="bf16")
+    array([[2.]], dtype=float32)
     """
     a = as_array(a, "a")
     b = as_array(b, "b")
@@ -59,6 +70,7 @@ def matmul(a, b, /, *, out=None):
         if x.ndim == 0:
             raise ValueError(f"matmul: {n} is a scalar (shape ()); use * to multiply by a scalar")
     dt = compute_dtype((a, "a"), (b, "b"))
+    bf16 = precision_value(precision, dt)
     a2 = a[None, :] if a.ndim == 1 else a
     b2 = b[:, None] if b.ndim == 1 else b
     if a2.shape[-1] != b2.shape[-2]:
@@ -74,11 +86,11 @@ def matmul(a, b, /, *, out=None):
     if out is not None:
         check_out(out, shape, dt, tuple(x.dtype for x in (a, b) if is16(x.dtype)))
         if out.dtype == dt and out_for_kernel(out, (a, b)):
-            _C.matmul(a3, b3, _expand(out, a.ndim, b.ndim))
+            _C.matmul(a3, b3, _expand(out, a.ndim, b.ndim), bf16=bf16)
         else:
-            out[...] = _squeeze(_C.matmul(a3, b3), a.ndim, b.ndim)
+            out[...] = _squeeze(_C.matmul(a3, b3, bf16=bf16), a.ndim, b.ndim)
         return out
-    return _squeeze(_C.matmul(a3, b3), a.ndim, b.ndim)
+    return _squeeze(_C.matmul(a3, b3, bf16=bf16), a.ndim, b.ndim)
 
 
 def _expand(out, a_nd, b_nd):

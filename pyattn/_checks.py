@@ -250,3 +250,16 @@ def per_head(x, name, full_batch, shapes_doc):
         raise ValueError(f"{name} has shape {a.shape}; expected {shapes_doc} with the "
                          f"query's heads: one of {[tuple(full_batch[nb - d:]) for d in range(1, nb + 1)]}")
     return np.ascontiguousarray(np.broadcast_to(a.astype(np.float64), tuple(full_batch)))
+
+
+def precision_value(precision, dt):
+    """precision= (API.md "Reduced-precision compute"): None / "highest" -> False,
+    "bf16" -> True (float32 compute only); anything else is a ValueError."""
+    if precision is None or (isinstance(precision, str) and precision == "highest"):
+        return False
+    if isinstance(precision, str) and precision == "bf16":
+        if dt != np.float32:
+            raise ValueError(f"precision='bf16' needs float32 (or float16 / bfloat16) inputs; these compute "
+                             f"in {dt} (cast them to float32 first)")
+        return True
+    raise ValueError(f"precision must be None, 'highest' or 'bf16', got {precision!r}")

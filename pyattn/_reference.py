@@ -16,17 +16,30 @@ from ._checks import causal_code, compute_dtype
 __all__ = ["matmul", "softmax", "scaled_dot_product_attention", "multi_head_attention",
            "causal_mask", "dropout_keep", "linear", "merge_attention", "attention_with_kvcache",
            "window_mask", "alibi_bias", "scaled_dot_product_attention_backward",
-           "softmax_backward"]
+           "softmax_backward", "round_bf16"]
 
 
 def _f64(x):
     return np.asarray(x).astype(np.float64)
 
 
-def matmul(a, b):
-    """np.matmul computed in float64, returned in pyattn's result dtype."""
+def round_bf16(x):
+    """x rounded to the nearest bfloat16 (ties to even), as float64: the
+    rounding of precision="bf16". NaN stays NaN, +-inf stay."""
+    f = np.asarray(x, np.float32)
+    u = f.view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+    r = np.where(np.isnan(f), (u >> 16 << 16) | 0x400000, r).astype(np.uint32)
+    return r.view(np.float32).astype(np.float64)
+
+
+def matmul(a, b, precision=None):
+    """np.matmul computed in float64, returned in pyattn's result dtype;
+    precision="bf16" rounds a and b to bfloat16 first."""
     a, b = np.asarray(a), np.asarray(b)
     dt = compute_dtype((a, "a"), (b, "b"))
+    if precision == "bf16":
+        return np.asarray(np.matmul(round_bf16(_f64(a)), round_bf16(_f64(b)))).astype(dt)
     return np.asarray(np.matmul(_f64(a), _f64(b))).astype(dt)
 
 

@@ -106,6 +106,11 @@ def cases():
                         lambda q=q, k=k, v=v, o=o, go=go, lse=lse, kw=kw: np.concatenate([
                             g.ravel() for g in pyattn.scaled_dot_product_attention_backward(
                                 go, q, k, v, o, lse, enable_gqa=True, **kw)])))
+    # bfloat16 products (precision="bf16"): the emulation where the family has no
+    # AVX512_BF16, the instruction where it has: the same bits
+    a, b = det((131, 1100), 32, np.float32), det((1100, 77), 33, np.float32)
+    out.append(("matmul_bf16", lambda a=a, b=b: pyattn.matmul(a, b, precision="bf16")))
+    out.append(("matmul_bf16_T", lambda a=a, b=b: pyattn.matmul(b.T, a.T[:, ::-1] * 1e-30, precision="bf16")))
     # 16-bit storage (float32 arithmetic): decode and tiled, a 16-bit KV cache
     q, k, v = det((2, 4, 1, 64), 21, np.float32), det((2, 2, 2000, 64), 22, np.float16), det((2, 2, 2000, 64), 23, np.float16)
     out.append(("decode_float16_cache", lambda q=q, k=k, v=v: pyattn.attention_with_kvcache(

@@ -13,6 +13,8 @@
  *   pa_fma_probe_<isa>     the benchmark's FMA peak probe (pa_fma_probe_fn)
  *   pa_read_probe_<isa>    its read-bandwidth probe (pa_read_probe_fn)
  *   pa_widen_{f16,bf16}_f32_<isa>  16-bit storage to float32 (pa_widen_fn)
+ *   pa_gemm_bf16_{ref,avx512bf16}  bfloat16 products (gemm_bf16): the exact
+ *                          emulation, and AVX512_BF16's vdpbf16ps
  */
 #ifndef PYATTN_KERNELS_H
 #define PYATTN_KERNELS_H
@@ -51,6 +53,8 @@ PA_KERNELS_OF(ref, f32)
 PA_KERNELS_OF(ref, f64)
 PA_WIDEN_OF(ref)
 float pa_read_probe_ref(const float *p, size_t n);
+void pa_gemm_bf16_ref(pa_ssize kc, const void *A, pa_ssize a_rs, pa_ssize a_cs, const void *B,
+                      pa_ssize b_rs, void *C, pa_ssize rs, pa_ssize cs, int m, int n, int accumulate);
 #ifdef PA_HAVE_X86_KERNELS
 PA_KERNELS_OF(avx2, f32)
 PA_KERNELS_OF(avx2, f64)
@@ -67,6 +71,9 @@ double pa_fma_probe_avx512emu(long long iters, float *sink);
 float pa_read_probe_avx2(const float *p, size_t n);
 float pa_read_probe_avx512(const float *p, size_t n);
 float pa_read_probe_avx512emu(const float *p, size_t n);
+void pa_gemm_bf16_avx512bf16(pa_ssize kc, const void *A, pa_ssize a_rs, pa_ssize a_cs, const void *B,
+                             pa_ssize b_rs, void *C, pa_ssize rs, pa_ssize cs, int m, int n,
+                             int accumulate);
 #endif
 #ifdef PA_HAVE_NEON_KERNELS
 PA_KERNELS_OF(neon, f32)

@@ -27,7 +27,9 @@ typedef struct {
     pa_ssize M, N, K;
     const pa_operand *A, *B, *C;
     const void *bias; pa_ssize bias_s;
-    pa_gemm_kernel g;
+    pa_gemm_kernel g;        /* fam->gemm[dtype], or fam->gemm_bf16 */
+    int bf16;                /* precision "bf16": operands rounded to bfloat16 as they are packed */
+    size_t pes;              /* bytes of a packed element (2 for bfloat16) */
     pa_ssize mchunk, mchunks, nblocks;   /* rows per task (a multiple of mc), tasks along M, along N */
     void **ws;               /* per thread: packed A then packed B */
     size_t a_elems;
@@ -66,10 +68,48 @@ static void pack_b_w16(const void *B, pa_ssize rs, pa_ssize cs, pa_ssize kc, pa_
     }
 }
 
+/* Packing for bfloat16 products (precision "bf16"): pair panels
+ * (family.h, gemm_bf16), each element rounded to bfloat16 (nearest even) as
+ * it is copied; K is padded to even with zeros. */
+static void pack_a_bf16(const void *A, pa_ssize rs, pa_ssize cs, pa_ssize mc, pa_ssize kc, int MR,
+                        uint16_t *dst, int sd)
+{
+    const pa_ssize nq = (kc + 1) / 2;
+    for (pa_ssize i0 = 0; i0 < mc; i0 += MR) {
+        const pa_ssize m = mc - i0 < MR ? mc - i0 : MR;
+        for (pa_ssize q = 0; q < nq; q++)
+            for (int i = 0; i < MR; i++)
+                for (int t = 0; t < 2; t++) {
+                    const pa_ssize p = 2 * q + t;
+                    *dst++ = (i < m && p < kc) ? pa_f32_to_bf16(pa_load_f32(A, (i0 + i) * rs + p * cs, sd)) : 0;
+                }
+    }
+}
+
+static void pack_b_bf16(const void *B, pa_ssize rs, pa_ssize cs, pa_ssize kc, pa_ssize nc, int NR,
+                        uint16_t *dst, int sd)
+{
+    const pa_ssize nq = (kc + 1) / 2;
+    for (pa_ssize j0 = 0; j0 < nc; j0 += NR) {
+        const pa_ssize n = nc - j0 < NR ? nc - j0 : NR;
+        for (pa_ssize q = 0; q < nq; q++)
+            for (int j = 0; j < NR; j++)
+                for (int t = 0; t < 2; t++) {
+                    const pa_ssize p = 2 * q + t;
+                    *dst++ = (j < n && p < kc) ? pa_f32_to_bf16(pa_load_f32(B, p * rs + (j0 + j) * cs, sd)) : 0;
+                }
+    }
+}
+
+/* K elements of a packed panel: kc, or kc rounded up to even (bfloat16 pairs) */
+static inline pa_ssize packed_k(const gemm_ctx *c, pa_ssize kc) { return c->bf16 ? (kc + 1) / 2 * 2 : kc; }
+
 static void pack_a(const gemm_ctx *c, const char *Ablk, pa_ssize mc, pa_ssize kc, char *Ap)
 {
     const int MR = c->g.mr;
-    if (c->a_dt != c->dtype)
+    if (c->bf16)
+        pack_a_bf16(Ablk, c->A->rs, c->A->cs, mc, kc, MR, (uint16_t *)Ap, c->a_dt);
+    else if (c->a_dt != c->dtype)
         pack_a_w16(Ablk, c->A->rs, c->A->cs, mc, kc, MR, (float *)Ap, c->a_dt);
     else if (c->dtype == PA_F32)
         pack_a_f32((const float *)Ablk, c->A->rs, c->A->cs, mc, kc, MR, (float *)Ap);
@@ -80,7 +120,9 @@ static void pack_a(const gemm_ctx *c, const char *Ablk, pa_ssize mc, pa_ssize kc
 static void pack_b(const gemm_ctx *c, const char *Bblk, pa_ssize kc, pa_ssize nc, char *Bp)
 {
     const int NR = c->g.nr;
-    if (c->b_dt != c->dtype)
+    if (c->bf16)
+        pack_b_bf16(Bblk, c->B->rs, c->B->cs, kc, nc, NR, (uint16_t *)Bp, c->b_dt);
+    else if (c->b_dt != c->dtype)
         pack_b_w16(Bblk, c->B->rs, c->B->cs, kc, nc, NR, (float *)Bp, c->b_dt);
     else if (c->dtype == PA_F32)
         pack_b_f32((const float *)Bblk, c->B->rs, c->B->cs, kc, nc, NR, (float *)Bp);
@@ -96,14 +138,15 @@ static void gemm_block(const gemm_ctx *c, const char *Ablk, pa_ssize mc, pa_ssiz
     const pa_gemm_kernel *g = &c->g;
     const size_t es = pa_elsize(c->dtype);
     const pa_ssize crs = c->C->rs, ccs = c->C->cs;
+    const pa_ssize pk = packed_k(c, kc);
     pack_a(c, Ablk, mc, kc, Ap);
     for (pa_ssize jr = 0; jr < nc; jr += g->nr) {
         const int n = (int)(nc - jr < g->nr ? nc - jr : g->nr);
-        const char *bpan = Bp + (size_t)(jr * kc) * es;
+        const char *bpan = Bp + (size_t)(jr * pk) * c->pes;
         for (pa_ssize ir = 0; ir < mc; ir += g->mr) {
             const int m = (int)(mc - ir < g->mr ? mc - ir : g->mr);
-            const char *apan = Ap + (size_t)(ir * kc) * es;
-            g->ukr(kc, apan, 1, g->mr, bpan, g->nr, Cblk + (ir * crs + jr * ccs) * (pa_ssize)es,
+            const char *apan = Ap + (size_t)(ir * pk) * c->pes;
+            g->ukr(pk, apan, 1, g->mr, bpan, g->nr, Cblk + (ir * crs + jr * ccs) * (pa_ssize)es,
                    crs, ccs, m, n, accumulate);
         }
     }
@@ -125,7 +168,7 @@ static void gemm_task(void *ctx_, pa_ssize t, int tid)
     char *C = (char *)c->C->p + (pa_batch_offset(c->bt, c->C->bs, b) + i0 * c->C->rs + j0 * c->C->cs) * (pa_ssize)es;
     const char *bias = c->bias ? (const char *)c->bias + j0 * c->bias_s * (pa_ssize)es : NULL;
     char *Ap = (char *)c->ws[tid];
-    char *Bp = Ap + c->a_elems * es;
+    char *Bp = Ap + c->a_elems * c->pes;
     const pa_ssize crs = c->C->rs, ccs = c->C->cs;
 
     if (bias || c->K == 0) {
@@ -167,7 +210,8 @@ static void shared_pack_task(void *ctx_, pa_ssize t, int tid)
     const pa_ssize p0 = t * s->per, p1 = p0 + s->per < s->npanels ? p0 + s->per : s->npanels;
     const pa_ssize j0 = p0 * c->g.nr;
     const pa_ssize j1 = p1 * c->g.nr < s->nc ? p1 * c->g.nr : s->nc;
-    pack_b(c, s->B + j0 * c->B->cs * c->esb, s->kc, j1 - j0, s->Bp + (size_t)(j0 * s->kc) * es);
+    pack_b(c, s->B + j0 * c->B->cs * c->esb, s->kc, j1 - j0, s->Bp + (size_t)(j0 * packed_k(c, s->kc)) * c->pes);
+    (void)es;
 }
 
 static void shared_compute_task(void *ctx_, pa_ssize t, int tid)
@@ -186,8 +230,8 @@ static int gemm_shared(gemm_ctx *c, int nt)
     const size_t es = pa_elsize(c->dtype);
     const pa_gemm_kernel *g = &c->g;
     const pa_ssize ncp = ((c->N < g->nc ? c->N : g->nc) + g->nr - 1) / g->nr * g->nr;
-    const pa_ssize kcm = c->K < g->kc ? (c->K > 0 ? c->K : 1) : g->kc;
-    char *Bp = (char *)pa_alloc64((size_t)(ncp * kcm) * es);
+    const pa_ssize kcm = packed_k(c, c->K < g->kc ? (c->K > 0 ? c->K : 1) : g->kc);
+    char *Bp = (char *)pa_alloc64((size_t)(ncp * kcm) * c->pes);
     if (!Bp) return -1;
     const pa_ssize mblocks = (c->M + g->mc - 1) / g->mc;
     for (pa_ssize b = 0; b < c->bt->count; b++) {
@@ -226,15 +270,18 @@ static int gemm_shared(gemm_ctx *c, int nt)
 int pa_matmul(const pa_family *fam, int dtype, int a_dt, int b_dt, const pa_batch *bt,
               pa_ssize M, pa_ssize N, pa_ssize K,
               const pa_operand *A, const pa_operand *B, const pa_operand *C,
-              const void *bias, pa_ssize bias_s, int nthreads)
+              const void *bias, pa_ssize bias_s, int bf16, int nthreads)
 {
     if (bt->count == 0 || M == 0 || N == 0) return 0;
+    if (bf16 && dtype != PA_F32) return -1;
     gemm_ctx c;
     c.dtype = dtype; c.bt = bt; c.M = M; c.N = N; c.K = K;
     c.a_dt = a_dt; c.b_dt = b_dt;
     c.esa = (pa_ssize)pa_elsize(a_dt); c.esb = (pa_ssize)pa_elsize(b_dt);
     c.A = A; c.B = B; c.C = C; c.bias = bias; c.bias_s = bias_s;
-    c.g = fam->gemm[dtype];          /* this call's copy: its NC may shrink below */
+    c.g = bf16 ? fam->gemm_bf16 : fam->gemm[dtype];   /* this call's copy: its NC may shrink below */
+    c.bf16 = bf16;
+    c.pes = bf16 ? sizeof(uint16_t) : pa_elsize(dtype);
     c.nblocks = (N + c.g.nc - 1) / c.g.nc;
     {   /* N blocks of equal width (whole NR panels): N = 2304 with NC = 2048
          * gives two blocks of 1152, not 2048 + 256, so the tasks of one N
@@ -257,11 +304,12 @@ int pa_matmul(const pa_family *fam, int dtype, int a_dt, int b_dt, const pa_batc
         c.mchunks = (M + c.mchunk - 1) / c.mchunk;
     }
     const size_t es = pa_elsize(dtype);
-    const pa_ssize kc = K < c.g.kc ? (K > 0 ? K : 1) : c.g.kc;
+    const pa_ssize kc = packed_k(&c, K < c.g.kc ? (K > 0 ? K : 1) : c.g.kc);
     const pa_ssize mcp = ((M < c.g.mc ? M : c.g.mc) + c.g.mr - 1) / c.g.mr * c.g.mr;
     const pa_ssize ncp = ((N < c.g.nc ? N : c.g.nc) + c.g.nr - 1) / c.g.nr * c.g.nr;
     c.a_elems = (size_t)(mcp * kc);
-    const size_t bytes = (c.a_elems + (size_t)(ncp * kc)) * es;
+    const size_t bytes = (c.a_elems + (size_t)(ncp * kc)) * c.pes;
+    (void)es;
 
     size_t ntasks;
     if (!pa_mul_ok((size_t)bt->count, (size_t)(c.mchunks * c.nblocks), &ntasks) || ntasks > (size_t)PTRDIFF_MAX)

@@ -66,11 +66,13 @@ void pa_free64(void *p);
 /* C[b] = A[b] @ B[b] (+ bias). A (M, K), B (K, N), C (M, N), bias (N,) with
  * element stride bias_s, or NULL. dtype: the compute dtype (C, bias);
  * a_dt, b_dt: how A and B are stored -- dtype, or PA_F16 / PA_BF16 with
- * PA_F32 (widened as they are packed). */
+ * PA_F32 (widened as they are packed). bf16 (float32 only; -1 otherwise):
+ * precision "bf16" -- A and B rounded to bfloat16 as they are packed, the
+ * family's gemm_bf16 products (float32 accumulation). */
 int pa_matmul(const pa_family *fam, int dtype, int a_dt, int b_dt, const pa_batch *bt,
               pa_ssize M, pa_ssize N, pa_ssize K,
               const pa_operand *A, const pa_operand *B, const pa_operand *C,
-              const void *bias, pa_ssize bias_s, int nthreads);
+              const void *bias, pa_ssize bias_s, int bf16, int nthreads);
 
 /* Rows of x (bt = all axes but the last, the last of them being L when
  * causal), each of length S. x, mask, out share bt; mask may be NULL. */

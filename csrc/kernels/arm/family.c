@@ -10,6 +10,7 @@ const pa_family pa_family_neon = {
     .name = "neon", .isa = PA_ISA_NEON,
     .gemm = {{pa_gemm_f32_neon, 12, 8, PA_GEMM_KC, 96, 2048, "pyattn_gemm_f32_neon_12x8"},
              {pa_gemm_f64_neon, 12, 4, PA_GEMM_KC, 96, 1024, "pyattn_gemm_f64_neon_12x4"}},
+    .gemm_bf16 = {pa_gemm_bf16_ref, 4, 16, PA_GEMM_KC_BF16, 64, 2048, "pyattn_gemm_bf16_emul_4x16"},
     .tilesm = {{pa_tilesm_f32_neon, "pyattn_tilesm_f32_neon"}, {pa_tilesm_f64_neon, "pyattn_tilesm_f64_neon"}},
     .tilep = {{pa_tilep_f32_neon, "pyattn_tilep_f32_neon"}, {pa_tilep_f64_neon, "pyattn_tilep_f64_neon"}},
     .tileds = {{pa_tileds_f32_neon, "pyattn_tileds_f32_neon"}, {pa_tileds_f64_neon, "pyattn_tileds_f64_neon"}},

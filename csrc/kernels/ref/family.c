@@ -5,6 +5,7 @@ const pa_family pa_family_generic = {
     .name = "generic", .isa = PA_ISA_GENERIC,
     .gemm = {{pa_gemm_f32_ref, 4, 16, PA_GEMM_KC, 64, 2048, "pyattn_gemm_f32_ref_4x16"},
              {pa_gemm_f64_ref, 4, 8, PA_GEMM_KC, 64, 1024, "pyattn_gemm_f64_ref_4x8"}},
+    .gemm_bf16 = {pa_gemm_bf16_ref, 4, 16, PA_GEMM_KC_BF16, 64, 2048, "pyattn_gemm_bf16_emul_4x16"},
     .tilesm = {{pa_tilesm_f32_ref, "pyattn_tilesm_f32_ref"}, {pa_tilesm_f64_ref, "pyattn_tilesm_f64_ref"}},
     .tilep = {{pa_tilep_f32_ref, "pyattn_tilep_f32_ref"}, {pa_tilep_f64_ref, "pyattn_tilep_f64_ref"}},
     .tileds = {{pa_tileds_f32_ref, "pyattn_tileds_f32_ref"}, {pa_tileds_f64_ref, "pyattn_tileds_f64_ref"}},
