@@ -435,7 +435,8 @@ static int get_perbatch(PyObject *o, const char *name, int npy_type, pa_ssize co
 PyDoc_STRVAR(sdpa_doc,
 "sdpa(q, k, v, out=None, mask=None, causal=0, scale=1.0, dropout_p=0.0,\n"
 "     dropout_key=0, want_weights=False, want_lse=False, left=-1, right=-1,\n"
-"     softcap=0.0, slopes=None, sinks=None, kv_len=None)\n"
+"     softcap=0.0, slopes=None, sinks=None, kv_len=None, row_div=1, qoff=None,\n"
+"     nthreads=0, bf16=False)\n"
 "     -> (out, weights or None, lse or None)\n\n"
 "Private kernel entry: fused attention, all operands with equal batch axes;\n"
 "slopes, sinks (float64) and kv_len (int64) hold one value per flat batch\n"
@@ -446,10 +447,10 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
     static char *kwlist[] = {"q", "k", "v", "out", "mask", "causal", "scale", "dropout_p",
                              "dropout_key", "want_weights", "want_lse", "left", "right",
                              "softcap", "slopes", "sinks", "kv_len", "row_div", "qoff", "nthreads",
-                             NULL};
+                             "bf16", NULL};
     PyObject *qo, *ko, *vo, *outo = Py_None, *mo = Py_None;
     PyObject *slo = Py_None, *sio = Py_None, *kvo = Py_None, *qoffo = Py_None;
-    int req_threads = 0;
+    int req_threads = 0, bf16 = 0;
     int causal = 0, want_w = 0, want_lse = 0;
     Py_ssize_t left = -1, right = -1, row_div = 1;
     double scale = 1.0, dropout_p = 0.0, softcap = 0.0;
@@ -457,10 +458,10 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
     PyArrayObject *res = NULL, *wres = NULL, *lres = NULL;
     view q, k, v, o, m, w, lv, scores;
     int kind;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOiddKppnndOOOnOi:sdpa", kwlist, &qo, &ko, &vo,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOiddKppnndOOOnOip:sdpa", kwlist, &qo, &ko, &vo,
                                      &outo, &mo, &causal, &scale, &dropout_p, &key, &want_w,
                                      &want_lse, &left, &right, &softcap, &slo, &sio, &kvo, &row_div,
-                                     &qoffo, &req_threads))
+                                     &qoffo, &req_threads, &bf16))
         return NULL;
     if (get_view(qo, "query", 2, PA_ALLOW_16, 0, &q) < 0 ||
         get_view(ko, "key", 2, PA_ALLOW_16, 0, &k) < 0 ||
@@ -476,6 +477,10 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
     }
     if (!(softcap >= 0.0 && softcap < INFINITY)) {
         PyErr_SetString(PyExc_ValueError, "softcap must be finite and > 0 (0: none)");
+        goto fail;
+    }
+    if (bf16 && (cd != PA_F32 || want_w)) {
+        PyErr_SetString(PyExc_ValueError, "precision='bf16' needs float32 (or 16-bit) inputs and no weights");
         goto fail;
     }
     const int nd = q.nd, nb = nd - 2;
@@ -507,7 +512,7 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
     batch_of(&q, nb, &bt);
     pa_attn_opts opts = {causal, left < 0 ? -1 : (pa_ssize)left, right < 0 ? -1 : (pa_ssize)right,
                          softcap, NULL, NULL, NULL, NULL, q.dtype, k.dtype, v.dtype, (pa_ssize)row_div,
-                         0, 0};
+                         0, 0, bf16};
     if (qoffo != Py_None) {             /* row i at key position i + qoff (pyattn.dask's blocks) */
         const Py_ssize_t qv = PyLong_AsSsize_t(qoffo);
         if (qv == -1 && PyErr_Occurred()) goto fail;
@@ -649,7 +654,7 @@ static PyObject *py_sdpa_backward(PyObject *self, PyObject *args, PyObject *kw)
     pa_batch bt;
     batch_of(&q, nb, &bt);
     pa_attn_opts opts = {causal, left < 0 ? -1 : (pa_ssize)left, right < 0 ? -1 : (pa_ssize)right,
-                         softcap, NULL, NULL, NULL, NULL, cd, cd, cd, 1, 0, 0};
+                         softcap, NULL, NULL, NULL, NULL, cd, cd, cd, 1, 0, 0, 0};
     const void *pp;
     if (get_perbatch(slo, "alibi_slopes", NPY_FLOAT64, bt.count, &pp) < 0) goto fail;
     opts.slopes = (const double *)pp;

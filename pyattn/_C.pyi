@@ -14,7 +14,7 @@ def sdpa(q: NDArray[Any], k: NDArray[Any], v: NDArray[Any], out: Optional[NDArra
          want_weights: bool = ..., want_lse: bool = ..., left: int = ..., right: int = ...,
          softcap: float = ..., slopes: Optional[NDArray[np.float64]] = ...,
          sinks: Optional[NDArray[np.float64]] = ..., kv_len: Optional[NDArray[np.int64]] = ...,
-         row_div: int = ..., qoff: Optional[int] = ..., nthreads: int = ...,
+         row_div: int = ..., qoff: Optional[int] = ..., nthreads: int = ..., bf16: bool = ...,
          ) -> Tuple[NDArray[Any], Optional[NDArray[Any]], Optional[NDArray[Any]]]: ...
 def sdpa_backward(q: NDArray[Any], k: NDArray[Any], v: NDArray[Any], o: NDArray[Any], go: NDArray[Any],
                   lse: NDArray[Any], mask: Optional[NDArray[Any]] = ..., causal: int = ..., scale: float = ...,

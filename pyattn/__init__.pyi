@@ -31,7 +31,7 @@ def scaled_dot_product_attention(
     dropout_p: float = ..., is_causal: _Causal = ..., scale: Optional[float] = ...,
     enable_gqa: bool = ..., *, rng: _Rng = ..., return_weights: Literal[False] = ...,
     out: Optional[NDArray[Any]] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
-    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., return_lse: Literal[False] = ...,
+    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: Optional[str] = ..., return_lse: Literal[False] = ...,
 ) -> _F: ...
 @overload
 def scaled_dot_product_attention(
@@ -39,7 +39,7 @@ def scaled_dot_product_attention(
     dropout_p: float = ..., is_causal: _Causal = ..., scale: Optional[float] = ...,
     enable_gqa: bool = ..., *, rng: _Rng = ..., return_weights: Literal[True],
     out: Optional[NDArray[Any]] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
-    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., return_lse: Literal[False] = ...,
+    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: Optional[str] = ..., return_lse: Literal[False] = ...,
 ) -> Tuple[_F, _F]: ...
 @overload
 def scaled_dot_product_attention(
@@ -47,7 +47,7 @@ def scaled_dot_product_attention(
     dropout_p: float = ..., is_causal: _Causal = ..., scale: Optional[float] = ...,
     enable_gqa: bool = ..., *, rng: _Rng = ..., return_weights: Literal[False] = ...,
     out: Optional[NDArray[Any]] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
-    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., return_lse: Literal[True],
+    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: Optional[str] = ..., return_lse: Literal[True],
 ) -> Tuple[_F, _F]: ...
 @overload
 def scaled_dot_product_attention(
@@ -55,7 +55,7 @@ def scaled_dot_product_attention(
     dropout_p: float = ..., is_causal: _Causal = ..., scale: Optional[float] = ...,
     enable_gqa: bool = ..., *, rng: _Rng = ..., return_weights: Literal[True],
     out: Optional[NDArray[Any]] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
-    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., return_lse: Literal[True],
+    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: Optional[str] = ..., return_lse: Literal[True],
 ) -> Tuple[_F, _F, _F]: ...
 def merge_attention(outputs: Union[ArrayLike, Sequence[ArrayLike]], lses: Union[ArrayLike, Sequence[ArrayLike]], /) -> Tuple[_F, _F]: ...
 @overload
@@ -63,7 +63,7 @@ def attention_with_kvcache(
     query: ArrayLike, k_cache: NDArray[Any], v_cache: NDArray[Any], key: Optional[ArrayLike] = ...,
     value: Optional[ArrayLike] = ..., *, cache_seqlens: Union[int, ArrayLike], is_causal: bool = ...,
     scale: Optional[float] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
-    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., return_lse: Literal[False] = ...,
+    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: Optional[str] = ..., return_lse: Literal[False] = ...,
     out: Optional[NDArray[Any]] = ...,
 ) -> _F: ...
 @overload
@@ -71,7 +71,7 @@ def attention_with_kvcache(
     query: ArrayLike, k_cache: NDArray[Any], v_cache: NDArray[Any], key: Optional[ArrayLike] = ...,
     value: Optional[ArrayLike] = ..., *, cache_seqlens: Union[int, ArrayLike], is_causal: bool = ...,
     scale: Optional[float] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
-    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., return_lse: Literal[True],
+    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: Optional[str] = ..., return_lse: Literal[True],
     out: Optional[NDArray[Any]] = ...,
 ) -> Tuple[_F, _F]: ...
 

@@ -192,7 +192,8 @@ def softmax(x, /, axis=-1, *, dim=None, attn_mask=None, is_causal=False, scale=N
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                  is_causal=False, scale=None, enable_gqa=False, *,
                                  rng=None, return_weights=False, out=None, window=None,
-                                 alibi_slopes=None, softcap=None, sinks=None, return_lse=False):
+                                 alibi_slopes=None, softcap=None, sinks=None, return_lse=False,
+                                 precision=None):
     """Fused attention ``softmax(query @ key.T * scale + mask) @ value``, in one C kernel.
 
     Argument names and defaults match ``torch.nn.functional.scaled_dot_product_attention``.
@@ -251,6 +252,16 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         Also return ``lse (..., L)``: ``log(sum_j exp(s_ij))`` over the
         admissible keys (plus the sink term), before dropout; ``-inf`` for a
         row with nothing admissible. Feed it to :func:`merge_attention`.
+    precision : None, "highest" or "bf16"
+        ``"bf16"`` (opt-in; float32 and 16-bit inputs; not with
+        ``return_weights``): query, key and value are rounded to bfloat16
+        and multiplied on bfloat16 products with float32 sums (AVX512_BF16's
+        ``vdpbf16ps`` where the CPU has it, else its exact emulation); the
+        scale is applied to the float32 scores; the unnormalised weights
+        ``exp(s - m)`` of each 60-key tile (``m``: the running row max over
+        the tiles so far) are rounded to bfloat16 before they multiply
+        ``value``, as PyTorch's bfloat16 flash kernel rounds them; the
+        softmax sums stay float32. ``pyattn._reference`` models it.
 
     Scores follow API.md's order: ``scale * q.k``, softcap, a float mask is
     added, ALiBi is added, then the bool mask, causal rule and window decide
@@ -301,12 +312,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     (2, 4, 8)
     """
     return _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, rng,
-                 return_weights, out, window, alibi_slopes, softcap, sinks, return_lse, None)
+                 return_weights, out, window, alibi_slopes, softcap, sinks, return_lse, None,
+                 precision=precision)
 
 
 def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, rng,
           return_weights, out, window, alibi_slopes, softcap, sinks, return_lse, kv_len,
-          qoff=None, nthreads=0, check_only=False):
+          qoff=None, nthreads=0, check_only=False, precision=None):
     """scaled_dot_product_attention's body; kv_len (an int64 array that
     broadcasts to the query's batch axes, or None) is attention_with_kvcache's
     per-sequence filled length. pyattn.dask's blocks pass qoff (query row i
@@ -329,6 +341,9 @@ def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
     cap = softcap_value(softcap)
     L, S, E, Ev = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
     sc = (1.0 / math.sqrt(E) if E > 0 else 1.0) if scale is None else real_scalar(scale, "scale")
+    bf16 = precision_value(precision, dt)
+    if bf16 and return_weights:
+        raise ValueError("return_weights is not available with precision='bf16'")
     narrow = tuple(x.dtype for x in (q, k, v) if is16(x.dtype))
     q, k, v = store16(q, dt), store16(k, dt), store16(v, dt)
 
@@ -386,6 +401,8 @@ def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
         batch = batch[:-1]
     shape = full_batch + (L, Ev)
     extra = {"row_div": groups} if stack else {}
+    if bf16:
+        extra["bf16"] = True
     for arr, name, doc in ((alibi_slopes, "alibi_slopes", "(Hq,) or (B, Hq)"),
                            (sinks, "sinks", "(Hq,)"), (kv_len, "kv_len", "")):
         if arr is None:
@@ -615,7 +632,7 @@ def _seqlens(cache_seqlens, B):
 
 def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cache_seqlens,
                            is_causal=True, scale=None, window=None, alibi_slopes=None,
-                           softcap=None, sinks=None, return_lse=False, out=None):
+                           softcap=None, sinks=None, return_lse=False, out=None, precision=None):
     """Attention over a KV cache, appending new keys/values in place first (FlashAttention's
     ``flash_attn_with_kvcache``).
 
@@ -646,8 +663,10 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
     key, value : array_like, optional (both or neither)
     cache_seqlens : int or (B,) integer array
     is_causal : bool, default True
-    scale, window, alibi_slopes, softcap, sinks, return_lse :
-        As in :func:`scaled_dot_product_attention` (positions are cache positions).
+    scale, window, alibi_slopes, softcap, sinks, return_lse, precision :
+        As in :func:`scaled_dot_product_attention` (positions are cache positions;
+        ``precision="bf16"`` with float32 / float16 / bfloat16 caches runs the
+        tiled bfloat16 path, not yet a decode-specialised kernel).
     out : ndarray, optional
 
     Returns
@@ -717,6 +736,7 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
         raise TypeError(f"is_causal must be a bool here (bottom-right causal on cache positions), "
                         f"got {is_causal!r}")
     # every argument check the attention does, before any write
+    precision_value(precision, cd)
     window_value(window)
     softcap_value(softcap)
     for arr, nm, doc in ((alibi_slopes, "alibi_slopes", "(Hq,) or (B, Hq)"), (sinks, "sinks", "(Hq,)")):
@@ -737,4 +757,4 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
     qd = store16(q, cd) if is16(q.dtype) else to_dtype(q, cd)
     return _sdpa(qd, kc, vc, None, 0.0, "bottom_right" if is_causal else False, sc,
                  Hq != Hkv, None, False, out, window, alibi_slopes, softcap, sinks, return_lse,
-                 n[:, None])
+                 n[:, None], precision=precision)

@@ -129,31 +129,9 @@ def dropout_keep(key, shape, p):
     return u >= p
 
 
-def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
-                                 is_causal=False, scale=None, enable_gqa=False, *,
-                                 dropout_key=0, return_weights=False, window=None,
-                                 alibi_slopes=None, softcap=None, sinks=None,
-                                 return_lse=False, qoff=None, kv_len=None):
-    """softmax(q k^T * scale + mask) [dropout] @ v, materialising the weights.
-
-    The score of query i and key j, in API.md's order: s = scale q.k;
-    softcap * tanh(s / softcap); + a float mask; - slope |d(i) - j| (ALiBi);
-    -inf where a bool mask, the causal rule or the window exclude it; then a
-    softmax whose denominator also holds exp(sink) when sinks are given.
-    ``qoff`` (row i at position i + qoff) and ``kv_len`` (keys [0, kv_len)
-    only) describe a KV cache. Keys whose weight is exactly 0 (masked,
-    dropped) contribute nothing to the output, so NaN in their value rows
-    does not spread. lse = log(sum of exp over admissible scores [+ exp(sink)]).
-    """
-    q, k, v = (np.asarray(t) for t in (query, key, value))
-    dt = compute_dtype((q, "query"), (k, "key"), (v, "value"))
-    q, k, v = _f64(q), _f64(k), _f64(v)
-    E = q.shape[-1]
-    scale = (1.0 / math.sqrt(E) if E else 1.0) if scale is None else scale
-    if enable_gqa and q.shape[-3] != k.shape[-3]:
-        g = q.shape[-3] // k.shape[-3]
-        k = np.repeat(k, g, axis=-3)
-        v = np.repeat(v, g, axis=-3)
+def _scores(q, k, attn_mask, is_causal, scale, window, alibi_slopes, softcap, qoff, kv_len):
+    """The scores of scaled_dot_product_attention, in API.md's order, -inf
+    where inadmissible (float64; q, k already repeated for GQA)."""
     s = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
     L, S = s.shape[-2], s.shape[-1]
     if softcap is not None:
@@ -171,6 +149,43 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         s = np.where(window_mask(L, S, window, is_causal, qoff), s, -np.inf)
     if kv_len is not None:
         s = np.where(np.arange(S) < np.asarray(kv_len)[..., None, None], s, -np.inf)
+    return s
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                 is_causal=False, scale=None, enable_gqa=False, *,
+                                 dropout_key=0, return_weights=False, window=None,
+                                 alibi_slopes=None, softcap=None, sinks=None,
+                                 return_lse=False, qoff=None, kv_len=None, precision=None):
+    """softmax(q k^T * scale + mask) [dropout] @ v, materialising the weights.
+
+    The score of query i and key j, in API.md's order: s = scale q.k;
+    softcap * tanh(s / softcap); + a float mask; - slope |d(i) - j| (ALiBi);
+    -inf where a bool mask, the causal rule or the window exclude it; then a
+    softmax whose denominator also holds exp(sink) when sinks are given.
+    ``qoff`` (row i at position i + qoff) and ``kv_len`` (keys [0, kv_len)
+    only) describe a KV cache. Keys whose weight is exactly 0 (masked,
+    dropped) contribute nothing to the output, so NaN in their value rows
+    does not spread. lse = log(sum of exp over admissible scores [+ exp(sink)]).
+
+    precision="bf16": q, k, v are rounded to bfloat16 first; the weights are
+    rounded as the tiled kernel rounds them: key j of tile t = j // 60 (the
+    kernel's fixed grid) gets P_j = bf16(exp(s_j - M_t)), M_t the row max of
+    the scores of tiles 0..t, and out = sum_j P_j exp(M_t - m) v_j / l with
+    m the row max and l = sum_j exp(s_j - m) unrounded (+ the sink term).
+    """
+    q, k, v = (np.asarray(t) for t in (query, key, value))
+    dt = compute_dtype((q, "query"), (k, "key"), (v, "value"))
+    q, k, v = _f64(q), _f64(k), _f64(v)
+    if precision == "bf16":
+        q, k, v = round_bf16(q), round_bf16(k), round_bf16(v)
+    E = q.shape[-1]
+    scale = (1.0 / math.sqrt(E) if E else 1.0) if scale is None else scale
+    if enable_gqa and q.shape[-3] != k.shape[-3]:
+        g = q.shape[-3] // k.shape[-3]
+        k = np.repeat(k, g, axis=-3)
+        v = np.repeat(v, g, axis=-3)
+    s = _scores(q, k, attn_mask, is_causal, scale, window, alibi_slopes, softcap, qoff, kv_len)
     if sinks is None:
         w = _softmax_last(s)
         m = np.max(s, axis=-1)
@@ -187,6 +202,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                            m + np.log(np.exp(full - np.where(m == -np.inf, 0, m)[..., None]).sum(-1)))
     if dropout_p > 0:
         w = np.where(dropout_keep(dropout_key, w.shape, dropout_p), w / (1.0 - dropout_p), 0.0)
+    if precision == "bf16":
+        w = _bf16_weights(s, w, sinks, dropout_p, dropout_key)
     vb = np.broadcast_to(v, w.shape[:-2] + v.shape[-2:])
     if np.isfinite(vb).all():
         out = np.matmul(w, vb)
@@ -278,6 +295,35 @@ def softmax_backward(grad_y, y, axis=-1, scale=None):
         d = (gy * yy).sum(axis=axis, keepdims=True)
         gx = np.where(yy == 0, 0.0, sc * yy * (gy - d))
     return gx.astype(dt)
+
+
+def _bf16_weights(s, w, sinks, dropout_p, dropout_key, tile=60):
+    """The weights precision="bf16" applies to value (see
+    scaled_dot_product_attention): per 60-key tile, exp(s - running max)
+    rounded to bfloat16, rescaled to the final max, over the unrounded sum."""
+    S = s.shape[-1]
+    nt = -(-S // tile)
+    tmax = np.stack([np.max(s[..., t * tile:(t + 1) * tile], axis=-1) for t in range(nt)], axis=-1)
+    run = np.maximum.accumulate(tmax, axis=-1)                       # M_t
+    M = np.repeat(run, tile, axis=-1)[..., :S]
+    m = run[..., -1:]
+    with np.errstate(invalid="ignore", over="ignore"):
+        e = np.where(s == -np.inf, 0.0, np.exp(s - np.where(M == -np.inf, 0.0, M)))
+        l = np.where(s == -np.inf, 0.0, np.exp(s - np.where(m == -np.inf, 0.0, m))).sum(-1, keepdims=True)
+    if sinks is not None:
+        sk = np.broadcast_to(_f64(sinks)[..., None], s.shape[:-1])[..., None]
+        mm = np.maximum(m, sk)
+        den = l * np.exp(m - np.where(mm == -np.inf, 0.0, mm)) + np.exp(sk - mm)
+        fac = np.exp(m - mm) / den
+    else:
+        with np.errstate(divide="ignore"):
+            fac = 1.0 / l
+    if dropout_p > 0:                                                # dropped before rounding
+        e = np.where(dropout_keep(dropout_key, e.shape, dropout_p), e, 0.0)
+    P = round_bf16(e) / (1.0 - dropout_p)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        r = P * np.exp(M - np.where(m == -np.inf, 0.0, m)) * fac
+    return np.where(P == 0, 0.0, r)
 
 
 def merge_attention(outputs, lses):

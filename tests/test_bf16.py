@@ -138,3 +138,134 @@ def test_every_family_gives_the_same_bits(rng, family):
         if want is None:
             want = r
         assert bits(r) == bits(want), isa
+
+
+# -- attention ---------------------------------------------------------------------
+
+def bf16_attention_mag(q, k, v, scale, kw):
+    """Error scale of precision="bf16" attention against the reference's
+    rounding model (float64 on the rounded inputs), built from what the
+    kernel rounds in float32: each score sums E exact products (and goes
+    through scale, softcap, ALiBi, exp: a few ulps of |s|), which moves its
+    weight by that much relative; the output sums S weighted values. Plus,
+    for every weight whose unrounded value exp(s - M) lies within that
+    float32 error of a bfloat16 rounding boundary -- it may round either way
+    -- one bfloat16 step of it (2^-7 relative, covering a binade edge) times
+    |v|. No other room: a kernel that does not round the weights fails."""
+    from conftest import TOL
+    eps = 2.0 ** -24
+    qr, kr, vr = R.round_bf16(q), R.round_bf16(k), R.round_bf16(v)
+    rk = {n: kw[n] for n in ("attn_mask", "is_causal", "window", "alibi_slopes", "softcap") if n in kw}
+    rk.setdefault("is_causal", False)
+    s = R._scores(qr, kr, rk.get("attn_mask"), rk["is_causal"], scale, rk.get("window"),
+                  rk.get("alibi_slopes"), rk.get("softcap"), None, None)
+    E, S = q.shape[-1], s.shape[-1]
+    tmax = np.stack([np.max(s[..., t:t + 60], axis=-1) for t in range(0, S, 60)], axis=-1)
+    M = np.repeat(np.maximum.accumulate(tmax, axis=-1), 60, axis=-1)[..., :S]
+    fin = np.isfinite(s)
+    sa = np.where(fin, np.abs(s), 0.0)
+    Ma = np.where(np.isfinite(M), np.abs(M), 0.0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        e = np.where(fin, np.exp(s - np.where(np.isfinite(M), M, 0.0)), 0.0)
+    qk = np.matmul(np.abs(qr), np.swapaxes(np.abs(kr), -1, -2)) * abs(scale)
+    ds = eps * ((E + 8) * qk + 16 * (sa + Ma) + 16)           # a score's float32 error, absolute
+    r = R.round_bf16(e)
+    ulp = np.where(r > 0, 2.0 ** (np.floor(np.log2(np.where(r > 0, r, 1.0))) - 7), 0.0)
+    dist = np.abs(np.abs(e - r) - ulp / 2)
+    amb = (e > 0) & (dist < ds * e)
+    w = np.abs(R.scaled_dot_product_attention(qr, kr, vr, scale=scale, return_weights=True,
+                                              **{n: x for n, x in kw.items() if n != "rng"})[1])
+    av = np.abs(vr)
+    wv = np.matmul(w, av)
+    err = np.matmul(w * (ds + np.max(ds, axis=-1, keepdims=True)), av) + wv * (S + 8) * eps
+    err = err + np.matmul(np.where(amb, w * 2.0 ** -7, 0.0), av)
+    return err / TOL[np.dtype(np.float32)] + np.finfo(np.float64).tiny
+
+
+ATT_CASES = {
+    "plain": {}, "causal": {"is_causal": True}, "bottom_right": {"is_causal": "bottom_right"},
+    "softcap": {"softcap": 3.0}, "sinks": {"sinks": np.array([0.3, -1.0, 2.0])},
+    "window": {"window": (50, 10)}, "alibi": {"alibi_slopes": np.array([0.1, 0.2, 0.3])},
+    "bool": "bool", "float": "float",
+}
+
+
+@pytest.mark.parametrize("case", list(ATT_CASES))
+@pytest.mark.parametrize("L, S, E, Ev", [(1, 1, 2, 2), (130, 200, 64, 48), (37, 61, 17, 9), (100, 300, 128, 128)])
+def test_attention_bf16_matches_the_rounding_model(rng, case, L, S, E, Ev):
+    q = rng.standard_normal((2, 3, L, E)).astype(np.float32)
+    k = rng.standard_normal((2, 3, S, E)).astype(np.float32)
+    v = rng.standard_normal((2, 3, S, Ev)).astype(np.float32)
+    kw = ATT_CASES[case]
+    if kw == "bool":
+        kw = {"attn_mask": rng.random((L, S)) > 0.3}
+    elif kw == "float":
+        kw = {"attn_mask": rng.standard_normal((3, L, S)).astype(np.float32)}
+    got, lse = pyattn.scaled_dot_product_attention(q, k, v, precision="bf16", return_lse=True, **kw)
+    want, wlse = R.scaled_dot_product_attention(q, k, v, precision="bf16", return_lse=True, **kw)
+    assert got.dtype == np.float32
+    check(got, want, bf16_attention_mag(q, k, v, 1 / np.sqrt(E), kw))
+    if L > 1 and S > 8:            # the rounding is there: float32 attention differs
+        assert not np.allclose(got, pyattn.scaled_dot_product_attention(q, k, v, **kw), rtol=1e-5, atol=1e-6)
+
+
+def test_attention_bf16_dropout_gqa_kvcache_threads(rng):
+    from pyattn._checks import dropout_key
+    q = rng.standard_normal((2, 4, 70, 32)).astype(np.float32)
+    k = rng.standard_normal((2, 2, 90, 32)).astype(np.float32)
+    v = rng.standard_normal((2, 2, 90, 16)).astype(np.float32)
+    got = pyattn.scaled_dot_product_attention(q, k, v, dropout_p=0.25, rng=3, enable_gqa=True,
+                                              is_causal=True, precision="bf16")
+    want = R.scaled_dot_product_attention(q, k, v, dropout_p=0.25, dropout_key=dropout_key(3), enable_gqa=True,
+                                          is_causal=True, precision="bf16")
+    kr, vr = np.repeat(k, 2, axis=1), np.repeat(v, 2, axis=1)
+    mag = bf16_attention_mag(q, kr, vr, 32 ** -0.5, {"is_causal": True}) / 0.75
+    check(got, want, mag)
+    n0 = pyattn.get_num_threads()
+    try:
+        res = []
+        for nt in (1, 2, 3):
+            pyattn.set_num_threads(nt)
+            res.append(pyattn.scaled_dot_product_attention(q, k, v, enable_gqa=True, is_causal=True,
+                                                           precision="bf16"))
+    finally:
+        pyattn.set_num_threads(n0)
+    assert all(np.array_equal(res[0], r) for r in res[1:])
+    # a KV cache (decode steps, 16-bit storage): the same as the full call on the filled rows
+    kc = np.zeros((2, 2, 128, 32), np.float16)
+    vc = np.zeros((2, 2, 128, 16), np.float16)
+    kc[:, :, :90], vc[:, :, :90] = k, v
+    out = pyattn.attention_with_kvcache(q[:, :, -1:], kc, vc, cache_seqlens=90, precision="bf16")
+    full = pyattn.scaled_dot_product_attention(q[:, :, -1:], kc[:, :, :90], vc[:, :, :90], enable_gqa=True,
+                                               is_causal="bottom_right", precision="bf16")
+    assert np.array_equal(out, full)
+    with pytest.raises(ValueError, match="precision"):
+        pyattn.attention_with_kvcache(q[:, :, -1:], kc, vc, cache_seqlens=90, precision="fp8")
+
+
+def test_attention_bf16_errors_and_16bit_inputs(rng):
+    q = rng.standard_normal((2, 10, 8)).astype(np.float32)
+    with pytest.raises(ValueError, match="return_weights"):
+        pyattn.scaled_dot_product_attention(q, q, q, return_weights=True, precision="bf16")
+    with pytest.raises(ValueError, match="float64"):
+        pyattn.scaled_dot_product_attention(q.astype(np.float64), q, q, precision="bf16")
+    with pytest.raises(ValueError, match="precision"):
+        pyattn.scaled_dot_product_attention(q, q, q, precision="tf32")
+    h = q.astype(np.float16)
+    assert np.array_equal(pyattn.scaled_dot_product_attention(h, h, h, precision="bf16"),
+                          pyattn.scaled_dot_product_attention(h.astype(np.float32), h.astype(np.float32),
+                                                              h.astype(np.float32), precision="bf16"))
+
+
+def test_attention_bf16_emulation_is_the_instruction(rng, family):
+    if not native_bf16():
+        pytest.skip("this CPU has no AVX512_BF16 (vdpbf16ps): the emulation runs, with nothing to compare it to")
+    q = rng.standard_normal((2, 3, 150, 64)).astype(np.float32)
+    k = rng.standard_normal((2, 3, 170, 64)).astype(np.float32)
+    v = rng.standard_normal((2, 3, 170, 40)).astype(np.float32)
+    kw = dict(is_causal=True, window=(100, 0), softcap=4.0, precision="bf16")
+    native = pyattn.scaled_dot_product_attention(q, k, v, **kw)
+    for isa in ("avx2", "avx512emu"):
+        _C.select_isa(ISA[isa])
+        assert "emul" in _C.config()["gemm_bf16"]
+        assert bits(pyattn.scaled_dot_product_attention(q, k, v, **kw)) == bits(native), isa

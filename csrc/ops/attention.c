@@ -93,6 +93,7 @@ void pa_attn_setup(pa_attn_args *out, const pa_family *fam, int dtype, const pa_
     a.key_begin = 0;
     a.key_end = S;
     a.partial = NULL;
+    a.bf16 = o->bf16;
     *out = a;
 }
 
@@ -160,7 +161,7 @@ int pa_attention(const pa_family *fam, int dtype, const pa_batch *bt, pa_ssize L
     size_t ntasks;
     if (!pa_mul_ok((size_t)bt->count, (size_t)c.nblk, &ntasks) || ntasks > (size_t)PTRDIFF_MAX)
         return -1;
-    if (w == NULL && (L <= PA_SPLIT_MAXL || (opts->row_div > 1 && L <= c.bq)) && S >= PA_SPLIT_MINS &&
+    if (w == NULL && !opts->bf16 && (L <= PA_SPLIT_MAXL || (opts->row_div > 1 && L <= c.bq)) && S >= PA_SPLIT_MINS &&
         E <= PA_FLASH_MAXD && Ev <= PA_FLASH_MAXD) {
         size_t n, bytes;
         c.nchunks = (S + PA_SPLIT_CHUNK - 1) / PA_SPLIT_CHUNK;

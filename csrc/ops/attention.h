@@ -46,6 +46,7 @@ typedef struct {
     void *out; pa_ssize o_rs, o_cs;         /* (L, Ev) */
     void *w; pa_ssize w_rs, w_cs;           /* (L, S) weights, or NULL */
     void *lse; pa_ssize lse_s;              /* (L,) log-sum-exp of the rows, or NULL */
+    int bf16;                               /* precision "bf16": the tiled bfloat16 path */
 } pa_attn_args;
 
 /* Element idx of q, k or v (stored as sd) in the compute dtype: the reads

@@ -28,15 +28,160 @@ static void widen_rows(const pa_family *f, int sd, const void *p, pa_ssize rs, p
 #include "dtypes.inc"
 #undef PA_TEMPLATE
 
+/* ---- precision "bf16" (float32 compute): the tiled forward on bfloat16
+ * products (the family's gemm_bf16: vdpbf16ps, or its exact emulation).
+ * q, k, v are rounded to bfloat16 as they are packed into pair panels;
+ * per key tile (the fixed grid of PA_FLASH_BK keys):
+ *   St = K_tile Q^T (bfloat16 products, float32 sums), then x scale
+ *   (float32: the scale is not rounded into q);
+ *   the score rule and the online-softmax tile step as in the float32 path
+ *   (the running sums l of the unrounded exp);
+ *   P = exp(St - m_running) rounded to bfloat16 (after dropout), and
+ *   O += P V_tile on bfloat16 products -- the weights are rounded relative
+ *   to the running max of the tiles so far, as PyTorch's and OpenVINO's
+ *   bfloat16 flash kernels round them (pyattn/_reference.py models it).
+ * No decode split, no weights path: the caller sends bf16 calls here. */
+#define BF_RUP(x, m) (((x) + (m) - 1) / (m) * (m))
+
+static size_t flash_bf16_ws(const pa_family *f, pa_ssize E, pa_ssize Ev)
+{
+    const pa_gemm_kernel *g = &f->gemm_bf16;
+    const pa_ssize BQ = f->attn_bq[PA_F32], BK = PA_FLASH_BK;
+    const pa_ssize e2 = BF_RUP(E > 0 ? E : 1, 2), evp = BF_RUP(Ev > 0 ? Ev : 1, g->nr);
+    pa_ssize lcm = g->mr;
+    while (lcm % g->nr) lcm += g->mr;
+    const pa_ssize qcmax = BF_RUP(BQ, lcm);
+    /* uint16: Qp (qcmax x e2) + Kp (rup(BK, MR) x e2) + Pp (qcmax x BK) + Vp (BK x evp);
+     * float: St (BK x qcmax) + O (qcmax x evp) + m, l, alpha */
+    const size_t u16 = (size_t)(qcmax * e2 + BF_RUP(BK, g->mr) * e2 + qcmax * BK + BK * evp);
+    const size_t f32 = (size_t)(BK * qcmax + qcmax * evp + 3 * qcmax);
+    return BF_RUP(u16 * sizeof(uint16_t), 64) + f32 * sizeof(float);
+}
+
+static void flash_bf16(const pa_family *f, const pa_attn_args *a, pa_ssize i0, pa_ssize i1, void *ws)
+{
+    const pa_gemm_kernel *g = &f->gemm_bf16;
+    const int MR = g->mr, NR = g->nr;
+    const pa_ssize E = a->E, Ev = a->Ev, S = a->S, BK = PA_FLASH_BK;
+    const pa_ssize nq = i1 - i0;
+    pa_ssize lcm = MR;
+    while (lcm % NR) lcm += MR;
+    const pa_ssize qcmax = BF_RUP(f->attn_bq[PA_F32], lcm);
+    const pa_ssize qc = BF_RUP(nq, lcm), ld = qcmax;
+    const pa_ssize e2 = BF_RUP(E > 0 ? E : 1, 2), evp = BF_RUP(Ev > 0 ? Ev : 1, NR);
+    uint16_t *Qp = (uint16_t *)ws;                   /* B panels: pairs along E, NR queries */
+    uint16_t *Kp = Qp + qcmax * e2;                  /* A panels: pairs along E, MR keys */
+    uint16_t *Pp = Kp + BF_RUP(BK, MR) * e2;         /* A panels: pairs along keys, MR queries */
+    uint16_t *Vp = Pp + qcmax * BK;                  /* B panels: pairs along keys, NR columns */
+    const size_t u16 = (size_t)(qcmax * e2 + BF_RUP(BK, MR) * e2 + qcmax * BK + BK * evp);
+    float *St = (float *)((char *)ws + BF_RUP(u16 * sizeof(uint16_t), 64));   /* (BK, ld) */
+    float *O = St + BK * ld;                         /* (qc, evp) */
+    float *mcol = O + qcmax * evp, *lcol = mcol + qcmax, *alpha = lcol + qcmax;
+    const float scale = (float)a->scale;
+    const double p = a->dropout_p;
+    const pa_tilesm_fn tilesm = f->tilesm[PA_F32].fn;
+
+    for (pa_ssize c0 = 0; c0 < qc; c0 += NR)          /* Q as pair panels, unscaled */
+        for (pa_ssize q2 = 0; q2 < e2 / 2; q2++)
+            for (int j = 0; j < NR; j++)
+                for (int t = 0; t < 2; t++) {
+                    const pa_ssize r = c0 + j, e = 2 * q2 + t;
+                    Qp[c0 * e2 + (q2 * NR + j) * 2 + t] = (r < nq && e < E)
+                        ? pa_f32_to_bf16(pa_load_f32(a->q, (i0 + r) * a->q_rs + e * a->q_cs, a->q_dt)) : 0;
+                }
+    for (pa_ssize r = 0; r < qc; r++) {
+        for (pa_ssize d = 0; d < evp; d++) O[r * evp + d] = 0;
+        mcol[r] = -INFINITY;
+        lcol[r] = 0;
+    }
+    pa_ssize jmin = a->key_end, jmax = a->key_begin;
+    for (pa_ssize r = 0; r < nq; r++) {
+        pa_ssize lo, hi;
+        pa_key_range(&a->rule, i0 + r, &lo, &hi);
+        if (lo < a->key_begin) lo = a->key_begin;
+        if (hi > a->key_end) hi = a->key_end;
+        if (lo < hi) {
+            if (lo < jmin) jmin = lo;
+            if (hi > jmax) jmax = hi;
+        }
+    }
+    if (jmin < jmax) jmin = a->key_begin + (jmin - a->key_begin) / BK * BK;
+    for (pa_ssize j0 = jmin; j0 < jmax; j0 += BK) {
+        const pa_ssize nj = jmax - j0 < BK ? jmax - j0 : BK;
+        const pa_ssize nj2 = BF_RUP(nj, 2);
+        /* K tile as pair panels (MR keys each), V tile as pair panels (NR columns) */
+        for (pa_ssize r0 = 0; r0 < BF_RUP(nj, MR); r0 += MR)
+            for (pa_ssize q2 = 0; q2 < e2 / 2; q2++)
+                for (int i = 0; i < MR; i++)
+                    for (int t = 0; t < 2; t++) {
+                        const pa_ssize r = r0 + i, e = 2 * q2 + t;
+                        Kp[r0 * e2 + (q2 * MR + i) * 2 + t] = (r < nj && e < E)
+                            ? pa_f32_to_bf16(pa_load_f32(a->k, (j0 + r) * a->k_rs + e * a->k_cs, a->k_dt)) : 0;
+                    }
+        for (pa_ssize c0 = 0; c0 < evp; c0 += NR)
+            for (pa_ssize q2 = 0; q2 < nj2 / 2; q2++)
+                for (int j = 0; j < NR; j++)
+                    for (int t = 0; t < 2; t++) {
+                        const pa_ssize r = 2 * q2 + t, d = c0 + j;
+                        Vp[c0 * nj2 + (q2 * NR + j) * 2 + t] = (r < nj && d < Ev)
+                            ? pa_f32_to_bf16(pa_load_f32(a->v, (j0 + r) * a->v_rs + d * a->v_cs, a->v_dt)) : 0;
+                    }
+        /* St = K_tile Q^T, then x scale */
+        for (pa_ssize r0 = 0; r0 < nj; r0 += MR) {
+            const int m = (int)(nj - r0 < MR ? nj - r0 : MR);
+            for (pa_ssize c0 = 0; c0 < qc; c0 += NR)
+                g->ukr(e2, Kp + r0 * e2, 1, MR, Qp + c0 * e2, NR, St + r0 * ld + c0, ld, 1, m, NR, 0);
+        }
+        for (pa_ssize r = 0; r < nj; r++)
+            for (pa_ssize c = 0; c < qc; c++) St[r * ld + c] *= scale;
+        flash_scores_f32(f, a, i0, nq, j0, nj, St, ld);
+        tilesm(St, nj, qc, ld, mcol, lcol, alpha);
+        for (pa_ssize r = 0; r < nq; r++) {
+            if (alpha[r] != 1) {
+                float *orow = O + r * evp;
+                for (pa_ssize d = 0; d < Ev; d++) orow[d] *= alpha[r];
+            }
+            if (p > 0) {
+                const uint64_t base = a->ctr_base + (uint64_t)((i0 + r) * S + j0);
+                for (pa_ssize j = 0; j < nj; j++)
+                    if (pa_uniform(a->dropout_key, base + (uint64_t)j) < p) St[j * ld + r] = 0;
+            }
+        }
+        /* P rounded to bfloat16, as pair panels (MR queries each); O += P V_tile */
+        for (pa_ssize r0 = 0; r0 < qc; r0 += MR)
+            for (pa_ssize q2 = 0; q2 < nj2 / 2; q2++)
+                for (int i = 0; i < MR; i++)
+                    for (int t = 0; t < 2; t++) {
+                        const pa_ssize j = 2 * q2 + t;
+                        Pp[r0 * nj2 + (q2 * MR + i) * 2 + t] = j < nj ? pa_f32_to_bf16(St[j * ld + r0 + i]) : 0;
+                    }
+        for (pa_ssize r0 = 0; r0 < qc; r0 += MR)
+            for (pa_ssize c0 = 0; c0 < evp; c0 += NR)
+                g->ukr(nj2, Pp + r0 * nj2, 1, MR, Vp + c0 * nj2, NR, O + r0 * evp + c0, evp, 1, MR, NR, 1);
+    }
+    const double keep = 1.0 / (1.0 - p);
+    for (pa_ssize r = 0; r < nq; r++) {
+        double lse;
+        const float inv = (float)pa_attn_finish(a, mcol[r], lcol[r], keep, &lse);
+        if (a->lse) ((float *)a->lse)[(i0 + r) * a->lse_s] = (float)lse;
+        float *orow = (float *)a->out + (i0 + r) * a->o_rs;
+        for (pa_ssize d = 0; d < Ev; d++) orow[d * a->o_cs] = O[r * evp + d] * inv;
+    }
+}
+#undef BF_RUP
+
 size_t pa_flash_ws(const pa_family *f, int dtype, pa_ssize E, pa_ssize Ev)
 {
-    return dtype == PA_F32 ? flash_ws_f32(f, E, Ev) : flash_ws_f64(f, E, Ev);
+    if (dtype != PA_F32) return flash_ws_f64(f, E, Ev);
+    const size_t a = flash_ws_f32(f, E, Ev), b = flash_bf16_ws(f, E, Ev);
+    return a > b ? a : b;
 }
 
 void pa_flash_run(const pa_family *f, int dtype, const pa_attn_args *a, pa_ssize i0, pa_ssize i1,
                   void *ws)
 {
-    if (dtype == PA_F32) flash_run_f32(f, a, i0, i1, ws);
+    if (dtype == PA_F32 && a->bf16) flash_bf16(f, a, i0, i1, ws);
+    else if (dtype == PA_F32) flash_run_f32(f, a, i0, i1, ws);
     else flash_run_f64(f, a, i0, i1, ws);
 }
 

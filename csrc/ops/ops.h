@@ -103,6 +103,8 @@ typedef struct {
                                    one key/value head stacked as rows, decoding) */
     int has_qoff;               /* 1: row i sits at key position i + qoff (a block of a */
     pa_ssize qoff;              /* longer sequence: pyattn.dask) */
+    int bf16;                   /* precision "bf16" (float32 only): bfloat16 products --
+                                   q, k, v and the weights rounded to bfloat16 */
 } pa_attn_opts;
 
 /* Attention per flat batch index b (all axes but the last two).
