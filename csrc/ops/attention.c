@@ -34,6 +34,8 @@ typedef struct {
     double scale, dropout_p;
     uint64_t key;
     void **ws;
+    uint16_t *kvp;           /* bf16 with several query blocks: K, V packed per b, */
+    pa_ssize kvp_tile, ntiles; /* ntiles tiles of kvp_tile elements each */
     pa_ssize nchunks;        /* key chunks per head (split mode), else 0 */
     char *partials;          /* (count, nchunks, L, 2 + Ev) in split mode */
 } attn_ctx;
@@ -94,6 +96,8 @@ void pa_attn_setup(pa_attn_args *out, const pa_family *fam, int dtype, const pa_
     a.key_end = S;
     a.partial = NULL;
     a.bf16 = o->bf16;
+    a.kvp = NULL;
+    a.kvp_tile = 0;
     *out = a;
 }
 
@@ -112,7 +116,28 @@ static void attn_task(void *ctx_, pa_ssize t, int tid)
     const pa_ssize i1 = i0 + c->bq < c->L ? i0 + c->bq : c->L;
     pa_attn_args a;
     attn_args(c, b, &a);
+    if (c->kvp) {
+        a.kvp = c->kvp + (size_t)(b * c->ntiles) * (size_t)c->kvp_tile;
+        a.kvp_tile = c->kvp_tile;
+    }
     pa_flash_run(c->fam, c->dtype, &a, i0, i1, c->ws[tid]);
+}
+
+/* bf16: task (b, key tile) -> that tile of K and V packed once for all the
+ * query blocks of b */
+static void kvpack_task(void *ctx_, pa_ssize t, int tid)
+{
+    const attn_ctx *c = (const attn_ctx *)ctx_;
+    const pa_ssize b = t / c->ntiles, tile = t % c->ntiles;
+    pa_attn_args a;
+    attn_args(c, b, &a);
+    const pa_ssize j0 = tile * PA_FLASH_BK;
+    const pa_ssize nj = c->S - j0 < PA_FLASH_BK ? c->S - j0 : PA_FLASH_BK;
+    uint16_t *Kp = c->kvp + (size_t)t * (size_t)c->kvp_tile;
+    const pa_ssize mr = c->fam->gemm_bf16.mr;
+    const pa_ssize e2 = (c->E > 0 ? c->E + 1 : 2) / 2 * 2;
+    pa_bf16_pack_kv(c->fam, &a, j0, nj, Kp, Kp + (PA_FLASH_BK + mr - 1) / mr * mr * e2);
+    (void)tid;
 }
 
 /* split mode, pass 1: (b, key chunk) -> partial (m, l, O) of every row */
@@ -158,6 +183,8 @@ int pa_attention(const pa_family *fam, int dtype, const pa_batch *bt, pa_ssize L
     c.nblk = (L + c.bq - 1) / c.bq;
     c.nchunks = 0;
     c.partials = NULL;
+    c.kvp = NULL;
+    c.kvp_tile = c.ntiles = 0;
     size_t ntasks;
     if (!pa_mul_ok((size_t)bt->count, (size_t)c.nblk, &ntasks) || ntasks > (size_t)PTRDIFF_MAX)
         return -1;
@@ -173,8 +200,18 @@ int pa_attention(const pa_family *fam, int dtype, const pa_batch *bt, pa_ssize L
         c.partials = (char *)pa_alloc64(bytes);
         if (!c.partials) return -1;
     }
+    if (opts->bf16 && c.nblk > 1 && S > 0) {   /* K, V packed once, shared by the query blocks */
+        size_t n;
+        c.kvp_tile = pa_bf16_kv_tile(fam, E, Ev);
+        c.ntiles = (S + PA_FLASH_BK - 1) / PA_FLASH_BK;
+        if (!pa_mul_ok((size_t)bt->count, (size_t)c.ntiles, &n) || !pa_mul_ok(n, (size_t)c.kvp_tile, &n) ||
+            !pa_mul_ok(n, sizeof(uint16_t), &n))
+            return -1;
+        c.kvp = (uint16_t *)pa_alloc64(n);
+        if (!c.kvp) return -1;
+    }
     const size_t bytes = pa_flash_ws(fam, dtype, E, Ev);
-    if (bytes == 0) { pa_free64(c.partials); return -1; }
+    if (bytes == 0) { pa_free64(c.partials); pa_free64(c.kvp); return -1; }
     int nt = nthreads < 1 ? 1 : nthreads;
     if ((size_t)nt > ntasks) nt = (int)ntasks;
     void *wsv[PA_MAX_THREADS];
@@ -186,10 +223,12 @@ int pa_attention(const pa_family *fam, int dtype, const pa_batch *bt, pa_ssize L
             pa_parallel_for((pa_ssize)ntasks, chunk_task, &c, nt);
             pa_parallel_for(bt->count, merge_task, &c, nt);
         } else {
+            if (c.kvp) pa_parallel_for(bt->count * c.ntiles, kvpack_task, &c, nt);
             pa_parallel_for((pa_ssize)ntasks, attn_task, &c, nt);
         }
     }
     for (int i = 0; i < nt; i++) pa_free64(wsv[i]);
     pa_free64(c.partials);
+    pa_free64(c.kvp);
     return ok ? 0 : -1;
 }

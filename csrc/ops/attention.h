@@ -47,6 +47,8 @@ typedef struct {
     void *w; pa_ssize w_rs, w_cs;           /* (L, S) weights, or NULL */
     void *lse; pa_ssize lse_s;              /* (L,) log-sum-exp of the rows, or NULL */
     int bf16;                               /* precision "bf16": the tiled bfloat16 path */
+    const uint16_t *kvp;                    /* bf16: K, V packed per key tile (pa_bf16_pack_kv), */
+    pa_ssize kvp_tile;                      /* tile t at kvp + t * kvp_tile; or NULL */
 } pa_attn_args;
 
 /* Element idx of q, k or v (stored as sd) in the compute dtype: the reads
@@ -181,6 +183,12 @@ typedef struct {
  * ws: pa_bwd_ws bytes, aligned to 64 (0: the size overflows). */
 size_t pa_bwd_ws(const pa_family *f, int dtype, pa_ssize L, pa_ssize E, pa_ssize Ev);
 void pa_bwd_head(const pa_family *f, int dtype, const pa_attn_args *a, const pa_bwd_io *io, void *ws);
+
+/* precision "bf16": keys [j0, j0 + nj) of K and V packed for the family's
+ * gemm_bf16 (attn_flash.c); pa_bf16_kv_tile: the elements of one tile. */
+void pa_bf16_pack_kv(const pa_family *f, const pa_attn_args *a, pa_ssize j0, pa_ssize nj,
+                     uint16_t *Kp, uint16_t *Vp);
+pa_ssize pa_bf16_kv_tile(const pa_family *f, pa_ssize E, pa_ssize Ev);
 
 /* The exact path (attention_ref.c), rows [i0, i1), at most PA_REF_BQ. */
 size_t pa_attn_ref_ws(int dtype, pa_ssize E, pa_ssize Ev);

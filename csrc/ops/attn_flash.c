@@ -43,6 +43,58 @@ static void widen_rows(const pa_family *f, int sd, const void *p, pa_ssize rs, p
  * No decode split, no weights path: the caller sends bf16 calls here. */
 #define BF_RUP(x, m) (((x) + (m) - 1) / (m) * (m))
 
+/* Keys [j0, j0 + nj) of K and V, rounded to bfloat16, as the pair panels
+ * of gemm_bf16: K as A panels of MR keys (pairs along E: rup(BK, MR) x
+ * rup(E, 2) elements), V as B panels of NR columns (pairs along the keys:
+ * rup(nj, 2) x rup(Ev, NR)); zero-padded. */
+void pa_bf16_pack_kv(const pa_family *f, const pa_attn_args *a, pa_ssize j0, pa_ssize nj,
+                     uint16_t *Kp, uint16_t *Vp)
+{
+    const int MR = f->gemm_bf16.mr, NR = f->gemm_bf16.nr;
+    const pa_ssize E = a->E, Ev = a->Ev;
+    const pa_ssize e2 = BF_RUP(E > 0 ? E : 1, 2), evp = BF_RUP(Ev > 0 ? Ev : 1, NR), nj2 = BF_RUP(nj, 2);
+    const int kf = a->k_dt == PA_F32 && a->k_cs == 1, vf = a->v_dt == PA_F32 && a->v_cs == 1;
+    for (pa_ssize r0 = 0; r0 < BF_RUP(nj, MR); r0 += MR)
+        for (int i = 0; i < MR; i++) {
+            const pa_ssize r = r0 + i;
+            uint16_t *dst = Kp + r0 * e2 + 2 * i;
+            if (r >= nj) {
+                for (pa_ssize q2 = 0; q2 < e2 / 2; q2++) dst[q2 * MR * 2] = dst[q2 * MR * 2 + 1] = 0;
+                continue;
+            }
+            if (kf) {
+                const float *src = (const float *)a->k + (j0 + r) * a->k_rs;
+                for (pa_ssize e = 0; e < E; e++) dst[(e >> 1) * MR * 2 + (e & 1)] = pa_f32_to_bf16(src[e]);
+            } else {
+                for (pa_ssize e = 0; e < E; e++)
+                    dst[(e >> 1) * MR * 2 + (e & 1)] =
+                        pa_f32_to_bf16(pa_load_f32(a->k, (j0 + r) * a->k_rs + e * a->k_cs, a->k_dt));
+            }
+            if (E & 1) dst[(E >> 1) * MR * 2 + 1] = 0;
+        }
+    for (pa_ssize q2 = 0; q2 < nj2 / 2; q2++)
+        for (int t = 0; t < 2; t++) {
+            const pa_ssize r = 2 * q2 + t;
+            for (pa_ssize c0 = 0; c0 < evp; c0 += NR) {
+                uint16_t *dst = Vp + c0 * nj2 + q2 * NR * 2 + t;
+                for (int j = 0; j < NR; j++) {
+                    const pa_ssize d = c0 + j;
+                    dst[2 * j] = (r < nj && d < Ev)
+                        ? pa_f32_to_bf16(vf ? ((const float *)a->v)[(j0 + r) * a->v_rs + d]
+                                            : pa_load_f32(a->v, (j0 + r) * a->v_rs + d * a->v_cs, a->v_dt))
+                        : 0;
+                }
+            }
+        }
+}
+
+/* elements of one key tile's packed K and V (pa_bf16_pack_kv) */
+pa_ssize pa_bf16_kv_tile(const pa_family *f, pa_ssize E, pa_ssize Ev)
+{
+    const pa_ssize e2 = BF_RUP(E > 0 ? E : 1, 2), evp = BF_RUP(Ev > 0 ? Ev : 1, f->gemm_bf16.nr);
+    return BF_RUP(PA_FLASH_BK, f->gemm_bf16.mr) * e2 + PA_FLASH_BK * evp;
+}
+
 static size_t flash_bf16_ws(const pa_family *f, pa_ssize E, pa_ssize Ev)
 {
     const pa_gemm_kernel *g = &f->gemm_bf16;
@@ -109,28 +161,22 @@ static void flash_bf16(const pa_family *f, const pa_attn_args *a, pa_ssize i0, p
     for (pa_ssize j0 = jmin; j0 < jmax; j0 += BK) {
         const pa_ssize nj = jmax - j0 < BK ? jmax - j0 : BK;
         const pa_ssize nj2 = BF_RUP(nj, 2);
-        /* K tile as pair panels (MR keys each), V tile as pair panels (NR columns) */
-        for (pa_ssize r0 = 0; r0 < BF_RUP(nj, MR); r0 += MR)
-            for (pa_ssize q2 = 0; q2 < e2 / 2; q2++)
-                for (int i = 0; i < MR; i++)
-                    for (int t = 0; t < 2; t++) {
-                        const pa_ssize r = r0 + i, e = 2 * q2 + t;
-                        Kp[r0 * e2 + (q2 * MR + i) * 2 + t] = (r < nj && e < E)
-                            ? pa_f32_to_bf16(pa_load_f32(a->k, (j0 + r) * a->k_rs + e * a->k_cs, a->k_dt)) : 0;
-                    }
-        for (pa_ssize c0 = 0; c0 < evp; c0 += NR)
-            for (pa_ssize q2 = 0; q2 < nj2 / 2; q2++)
-                for (int j = 0; j < NR; j++)
-                    for (int t = 0; t < 2; t++) {
-                        const pa_ssize r = 2 * q2 + t, d = c0 + j;
-                        Vp[c0 * nj2 + (q2 * NR + j) * 2 + t] = (r < nj && d < Ev)
-                            ? pa_f32_to_bf16(pa_load_f32(a->v, (j0 + r) * a->v_rs + d * a->v_cs, a->v_dt)) : 0;
-                    }
+        /* K tile as pair panels (MR keys each), V tile as pair panels (NR columns):
+         * packed once per head by the caller (a->kvp), or here */
+        const uint16_t *Kt = Kp, *Vt = Vp;
+        pa_ssize vs = nj2;                           /* V panel stride: pairs of the packed tile */
+        if (a->kvp) {                                /* packed whole: min(BK, S - j0) keys */
+            Kt = a->kvp + (j0 / BK) * a->kvp_tile;
+            Vt = Kt + BF_RUP(BK, MR) * e2;
+            vs = BF_RUP(S - j0 < BK ? S - j0 : BK, 2);
+        } else {
+            pa_bf16_pack_kv(f, a, j0, nj, Kp, Vp);
+        }
         /* St = K_tile Q^T, then x scale */
         for (pa_ssize r0 = 0; r0 < nj; r0 += MR) {
             const int m = (int)(nj - r0 < MR ? nj - r0 : MR);
             for (pa_ssize c0 = 0; c0 < qc; c0 += NR)
-                g->ukr(e2, Kp + r0 * e2, 1, MR, Qp + c0 * e2, NR, St + r0 * ld + c0, ld, 1, m, NR, 0);
+                g->ukr(e2, Kt + r0 * e2, 1, MR, Qp + c0 * e2, NR, St + r0 * ld + c0, ld, 1, m, NR, 0);
         }
         for (pa_ssize r = 0; r < nj; r++)
             for (pa_ssize c = 0; c < qc; c++) St[r * ld + c] *= scale;
@@ -157,7 +203,7 @@ static void flash_bf16(const pa_family *f, const pa_attn_args *a, pa_ssize i0, p
                     }
         for (pa_ssize r0 = 0; r0 < qc; r0 += MR)
             for (pa_ssize c0 = 0; c0 < evp; c0 += NR)
-                g->ukr(nj2, Pp + r0 * nj2, 1, MR, Vp + c0 * nj2, NR, O + r0 * evp + c0, evp, 1, MR, NR, 1);
+                g->ukr(nj2, Pp + r0 * nj2, 1, MR, Vt + c0 * vs, NR, O + r0 * evp + c0, evp, 1, MR, NR, 1);
     }
     const double keep = 1.0 / (1.0 - p);
     for (pa_ssize r = 0; r < nq; r++) {
