@@ -33,7 +33,8 @@ static void widen_rows(const pa_family *f, int sd, const void *p, pa_ssize rs, p
  * q, k, v are rounded to bfloat16 as they are packed into pair panels;
  * per key tile (the fixed grid of PA_FLASH_BK keys):
  *   St = K_tile Q^T (bfloat16 products, float32 sums), then x scale
- *   (float32: the scale is not rounded into q);
+ *   (float32: the scale is not rounded into q; a power of two is folded
+ *   into q before the rounding, which gives the same values);
  *   the score rule and the online-softmax tile step as in the float32 path
  *   (the running sums l of the unrounded exp);
  *   P = exp(St - m_running) rounded to bfloat16 (after dropout), and
@@ -133,13 +134,18 @@ static void flash_bf16(const pa_family *f, const pa_attn_args *a, pa_ssize i0, p
     const double p = a->dropout_p;
     const pa_tilesm_fn tilesm = f->tilesm[PA_F32].fn;
 
-    for (pa_ssize c0 = 0; c0 < qc; c0 += NR)          /* Q as pair panels, unscaled */
+    /* a power-of-two scale (E = 16, 64, 256, ...) commutes with the rounding:
+     * it goes into Q as it is packed, and the pass over the scores is saved */
+    int sexp;
+    const int fold = frexp(a->scale, &sexp) == 0.5;
+    const float qs = fold ? scale : 1.0f;
+    for (pa_ssize c0 = 0; c0 < qc; c0 += NR)          /* Q as pair panels */
         for (pa_ssize q2 = 0; q2 < e2 / 2; q2++)
             for (int j = 0; j < NR; j++)
                 for (int t = 0; t < 2; t++) {
                     const pa_ssize r = c0 + j, e = 2 * q2 + t;
                     Qp[c0 * e2 + (q2 * NR + j) * 2 + t] = (r < nq && e < E)
-                        ? pa_f32_to_bf16(pa_load_f32(a->q, (i0 + r) * a->q_rs + e * a->q_cs, a->q_dt)) : 0;
+                        ? pa_f32_to_bf16(pa_load_f32(a->q, (i0 + r) * a->q_rs + e * a->q_cs, a->q_dt) * qs) : 0;
                 }
     for (pa_ssize r = 0; r < qc; r++) {
         for (pa_ssize d = 0; d < evp; d++) O[r * evp + d] = 0;
@@ -178,8 +184,9 @@ static void flash_bf16(const pa_family *f, const pa_attn_args *a, pa_ssize i0, p
             for (pa_ssize c0 = 0; c0 < qc; c0 += NR)
                 g->ukr(e2, Kt + r0 * e2, 1, MR, Qp + c0 * e2, NR, St + r0 * ld + c0, ld, 1, m, NR, 0);
         }
-        for (pa_ssize r = 0; r < nj; r++)
-            for (pa_ssize c = 0; c < qc; c++) St[r * ld + c] *= scale;
+        if (!fold)
+            for (pa_ssize r = 0; r < nj; r++)
+                for (pa_ssize c = 0; c < qc; c++) St[r * ld + c] *= scale;
         flash_scores_f32(f, a, i0, nq, j0, nj, St, ld);
         tilesm(St, nj, qc, ld, mcol, lcol, alpha);
         for (pa_ssize r = 0; r < nq; r++) {
@@ -193,14 +200,25 @@ static void flash_bf16(const pa_family *f, const pa_attn_args *a, pa_ssize i0, p
                     if (pa_uniform(a->dropout_key, base + (uint64_t)j) < p) St[j * ld + r] = 0;
             }
         }
-        /* P rounded to bfloat16, as pair panels (MR queries each); O += P V_tile */
+        /* P rounded to bfloat16, as pair panels (MR queries each): one 32-bit
+         * word per query and key pair, written with integer operations the
+         * compiler vectorises (pa_f32_to_bf16's rounding); O += P V_tile */
+        if (nj & 1)
+            for (pa_ssize c = 0; c < qc; c++) St[nj * ld + c] = 0;     /* the pad key */
         for (pa_ssize r0 = 0; r0 < qc; r0 += MR)
-            for (pa_ssize q2 = 0; q2 < nj2 / 2; q2++)
-                for (int i = 0; i < MR; i++)
-                    for (int t = 0; t < 2; t++) {
-                        const pa_ssize j = 2 * q2 + t;
-                        Pp[r0 * nj2 + (q2 * MR + i) * 2 + t] = j < nj ? pa_f32_to_bf16(St[j * ld + r0 + i]) : 0;
-                    }
+            for (pa_ssize q2 = 0; q2 < nj2 / 2; q2++) {
+                const uint32_t *ea = (const uint32_t *)(St + 2 * q2 * ld + r0);
+                const uint32_t *eb = (const uint32_t *)(St + (2 * q2 + 1) * ld + r0);
+                uint32_t *dst = (uint32_t *)(Pp + r0 * nj2) + q2 * MR;
+                for (int i = 0; i < MR; i++) {
+                    const uint32_t ua = ea[i], ub = eb[i];
+                    const uint32_t ra = (ua & 0x7fffffffu) > 0x7f800000u ? (ua | 0x400000u)
+                                                                         : ua + 0x7fffu + ((ua >> 16) & 1u);
+                    const uint32_t rb = (ub & 0x7fffffffu) > 0x7f800000u ? (ub | 0x400000u)
+                                                                         : ub + 0x7fffu + ((ub >> 16) & 1u);
+                    dst[i] = (rb & 0xffff0000u) | (ra >> 16);
+                }
+            }
         for (pa_ssize r0 = 0; r0 < qc; r0 += MR)
             for (pa_ssize c0 = 0; c0 < evp; c0 += NR)
                 g->ukr(nj2, Pp + r0 * nj2, 1, MR, Vt + c0 * vs, NR, O + r0 * evp + c0, evp, 1, MR, NR, 1);
