@@ -239,6 +239,13 @@ def worker(args):
         generation(args, rng, run, torch)
     if want("training"):
         training(args, rng, run, torch)
+    if want("bf16"):
+        from pyattn import _C
+        t = time.perf_counter()
+        fl = _C.bf16_probe(5_000_000)
+        emit({"kind": "bf16peak", "threads": args.threads,
+              "gflops_core": None if fl is None else fl / (time.perf_counter() - t) / 1e9})
+        bf16(args, rng, run, torch)
 
     if want("mha"):
         # MultiHeadAttention forward, B=4, T=512, D=768, 12 heads
@@ -382,6 +389,38 @@ def training(args, rng, run, torch):
         impls["torch"] = torch_layer
     flops = 3.0 * (2.0 * B * T * D * D * 4) + 3.5 * 4.0 * B * T * T * D
     run({"op": "mha fwd+bwd", "shape": f"B={B} T={T} D={D} H={H}"}, flops, impls)
+
+
+def bf16(args, rng, run, torch):
+    """The rows of the issue "bfloat16 compute": precision="bf16" against
+    pyattn's own "highest" on the same bfloat16 inputs (attention), and
+    bfloat16 vs float32 matmul 2048^3; PyTorch's SDPA on bfloat16 tensors
+    beside them. GFLOP/s of the bf16 rows are compared with the vdpbf16ps
+    peak (the targets)."""
+    import numpy as np
+    import pyattn
+    try:
+        import ml_dtypes
+    except ImportError:
+        sys.stderr.write("  ml_dtypes is not installed: no bfloat16 rows\n")
+        return
+    cases = [(8, 2048, 64, False), (8, 2048, 64, True), (4, 2048, 128, False), (4, 2048, 128, True)]
+    if args.quick:
+        cases = [(8, 1024, 64, False)]
+    for H, L, E, causal in cases:
+        q, k, v = (rng.standard_normal((1, H, L, E), dtype=np.float32).astype(ml_dtypes.bfloat16) for _ in range(3))
+        impls = {"pyattn": lambda: pyattn.scaled_dot_product_attention(q, k, v, is_causal=causal, precision="bf16"),
+                 "pyattn highest": lambda: pyattn.scaled_dot_product_attention(q, k, v, is_causal=causal)}
+        if torch is not None:
+            tq, tk, tv = (torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16) for x in (q, k, v))
+            impls["torch bf16"] = lambda: torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
+        fl = 4.0 * H * L * L * E * (0.5 if causal else 1.0)
+        run({"op": "bf16 sdpa", "shape": f"B=1 H={H} L=S={L} E={E}" + (" causal" if causal else "")}, fl, impls)
+    n = 1024 if args.quick else 2048
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    run({"op": "bf16 matmul", "shape": f"{n}^3"}, 2.0 * n ** 3,
+        {"pyattn": lambda: pyattn.matmul(a, b, precision="bf16"), "pyattn float32": lambda: pyattn.matmul(a, b)})
 
 
 def memory_probe():
@@ -621,6 +660,27 @@ def targets(rows, mem):
         if r["op"] == "backward" and peak.get(r["threads"]):
             line(f"backward {r['shape']}, {r['threads']} thr, % of peak (2.5x forward flops)",
                  f"{pct(r):.0f} %", ">= 50 %", pct(r) >= 50)
+    # bfloat16 compute: bf16 vs "highest" on bfloat16 inputs, % of the vdpbf16ps peak,
+    # bf16 matmul vs float32, threads
+    bpk = {r["threads"]: r["gflops_core"] for r in rows if r.get("kind") == "bf16peak" and r.get("gflops_core")}
+    for r in data:
+        if r["impl"] != "pyattn" or r["op"] not in ("bf16 sdpa", "bf16 matmul"):
+            continue
+        other = get(r["op"], r["shape"], "pyattn highest" if r["op"] == "bf16 sdpa" else "pyattn float32",
+                    r["threads"])
+        if other:
+            ratio = other["min_ms"] / r["min_ms"]
+            goal = 1.7 if r["op"] == "bf16 sdpa" else 1.8
+            line(f"{r['op']} {r['shape']}, {r['threads']} thr, precision='bf16' vs "
+                 f"{'highest' if r['op'] == 'bf16 sdpa' else 'float32'}", f"{ratio:.2f}x", f">= {goal}x",
+                 ratio >= goal)
+        if r["op"] == "bf16 sdpa" and r["threads"] == 1 and bpk.get(1):
+            frac = 100 * r["flops"] / (r["min_ms"] / 1e3) / 1e9 / bpk[1]
+            line(f"bf16 sdpa {r['shape']}, 1 thr, % of the bfloat16 peak", f"{frac:.0f} %", ">= 85 %", frac >= 85)
+        one = get(r["op"], r["shape"], "pyattn", 1)
+        if one and r["threads"] > 1:
+            ratio = one["min_ms"] / r["min_ms"]
+            line(f"{r['op']} {r['shape']}: {r['threads']} threads vs 1", f"{ratio:.2f}x", ">= 1.85x", ratio >= 1.85)
     if mem is not None:
         line("causal L=S=32768 E=64: peak memory growth", f"{mem:.1f} MB", "< 64 MB", mem < 64)
     return "| target | measured | goal | |\n|---|---|---|---|\n" + "\n".join(out)
@@ -647,7 +707,7 @@ def main():
     ap.add_argument("--md", default=None, help="also write the table with its context to this Markdown file")
     ap.add_argument("--no-memory", action="store_true", help="skip the 32768-token memory probe")
     ap.add_argument("--only", default=None, help="comma-separated sections to run: matmul, sdpa, decode, "
-                    "generation, training, mha (default: all)")
+                    "generation, training, bf16, mha (default: all)")
     ap.add_argument("--from-json", default=None, help="re-render the table, targets and plot from a saved "
                     "results.json instead of measuring")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -691,6 +751,10 @@ def main():
     head = head[:4] + [
             "speed-up column: that implementation's median time / pyattn's median time "
             "(above 1: pyattn is faster); numpy = the seeds' naive attention, L <= 2048"]
+    bpk = {r["threads"]: r["gflops_core"] for r in rows if r.get("kind") == "bf16peak"}
+    if bpk:
+        head.append("measured bfloat16 peak (vdpbf16ps) per core: " + ", ".join(
+            f"{v:.1f} GFLOP/s ({k} thr run)" if v else f"none: no AVX512_BF16 ({k} thr run)" for k, v in bpk.items()))
     bw = {r["threads"]: r["gbs"] for r in rows if r.get("kind") == "bandwidth"}
     if bw:
         head.append("measured read bandwidth: " + ", ".join(f"{v:.1f} GB/s ({k} thr)" for k, v in bw.items()))

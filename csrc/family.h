@@ -152,6 +152,7 @@ typedef struct pa_family {
     const char *attn_name[PA_NCOMPUTE];
     pa_widen_kernel widen[2];               /* [0] float16, [1] bfloat16 */
     pa_fma_probe_fn fma_probe;              /* NULL: no SIMD probe */
+    pa_fma_probe_fn bf16_probe;             /* vdpbf16ps chains (64 flops each), or NULL */
     int fma_lanes;                          /* float32 lanes of the probe */
     pa_read_probe_fn read_probe;
 } pa_family;

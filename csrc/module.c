@@ -836,6 +836,24 @@ static PyObject *py_config(PyObject *self, PyObject *unused)
 /* fma_probe(iters) -> flops: the benchmark's peak probe (time it around), at
  * the float32 vector width of the family in use (16 lanes on avx512, 8 on
  * avx2 and avx512emu, 4 on neon). None for the generic family. */
+static PyObject *py_bf16_probe(PyObject *self, PyObject *arg)
+{
+    long long iters = PyLong_AsLongLong(arg);
+    if (iters == -1 && PyErr_Occurred()) return NULL;
+    if (iters < 0) {
+        PyErr_SetString(PyExc_ValueError, "iters must be >= 0");
+        return NULL;
+    }
+    const pa_fma_probe_fn probe = family->bf16_probe;
+    if (!probe) Py_RETURN_NONE;
+    double flops;
+    float sink;
+    Py_BEGIN_ALLOW_THREADS
+    flops = probe(iters, &sink);
+    Py_END_ALLOW_THREADS
+    return PyFloat_FromDouble(flops + 0.0 * (double)sink);
+}
+
 static PyObject *py_fma_probe(PyObject *self, PyObject *arg)
 {
     long long iters = PyLong_AsLongLong(arg);
@@ -933,6 +951,8 @@ static PyMethodDef methods[] = {
     {"config", py_config, METH_NOARGS, "config() -> dict of the kernels in use"},
     {"fma_probe", py_fma_probe, METH_O,
      "fma_probe(iters) -> float32 flops done at the family's vector width (None: generic)"},
+    {"bf16_probe", py_bf16_probe, METH_O,
+     "bf16_probe(iters) -> flops done by vdpbf16ps chains (None: no AVX512_BF16 in this family)"},
     {"read_probe", py_read_probe, METH_O,
      "read_probe(buf) -> sum of a float32 1-D C-contiguous array, read once on the threads in use"},
     {"gemm_probe", py_gemm_probe, METH_VARARGS,

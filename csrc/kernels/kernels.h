@@ -71,6 +71,7 @@ double pa_fma_probe_avx512emu(long long iters, float *sink);
 float pa_read_probe_avx2(const float *p, size_t n);
 float pa_read_probe_avx512(const float *p, size_t n);
 float pa_read_probe_avx512emu(const float *p, size_t n);
+double pa_bf16_probe_avx512bf16(long long iters, float *sink);
 void pa_gemm_bf16_avx512bf16(pa_ssize kc, const void *A, pa_ssize a_rs, pa_ssize a_cs, const void *B,
                              pa_ssize b_rs, void *C, pa_ssize rs, pa_ssize cs, int m, int n,
                              int accumulate);

@@ -57,3 +57,23 @@ void pa_gemm_bf16_avx512bf16(pa_ssize kc, const void *A_, pa_ssize a_rs, pa_ssiz
     }
 }
 #endif
+
+#ifdef PA_HAVE_X86_KERNELS
+/* The bfloat16 peak probe (the benchmark's): iters rounds of 12 independent
+ * vdpbf16ps chains; each instruction is 16 lanes x 2 multiply-adds = 64
+ * flops. Returns the flops done. */
+__attribute__((target("avx512f,avx512bf16")))
+double pa_bf16_probe_avx512bf16(long long iters, float *sink)
+{
+    __m512 c[12];
+    for (int i = 0; i < 12; i++) c[i] = _mm512_set1_ps((float)i);
+    const __m512bh a = (__m512bh)_mm512_set1_epi32(0x3f803f80);      /* (1, 1) */
+    const __m512bh b = (__m512bh)_mm512_set1_epi32(0x33003300);      /* tiny: no overflow */
+    for (long long it = 0; it < iters; it++)
+        for (int i = 0; i < 12; i++) c[i] = _mm512_dpbf16_ps(c[i], a, b);
+    __m512 s = c[0];
+    for (int i = 1; i < 12; i++) s = _mm512_add_ps(s, c[i]);
+    *sink = _mm512_reduce_add_ps(s);
+    return (double)iters * 12.0 * 64.0;
+}
+#endif

@@ -53,6 +53,7 @@ const pa_family pa_family_avx512 = {
 const pa_family pa_family_avx512bf16 = {
     PA_AVX512_FIELDS
     .gemm_bf16 = {pa_gemm_bf16_avx512bf16, 12, 32, PA_GEMM_KC_BF16, 96, 2048, "pyattn_gemm_bf16_avx512bf16_12x32"},
+    .bf16_probe = pa_bf16_probe_avx512bf16,
 };
 #undef PA_AVX512_FIELDS
 
