@@ -269,3 +269,23 @@ def test_attention_bf16_emulation_is_the_instruction(rng, family):
         _C.select_isa(ISA[isa])
         assert "emul" in _C.config()["gemm_bf16"]
         assert bits(pyattn.scaled_dot_product_attention(q, k, v, **kw)) == bits(native), isa
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_bf16_vs_torch_bfloat16(rng, causal):
+    """PyTorch's SDPA on bfloat16 tensors rounds in other places (its output to
+    bfloat16, possibly the scaled query, the weights per its own tiles): the
+    two agree within a few bfloat16 steps of the sizes involved -- stated
+    bound: |ours - torch| <= 4 * 2^-8 * (|w| @ |v| + |out|)."""
+    torch = pytest.importorskip("torch")
+    ml = pytest.importorskip("ml_dtypes", reason="ml_dtypes (bfloat16 arrays) is not installed")
+    q, k, v = (rng.standard_normal((2, 4, 150, 64)).astype(np.float32).astype(ml.bfloat16) for _ in range(3))
+    ours = pyattn.scaled_dot_product_attention(q, k, v, is_causal=causal, precision="bf16")
+    tq, tk, tv = (torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16) for x in (q, k, v))
+    theirs = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=causal).float().numpy()
+    w = R.scaled_dot_product_attention(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32),
+                                       is_causal=causal, return_weights=True)[1]
+    bound = 4 * 2.0 ** -8 * (np.matmul(np.abs(w), np.abs(v.astype(np.float64))) + np.abs(theirs))
+    assert (np.abs(ours - theirs) <= bound).all()
+    # they do differ at the bfloat16 level (the comparison is not vacuous)
+    assert not (np.abs(ours - theirs) <= bound / 64).all()
