@@ -512,6 +512,7 @@ def table(rows):
     out.append("|" + "---|" * 9)
     data = [r for r in rows if "kind" not in r]
     peak = {r["threads"]: r["gflops_core"] for r in rows if r.get("kind") == "peak"}
+    bpeak = {r["threads"]: r["gflops_core"] for r in rows if r.get("kind") == "bf16peak"}
     key = lambda r: (r["op"], r["shape"], r["threads"])
     groups = {}
     for r in data:
@@ -522,6 +523,9 @@ def table(rows):
             gf = r["flops"] / (r["min_ms"] / 1e3) / 1e9
             pk = peak.get(r["threads"])
             pct = f"{100 * gf / (pk * r['threads']):.0f} %" if pk else "n/a"
+            if r["op"].startswith("bf16") and r["impl"] == "pyattn":    # bfloat16 products
+                bp = bpeak.get(r["threads"])
+                pct = f"{100 * gf / (bp * r['threads']):.0f} % (bf16 peak)" if bp else "n/a"
             sp = "" if (mine is None or r is mine) else f"{r['median_ms'] / mine['median_ms']:.2f}x"
             out.append(f"| {r['op']} | {r['shape']} | {r['threads']} | {r['impl']} | {r['median_ms']:.2f} | "
                        f"{r['min_ms']:.2f} | {gf:.1f} | {pct} | {sp} |")
