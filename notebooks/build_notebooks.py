@@ -581,6 +581,327 @@ plt.show()"""),
 ]
 
 # ---------------------------------------------------------------------------
+NB["06_training"] = [
+("md", """# 06 · Training a small transformer: hand-written backprop around pyattn's attention backward
+
+Until now the notebooks only ran attention forward. Here a small character-level
+transformer **learns**: token and position embeddings, two blocks of
+LayerNorm → causal `pyattn.nn.MultiHeadAttention` → LayerNorm → MLP (each with a residual
+connection, as in GPT), a final LayerNorm and a linear head, trained with cross-entropy and
+AdamW. Everything is NumPy. The backward pass of the embeddings, LayerNorms, MLPs, head and
+loss is written **by hand** below, one step at a time; the attention's backward is pyattn's
+(`layer.backward`, the fused FlashAttention-2 style kernel). When PyTorch is installed, the
+same model, built in PyTorch from the same initial weights, trains alongside on the same
+batches, and the two loss curves must agree.
+
+The corpus is `notebooks/data/training_corpus.txt`: about 120 KB of English prose taken
+from the docstrings of Python's standard library (Python Software Foundation licence) — text
+that ships with every Python, so nothing has to be downloaded."""),
+("code", SETUP + """import time
+text = open("data/training_corpus.txt").read()
+chars = sorted(set(text))
+stoi = {c: i for i, c in enumerate(chars)}
+data = np.array([stoi[c] for c in text])
+n = int(0.9 * len(data))
+train_ids, val_ids = data[:n], data[n:]                 # 90 % to learn from, 10 % to check on
+V = len(chars)
+print(f"{len(text):,} characters, vocabulary of {V}; {len(train_ids):,} for training, {len(val_ids):,} for validation")"""),
+("md", """## A baseline to beat: the bigram model
+
+The simplest model predicts the next character from the current one only, from counts. Its
+cross-entropy on the validation text is the number a model with attention has to beat (a
+model that knows nothing scores `log V`)."""),
+("code", """counts = np.ones((V, V))                                # add-one smoothing
+np.add.at(counts, (train_ids[:-1], train_ids[1:]), 1)
+bigram = counts / counts.sum(1, keepdims=True)
+bigram_val = -np.mean(np.log(bigram[val_ids[:-1], val_ids[1:]]))
+print(f"uniform guess: {np.log(V):.3f} nats; bigram model on validation: {bigram_val:.3f} nats")"""),
+("md", """## The model and its parameters
+
+`D = 64` features, `H = 4` heads, a context of `T = 64` characters, batches of `B = 16`.
+Linear layers use `torch.nn.Linear`'s layout and initialisation; the attention layers are
+`pyattn.nn.MultiHeadAttention` (causal, with biases), in float64 here so that the comparison
+with PyTorch can be exact to 1e-8. Their parameters live in the layers
+(`layer.parameters()`, the live arrays); the rest in the dict `P`."""),
+("code", """from pyattn.nn import MultiHeadAttention
+T, D, H, B, L = 64, 64, 4, 16, 2                        # context, width, heads, batch, blocks
+rng = np.random.default_rng(0)
+
+def linear_init(fan_in, fan_out):                       # torch.nn.Linear's uniform(+-1/sqrt(fan_in))
+    b = 1 / np.sqrt(fan_in)
+    return rng.uniform(-b, b, (fan_out, fan_in)), rng.uniform(-b, b, fan_out)
+
+P = {"tok": rng.standard_normal((V, D)) * 0.1, "pos": rng.standard_normal((T, D)) * 0.1}
+attn = []
+for l in range(L):
+    P[f"W1.{l}"], P[f"b1.{l}"] = linear_init(D, 4 * D)   # MLP: D -> 4D -> D
+    P[f"W2.{l}"], P[f"b2.{l}"] = linear_init(4 * D, D)
+    layer = MultiHeadAttention(D, D, H, context_length=T, qkv_bias=True, rng=l)   # causal
+    layer.load_state_dict({k: v.astype(np.float64) for k, v in layer.state_dict().items()})
+    attn.append(layer)
+P["Wh"], P["bh"] = linear_init(D, V)                    # the head: D -> vocabulary
+
+def all_params():                                       # every trainable array, by name
+    ps = dict(P)
+    for l, layer in enumerate(attn):
+        ps.update({f"attn{l}.{k}": v for k, v in layer.parameters().items()})
+    return ps
+print(f"{sum(p.size for p in all_params().values()):,} parameters")
+
+def batch(src, rng):                                    # B windows of T characters and their next characters
+    s = rng.integers(0, len(src) - T - 1, B)
+    return np.stack([src[i:i + T] for i in s]), np.stack([src[i + 1:i + T + 1] for i in s])"""),
+("md", """## Forward
+
+Each block: `h = h + attention(LN(h))`, then `h = h + W2 relu(W1 LN(h) + b1) + b2`. The
+forward keeps what the backward will need (the LayerNorms' normalised inputs and scales, the
+MLP's pre-activations); the attention layers keep their own (a call in training mode
+remembers its input, its q, k, v, output and log-sum-exp — never the `(T, T)` weights)."""),
+("code", """def layer_norm(x, eps=1e-5):                             # no learned gain and bias (they start at 1 and 0)
+    mu = x.mean(-1, keepdims=True)
+    sigma = np.sqrt(x.var(-1, keepdims=True) + eps)
+    return (x - mu) / sigma, sigma
+
+def forward(ids, targets=None):
+    t = ids.shape[1]
+    h = P["tok"][ids] + P["pos"][:t]                    # (B, t, D)
+    saved = []
+    for l in range(L):
+        a_in, s1 = layer_norm(h)
+        h = h + attn[l](a_in)                           # pyattn: causal multi-head attention
+        m_in, s2 = layer_norm(h)
+        z = m_in @ P[f"W1.{l}"].T + P[f"b1.{l}"]
+        r = np.maximum(z, 0)
+        h = h + r @ P[f"W2.{l}"].T + P[f"b2.{l}"]
+        saved.append((a_in, s1, m_in, s2, z, r))
+    f, sf = layer_norm(h)
+    logits = f @ P["Wh"].T + P["bh"]                    # (B, t, V)
+    if targets is None:
+        return logits
+    z = logits - logits.max(-1, keepdims=True)
+    probs = np.exp(z) / np.exp(z).sum(-1, keepdims=True)
+    picked = np.take_along_axis(probs, targets[..., None], -1)[..., 0]
+    return -np.mean(np.log(picked)), (ids, targets, saved, f, sf, probs)"""),
+("md", """## Backward, by hand
+
+Backpropagation walks the forward in reverse, turning the gradient of the loss with respect
+to each output into gradients for the inputs and parameters:
+
+1. **Cross-entropy over softmax**: with probabilities `p` and one-hot targets `y`,
+   `dloss/dlogits = (p - y) / N` (N = number of predicted characters).
+2. **Linear layer** `y = x Wᵀ + b`: `dW = dyᵀ x`, `db = Σ dy`, `dx = dy W`.
+3. **LayerNorm** `x̂ = (x - μ) / σ`: `dx = (dx̂ - mean(dx̂) - x̂ · mean(dx̂ · x̂)) / σ`.
+4. **ReLU**: the gradient passes where the input was positive.
+5. **Residual** `h + f(h)`: the gradient flows both ways and adds up.
+6. **Attention**: `dx = layer.backward(dy)` — pyattn's fused backward; it also adds the
+   gradients of `W_query`, `W_key`, `W_value`, `out_proj` into `layer.grads`.
+7. **Embeddings**: each row used gets the gradient of its uses (`np.add.at`)."""),
+("code", """def layer_norm_backward(dy, xhat, sigma):
+    return (dy - dy.mean(-1, keepdims=True) - xhat * (dy * xhat).mean(-1, keepdims=True)) / sigma
+
+def backward(state):
+    ids, targets, saved, f, sf, probs = state
+    G = {k: np.zeros_like(v) for k, v in P.items()}
+    dlogits = probs.copy()                                          # 1. softmax + cross-entropy
+    np.put_along_axis(dlogits, targets[..., None], np.take_along_axis(probs, targets[..., None], -1) - 1, -1)
+    dlogits /= ids.size
+    G["Wh"] = dlogits.reshape(-1, V).T @ f.reshape(-1, D)           # 2. the head
+    G["bh"] = dlogits.sum((0, 1))
+    dh = layer_norm_backward(dlogits @ P["Wh"], f, sf)              # 3. final LayerNorm
+    for l in reversed(range(L)):
+        a_in, s1, m_in, s2, z, r = saved[l]
+        G[f"W2.{l}"] = dh.reshape(-1, D).T @ r.reshape(-1, 4 * D)   # 2. MLP out
+        G[f"b2.{l}"] = dh.sum((0, 1))
+        dz = (dh @ P[f"W2.{l}"]) * (z > 0)                          # 4. ReLU
+        G[f"W1.{l}"] = dz.reshape(-1, 4 * D).T @ m_in.reshape(-1, D)
+        G[f"b1.{l}"] = dz.sum((0, 1))
+        dh = dh + layer_norm_backward(dz @ P[f"W1.{l}"], m_in, s2)  # 5. residual + 3.
+        dh = dh + layer_norm_backward(attn[l].backward(dh), a_in, s1)   # 6. pyattn's attention backward
+    np.add.at(G["tok"], ids, dh)                                    # 7. embeddings
+    G["pos"][:ids.shape[1]] = dh.sum(0)
+    for l, layer in enumerate(attn):
+        G.update({f"attn{l}.{k}": v for k, v in layer.grads.items()})
+    return G"""),
+("md", """## Is the hand-written backward right? Finite differences
+
+Nudge a parameter by ±ε, recompute the loss, and compare `(loss(+ε) - loss(-ε)) / 2ε` with
+the gradient from `backward` — for a few entries of every parameter, attention included."""),
+("code", """check_rng = np.random.default_rng(1)
+x, y = batch(train_ids, check_rng)
+x, y = x[:2, :16], y[:2, :16]          # a small batch: fewer ReLU kinks for the +-eps to straddle
+for layer in attn:
+    layer.zero_grad()
+loss, state = forward(x, y)
+G = backward(state)
+worst = 0.0
+for name, p in all_params().items():
+    for _ in range(3):
+        i = tuple(check_rng.integers(0, s) for s in p.shape)
+        old = p[i]
+        p[i] = old + 1e-6; lp = forward(x, y)[0]
+        p[i] = old - 1e-6; lm = forward(x, y)[0]
+        p[i] = old
+        num = (lp - lm) / 2e-6
+        # relative to the gradient's size, with a floor for the finite difference's own
+        # rounding (about 1e-16 * loss / 1e-6 = 5e-10): the key bias, for one, has a zero
+        # gradient -- adding the same number to every score of a row changes no softmax
+        worst = max(worst, abs(num - G[name][i]) / (abs(num) + abs(G[name][i]) + 1e-4))
+print(f"largest relative difference, backward vs finite differences: {worst:.1e}")
+assert worst < 1e-5"""),
+("md", """## AdamW in a few lines
+
+PyTorch's `torch.optim.AdamW` formula: decoupled weight decay, then the bias-corrected Adam
+step. The parameters are updated **in place** (`p -= ...`), which for the attention layers
+updates the layers themselves."""),
+("code", """class AdamW:
+    def __init__(self, lr=3e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
+        self.lr, (self.b1, self.b2), self.eps, self.wd, self.t = lr, betas, eps, weight_decay, 0
+        self.m, self.v = {}, {}
+
+    def step(self, params, grads):
+        self.t += 1
+        for k, p in params.items():
+            g = grads[k]
+            m = self.m.setdefault(k, np.zeros_like(p))
+            v = self.v.setdefault(k, np.zeros_like(p))
+            p *= 1 - self.lr * self.wd                                   # decoupled weight decay
+            m *= self.b1; m += (1 - self.b1) * g
+            v *= self.b2; v += (1 - self.b2) * g * g
+            denom = np.sqrt(v) / np.sqrt(1 - self.b2 ** self.t) + self.eps
+            p -= (self.lr / (1 - self.b1 ** self.t)) * m / denom"""),
+("md", """## The same model in PyTorch (when it is installed)
+
+Built from the **same initial weights** (the attention layers' state dicts load into
+`torch.nn.MultiheadAttention`), trained with `torch.optim.AdamW` on the same batches."""),
+("code", """try:
+    import torch
+    F = torch.nn.functional
+except ImportError:
+    torch = None
+    print("PyTorch is not installed: the pyattn model trains alone")
+if torch is not None:
+    tP = {k: torch.tensor(v, requires_grad=True) for k, v in P.items()}
+    tattn = []
+    for layer in attn:
+        m = torch.nn.MultiheadAttention(D, H, bias=True, batch_first=True, dtype=torch.float64)
+        sd = layer.state_dict()
+        with torch.no_grad():
+            m.in_proj_weight.copy_(torch.tensor(np.concatenate([sd[f"W_{n}.weight"] for n in ("query", "key", "value")])))
+            m.in_proj_bias.copy_(torch.tensor(np.concatenate([sd[f"W_{n}.bias"] for n in ("query", "key", "value")])))
+            m.out_proj.weight.copy_(torch.tensor(sd["out_proj.weight"]))
+            m.out_proj.bias.copy_(torch.tensor(sd["out_proj.bias"]))
+        tattn.append(m)
+    causal = torch.triu(torch.ones(T, T, dtype=torch.bool), 1)       # True = masked, in this module
+
+    def torch_loss(ids, targets):
+        h = tP["tok"][ids] + tP["pos"][:ids.shape[1]]
+        for l in range(L):
+            a_in = F.layer_norm(h, (D,))
+            h = h + tattn[l](a_in, a_in, a_in, attn_mask=causal, need_weights=False)[0]
+            m_in = F.layer_norm(h, (D,))
+            h = h + F.linear(F.relu(F.linear(m_in, tP[f"W1.{l}"], tP[f"b1.{l}"])), tP[f"W2.{l}"], tP[f"b2.{l}"])
+        logits = F.linear(F.layer_norm(h, (D,)), tP["Wh"], tP["bh"])
+        return F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1))
+    topt = torch.optim.AdamW(list(tP.values()) + [p for m in tattn for p in m.parameters()],
+                             lr=3e-3, weight_decay=0.01)"""),
+("md", """## Before training
+
+What the untrained model writes, and what its first head attends to on a validation
+snippet (kept for the comparison at the end)."""),
+("code", """def generate(prompt, n, seed=0):
+    g = np.random.default_rng(seed)
+    for layer in attn:
+        layer.eval()                                    # inference: nothing is kept for a backward
+    ids = [stoi[c] for c in prompt]
+    for _ in range(n):
+        logits = forward(np.array([ids[-T:]]))[0, -1]
+        p = np.exp(logits - logits.max()); p /= p.sum()
+        ids.append(g.choice(V, p=p))
+    for layer in attn:
+        layer.train()
+    return "".join(chars[i] for i in ids)
+
+def head_weights(snippet, l=0):
+    ids = np.array([[stoi[c] for c in snippet]])
+    h = P["tok"][ids] + P["pos"][:len(snippet)]
+    for k in range(l):                                  # run the blocks below layer l
+        a_in, _ = layer_norm(h); h = h + attn[k].eval()(a_in); attn[k].train()
+        m_in, _ = layer_norm(h); h = h + np.maximum(m_in @ P[f"W1.{k}"].T + P[f"b1.{k}"], 0) @ P[f"W2.{k}"].T + P[f"b2.{k}"]
+    a_in, _ = layer_norm(h)
+    w = attn[l].eval()(a_in, return_weights=True)[1][0]    # (H, t, t)
+    attn[l].train()
+    return w
+
+snippet = text[n + 1000:n + 1024]
+before = [head_weights(snippet, l) for l in range(L)]
+print("before training:", repr(generate("The ", 120)))"""),
+("md", """## Training
+
+600 steps of 16 windows of 64 characters. Every step: forward, hand-written backward
+(with pyattn's attention backward inside), AdamW; the PyTorch twin does the same on the same
+batch. Every 50 steps the validation loss is measured on 16 fixed validation windows."""),
+("code", """opt = AdamW()
+data_rng, val_rng = np.random.default_rng(5), np.random.default_rng(6)
+val_batches = [batch(val_ids, val_rng) for _ in range(4)]
+steps, history, torch_history, val_history = 600, [], [], []
+t0 = time.perf_counter()
+for step in range(steps):
+    x, y = batch(train_ids, data_rng)
+    for layer in attn:
+        layer.zero_grad()
+    loss, state = forward(x, y)
+    opt.step(all_params(), backward(state))
+    history.append(loss)
+    if torch is not None:
+        topt.zero_grad()
+        tl = torch_loss(torch.tensor(x), torch.tensor(y))
+        tl.backward()
+        topt.step()
+        torch_history.append(tl.item())
+    if step % 50 == 0 or step == steps - 1:
+        for layer in attn:
+            layer.eval()
+        val_history.append((step, np.mean([forward(vx, vy)[0] for vx, vy in val_batches])))
+        for layer in attn:
+            layer.train()
+print(f"{steps} steps in {time.perf_counter() - t0:.1f} s")
+if torch is not None:
+    rel = np.abs(np.array(history[:20]) - np.array(torch_history[:20])) / np.array(torch_history[:20])
+    print(f"first 20 steps, pyattn vs PyTorch (float64): largest relative difference of the losses {rel.max():.1e}")
+    assert rel.max() < 1e-8"""),
+("code", """fig, ax = plt.subplots(figsize=(8, 4))
+smooth = lambda a, w=20: np.convolve(a, np.ones(w) / w, mode="valid")
+ax.plot(np.arange(len(smooth(history))) + 19, smooth(history), label="pyattn: training loss (mean of 20 steps)")
+if torch_history:
+    ax.plot(np.arange(len(smooth(torch_history))) + 19, smooth(torch_history), "--",
+            label="PyTorch twin: training loss")
+ax.plot(*zip(*val_history), "o-", label="pyattn: validation loss")
+ax.axhline(bigram_val, color="grey", ls=":", label=f"bigram model, validation ({bigram_val:.2f})")
+ax.set_xlabel("step"); ax.set_ylabel("cross-entropy (nats per character)")
+ax.legend(); ax.set_title("Training a 2-block character transformer in NumPy + pyattn")
+plt.show()
+final_val = val_history[-1][1]
+print(f"validation loss after {steps} steps: {final_val:.3f} nats per character; bigram baseline: {bigram_val:.3f}"
+      f" -> the transformer is {'better' if final_val < bigram_val else 'not better'} than the bigram model by {bigram_val - final_val:+.3f}")"""),
+("md", """## After training
+
+The same prompt and seed as before training, and the attention of the first head of each
+block on the same validation snippet: before training the weights are spread by chance;
+after, the heads have learned where to look (printed numbers above say how far the loss
+went; the pictures show how the heads changed)."""),
+("code", """print("after training:", repr(generate("The ", 120)))
+after = [head_weights(snippet, l) for l in range(L)]
+fig, axes = plt.subplots(L, 2, figsize=(11, 5.5 * L))
+labels = list(snippet)
+for l in range(L):
+    heatmap(axes[l, 0], before[l][0], labels, labels, f"block {l}, head 0, before training", colorbar=False)
+    heatmap(axes[l, 1], after[l][0], labels, labels, f"block {l}, head 0, after training", colorbar=False)
+plt.tight_layout(); plt.show()
+print("mean absolute change of these weights:",
+      [float(np.abs(after[l][0] - before[l][0]).mean().round(4)) for l in range(L)])"""),
+]
+
+
 NB["07_generation"] = [
 ("md", """# 07 · Generate with a KV cache
 
