@@ -836,7 +836,8 @@ static PyObject *py_config(PyObject *self, PyObject *unused)
 /* fma_probe(iters) -> flops: the benchmark's peak probe (time it around), at
  * the float32 vector width of the family in use (16 lanes on avx512, 8 on
  * avx2 and avx512emu, 4 on neon). None for the generic family. */
-static PyObject *py_bf16_probe(PyObject *self, PyObject *arg)
+/* A peak probe of the current family (NULL: None): iters >= 0 rounds. */
+static PyObject *run_probe(PyObject *arg, pa_fma_probe_fn probe)
 {
     long long iters = PyLong_AsLongLong(arg);
     if (iters == -1 && PyErr_Occurred()) return NULL;
@@ -844,7 +845,6 @@ static PyObject *py_bf16_probe(PyObject *self, PyObject *arg)
         PyErr_SetString(PyExc_ValueError, "iters must be >= 0");
         return NULL;
     }
-    const pa_fma_probe_fn probe = family->bf16_probe;
     if (!probe) Py_RETURN_NONE;
     double flops;
     float sink;
@@ -854,22 +854,14 @@ static PyObject *py_bf16_probe(PyObject *self, PyObject *arg)
     return PyFloat_FromDouble(flops + 0.0 * (double)sink);
 }
 
+static PyObject *py_bf16_probe(PyObject *self, PyObject *arg)
+{
+    return run_probe(arg, family->bf16_probe);
+}
+
 static PyObject *py_fma_probe(PyObject *self, PyObject *arg)
 {
-    long long iters = PyLong_AsLongLong(arg);
-    if (iters == -1 && PyErr_Occurred()) return NULL;
-    if (iters < 0) {
-        PyErr_SetString(PyExc_ValueError, "iters must be >= 0");
-        return NULL;
-    }
-    const pa_fma_probe_fn probe = family->fma_probe;
-    if (!probe) Py_RETURN_NONE;
-    double flops;
-    float sink;
-    Py_BEGIN_ALLOW_THREADS
-    flops = probe(iters, &sink);
-    Py_END_ALLOW_THREADS
-    return PyFloat_FromDouble(flops + 0.0 * (double)sink);
+    return run_probe(arg, family->fma_probe);
 }
 
 /* gemm_probe(dtype, kc, iters) -> flops: the GEMM micro-kernel in use, alone

@@ -209,19 +209,22 @@ class _Attention:
                              f"context_length={self.context_length}")
         dt = np.dtype(np.float32) if is16(cache.k.dtype) else cache.k.dtype   # compute dtype
         x3 = to_dtype(x if x.ndim == 3 else x[None], dt)
-
-        def heads(w, b):
-            return _linear(x3, w, b, dt).reshape(B, T, H, hd).transpose(0, 2, 1, 3)
-
-        q = heads(self.W_query, self.b_query)
-        k = heads(self.W_key, self.b_key)
-        v = heads(self.W_value, self.b_value)
+        q, k, v = self._qkv(x3, dt)
         ctx = np.empty((B, T, H, hd), dt)
         cache.attend(q, k, v, is_causal=bool(self.causal), out=ctx.transpose(0, 2, 1, 3))
         out = ctx.reshape(B, T, self.d_out)
         if self._has_out:
             out = _linear(out, self.out_proj_weight, self.out_proj_bias, dt)
         return out if x.ndim == 3 else out[0]
+
+    def _qkv(self, x3, dt):
+        """The heads' q, k, v (B, H, T, head dim) of x3 (B, T, d_in): the
+        projections, split from the last axis as the seeds do."""
+        B, T = x3.shape[:2]
+        H, hd = self.num_heads, self.d_out // self.num_heads
+        return tuple(_linear(x3, w, b, dt).reshape(B, T, H, hd).transpose(0, 2, 1, 3)
+                     for w, b in ((self.W_query, self.b_query), (self.W_key, self.b_key),
+                                  (self.W_value, self.b_value)))
 
     # -- forward --------------------------------------------------------------
     def __call__(self, x, attn_mask=None, return_weights=False, *, cache=None):
@@ -272,13 +275,7 @@ class _Attention:
         x3 = to_dtype(x if x.ndim == 3 else x[None], dt)
         B, T = x3.shape[:2]
         H, hd = self.num_heads, self.d_out // self.num_heads
-
-        def heads(w, b):
-            return _linear(x3, w, b, dt).reshape(B, T, H, hd).transpose(0, 2, 1, 3)
-
-        q = heads(self.W_query, self.b_query)
-        k = heads(self.W_key, self.b_key)
-        v = heads(self.W_value, self.b_value)
+        q, k, v = self._qkv(x3, dt)
         ctx = np.empty((B, T, H, hd), dt)
         rng = copy.deepcopy(self._rng) if p > 0 else None
         r = scaled_dot_product_attention(q, k, v, attn_mask, p, self.causal, rng=self._rng if p > 0 else None,

@@ -7,6 +7,7 @@ import pytest
 import pyattn
 from conftest import check
 from test_backward import grad_mags
+from test_torch import SeedMultiHeadAttention          # the seeds' class, verbatim in behaviour
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -107,35 +108,11 @@ def test_structured_options_vs_torch_autograd(rng):
         assert np.allclose(g, want.numpy(), rtol=1e-10, atol=1e-12)
 
 
-class SeedMultiHeadAttention(torch.nn.Module):
-    """The seeds' MultiHeadAttention (000, 002, 004), as in test_torch.py."""
-
-    def __init__(self, d_in, d_out, context_length, num_heads, qkv_bias=False):
-        super().__init__()
-        self.d_out, self.num_heads, self.head_dim = d_out, num_heads, d_out // num_heads
-        self.W_query = torch.nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_key = torch.nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_value = torch.nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.out_proj = torch.nn.Linear(d_out, d_out)
-        self.register_buffer("mask", torch.triu(torch.ones(context_length, context_length), diagonal=1))
-
-    def forward(self, x):
-        b, n, _ = x.shape
-        keys = self.W_key(x).view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
-        queries = self.W_query(x).view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
-        values = self.W_value(x).view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
-        scores = queries @ keys.transpose(2, 3)
-        scores.masked_fill_(self.mask.bool()[:n, :n], -torch.inf)
-        w = torch.softmax(scores / keys.shape[-1] ** 0.5, dim=-1)
-        ctx = (w @ values).transpose(1, 2).contiguous().view(b, n, self.d_out)
-        return self.out_proj(ctx)
-
-
 @pytest.mark.parametrize("qkv_bias", [False, True])
 @pytest.mark.parametrize("d_in, d_out, heads", [(32, 32, 4), (24, 48, 3)])
 def test_layer_gradients_vs_seed_class(rng, qkv_bias, d_in, d_out, heads):
     torch.manual_seed(7)
-    ref = SeedMultiHeadAttention(d_in, d_out, 12, heads, qkv_bias).double()
+    ref = SeedMultiHeadAttention(d_in, d_out, 12, 0.0, heads, qkv_bias).double()
     layer = pyattn.nn.MultiHeadAttention(d_in, d_out, heads, context_length=12, qkv_bias=qkv_bias)
     layer.load_state_dict(ref.state_dict())
     x = rng.standard_normal((3, 10, d_in))
