@@ -202,8 +202,9 @@ def scaled_dot_product_attention_vjp(query, key, value, attn_mask=None, dropout_
     p = dropout_p_value(dropout_p)
     gen = None
     if p > 0:                  # one dropout pattern for the forward and every backward
-        gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
-        dropout_key(copy.deepcopy(gen))      # a bad rng fails here, before anything runs
+        is_gen = isinstance(rng, np.random.Generator)
+        dropout_key(copy.deepcopy(rng) if is_gen else rng)   # a bad rng: TypeError naming it
+        gen = rng if is_gen else np.random.default_rng(rng)
         saved = copy.deepcopy(gen)
     out, lse = _sdpa(query, key, value, attn_mask, p, is_causal, scale, enable_gqa, gen, False,
                      None, window, alibi_slopes, softcap, sinks, True, None)

@@ -554,3 +554,9 @@ print(grown)
     assert r.returncode == 0, r.stderr
     grown_mb = int(r.stdout.split()[-1]) / 1024
     assert grown_mb < 64, f"peak RSS grew by {grown_mb:.1f} MB"
+
+
+def test_vjp_bad_rng_names_it():
+    q = np.ones((3, 4))
+    with pytest.raises(TypeError, match="rng"):
+        pyattn.scaled_dot_product_attention_vjp(q, q, q, dropout_p=0.1, rng="abc")
