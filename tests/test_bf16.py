@@ -289,3 +289,17 @@ def test_attention_bf16_vs_torch_bfloat16(rng, causal):
     assert (np.abs(ours - theirs) <= bound).all()
     # they do differ at the bfloat16 level (the comparison is not vacuous)
     assert not (np.abs(ours - theirs) <= bound / 64).all()
+
+
+@pytest.mark.parametrize("layout", ["transposed", "negative", "fortran", "strided"])
+def test_attention_bf16_any_layout(rng, layout):
+    from conftest import make
+    q = make(rng, (2, 3, 70, 32), np.float32, layout)
+    k = make(rng, (2, 3, 90, 32), np.float32, layout)
+    v = make(rng, (2, 3, 90, 24), np.float32, layout)
+    got = pyattn.scaled_dot_product_attention(q, k, v, is_causal=True, precision="bf16")
+    want = R.scaled_dot_product_attention(q, k, v, is_causal=True, precision="bf16")
+    check(got, want, bf16_attention_mag(q, k, v, 32 ** -0.5, {"is_causal": True}))
+    same = pyattn.scaled_dot_product_attention(np.ascontiguousarray(q), np.ascontiguousarray(k),
+                                               np.ascontiguousarray(v), is_causal=True, precision="bf16")
+    assert np.array_equal(got, same)
