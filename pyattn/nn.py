@@ -241,13 +241,13 @@ class _Attention:
         x = np.asarray(x) if not isinstance(x, np.ndarray) else x
         if x.ndim not in (2, 3) or x.shape[-1] != self.d_in:
             raise ValueError(f"x must have shape (B, T, {self.d_in}) or (T, {self.d_in}), got {x.shape}")
+        self._tape = None                  # backward goes back through this call only
         if cache is not None:
             return self._call_cached(x, cache, attn_mask, return_weights)
         T = x.shape[-2]
         if self.context_length is not None and T > self.context_length:
             raise ValueError(f"x has {T} tokens (shape {x.shape}), more than context_length={self.context_length}")
         p = self.dropout if self.training else 0.0
-        self._tape = None
         if self.training:
             return self._call_train(x, attn_mask, return_weights, p)
         res = multi_head_attention(

@@ -560,3 +560,13 @@ def test_vjp_bad_rng_names_it():
     q = np.ones((3, 4))
     with pytest.raises(TypeError, match="rng"):
         pyattn.scaled_dot_product_attention_vjp(q, q, q, dropout_p=0.1, rng="abc")
+
+
+def test_layer_backward_after_a_cached_call_is_refused(rng):
+    layer = pyattn.nn.MultiHeadAttention(8, 8, 2, rng=0)
+    x = rng.standard_normal((1, 4, 8)).astype(np.float32)
+    y = layer(x)                                        # training mode: kept
+    cache = layer.new_cache(1, 8)
+    layer(x, cache=cache)                               # the last call: inference with a cache
+    with pytest.raises(RuntimeError):
+        layer.backward(np.ones_like(y))
