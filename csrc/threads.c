@@ -2,8 +2,13 @@
  * threads.c -- the process-wide worker pool (see threads.h).
  *
  * One job at a time owns the pool (run_lock). Workers sleep on a condition
- * variable until the job generation changes, then pull task indices from an
- * atomic counter. Before sleeping, a worker spins for a short while (and the
+ * variable until the job generation changes, then claim task indices from
+ * one atomic word that holds the job's generation beside the next index (a
+ * claim is a compare-and-swap that fails once the job is over or replaced).
+ * The caller returns as soon as every task has run: it never waits for a
+ * worker that woke too late to find a task (a sleeping thread's wake-up can
+ * take longer than a small job), and such a worker, finding the word of
+ * another generation or no index left, claims nothing. Before sleeping, a worker spins for a short while (and the
  * caller likewise before it waits for the workers): an op runs several jobs
  * back to back (the GEMM's pack/compute passes per K panel), and waking a
  * sleeping thread costs far more than that spin -- on virtual machines up to
@@ -69,23 +74,49 @@ static int n_workers = 0;        /* started workers (n_threads - 1 once started)
 static pthread_t *workers = NULL;
 static atomic_int shutting_down = 0;
 
-/* the current job (generation and job_pending are read without the lock
- * while spinning, so they are atomic; they change under mu only) */
+/* the current job: its fields and generation are set under mu, and read
+ * together under mu by a worker; generation is also read while spinning,
+ * job_word and job_done are claimed and counted without the lock (atomics) */
 static atomic_ulong generation = 0;
 static pa_task_fn job_fn;
 static void *job_ctx;
 static pa_ssize job_ntasks;
 static int job_nthreads;         /* participating threads, caller included */
-static atomic_llong job_next;
-static atomic_int job_pending;   /* workers that have not finished this job */
 static unsigned long spawn_generation;  /* generation when the workers started */
 
-static void run_tasks(int tid)
+/* The claim word: the low PA_IDX_BITS bits are the next task index, the
+ * bits above them the low bits of the job's generation. */
+#define PA_IDX_BITS 40
+#define PA_IDX_MASK ((1ULL << PA_IDX_BITS) - 1)
+static atomic_ullong job_word;
+static atomic_llong job_done;    /* tasks of this job finished */
+
+typedef struct {                 /* what a thread knows of the job it runs */
+    pa_task_fn fn;
+    void *ctx;
+    pa_ssize ntasks;
+    unsigned long long tag;      /* generation << PA_IDX_BITS */
+} job_view;
+
+static unsigned long long gen_tag(unsigned long g) { return (unsigned long long)g << PA_IDX_BITS; }
+
+/* Claim and run tasks of the job `j` until none is left (or the word has
+ * moved on to another job). A task counts as done only after it ran, and the
+ * caller waits for every task, so a claimed task's job is alive while it
+ * runs. */
+static void run_tasks(const job_view *j, int tid)
 {
+    unsigned long long w = atomic_load(&job_word);
     for (;;) {
-        long long t = atomic_fetch_add(&job_next, 1);
-        if (t >= job_ntasks) break;
-        job_fn(job_ctx, (pa_ssize)t, tid);
+        if ((w & ~PA_IDX_MASK) != j->tag || (pa_ssize)(w & PA_IDX_MASK) >= j->ntasks) break;
+        if (!atomic_compare_exchange_weak(&job_word, &w, w + 1)) continue;   /* w reloaded */
+        j->fn(j->ctx, (pa_ssize)(w & PA_IDX_MASK), tid);
+        if (atomic_fetch_add(&job_done, 1) + 1 == j->ntasks) {     /* the last one */
+            pthread_mutex_lock(&mu);
+            pthread_cond_signal(&cv_done);
+            pthread_mutex_unlock(&mu);
+        }
+        w = atomic_load(&job_word);
     }
 }
 
@@ -94,10 +125,9 @@ static int new_job(const void *seen)
     return atomic_load(&generation) != *(const unsigned long *)seen || atomic_load(&shutting_down);
 }
 
-static int job_finished(const void *unused)
+static int job_finished(const void *ntasks)
 {
-    (void)unused;
-    return atomic_load(&job_pending) == 0;
+    return atomic_load(&job_done) >= *(const pa_ssize *)ntasks;
 }
 
 static void *worker_main(void *arg)
@@ -114,11 +144,12 @@ static void *worker_main(void *arg)
         while (generation == seen && !shutting_down) pthread_cond_wait(&cv_work, &mu);
         if (shutting_down) break;
         seen = generation;
-        int take_part = tid < job_nthreads;
+        /* the job's fields as they stand under mu for this generation */
+        const job_view j = {job_fn, job_ctx, job_ntasks, gen_tag(seen) & ~PA_IDX_MASK};
+        const int take_part = tid < job_nthreads;
         pthread_mutex_unlock(&mu);
-        if (take_part) run_tasks(tid);
+        if (take_part) run_tasks(&j, tid);
         pthread_mutex_lock(&mu);
-        if (take_part && --job_pending == 0) pthread_cond_signal(&cv_done);
     }
     pthread_mutex_unlock(&mu);
     return NULL;
@@ -159,7 +190,8 @@ static void start_workers(void)
 void pa_parallel_for(pa_ssize ntasks, pa_task_fn fn, void *ctx, int max_threads)
 {
     if (ntasks <= 0) return;
-    if (max_threads <= 1 || ntasks == 1 || pthread_mutex_trylock(&run_lock) != 0) {
+    if (max_threads <= 1 || ntasks == 1 || (unsigned long long)ntasks > PA_IDX_MASK / 2 ||
+        pthread_mutex_trylock(&run_lock) != 0) {
         for (pa_ssize t = 0; t < ntasks; t++) fn(ctx, t, 0);
         return;
     }
@@ -173,18 +205,21 @@ void pa_parallel_for(pa_ssize ntasks, pa_task_fn fn, void *ctx, int max_threads)
     }
     pthread_mutex_lock(&mu);
     job_fn = fn; job_ctx = ctx; job_ntasks = ntasks; job_nthreads = nt;
-    atomic_store(&job_next, 0);
-    job_pending = nt - 1;
-    generation++;
+    atomic_store(&job_done, 0);
+    const unsigned long g = (unsigned long)atomic_load(&generation) + 1;
+    const job_view j = {fn, ctx, ntasks, gen_tag(g) & ~PA_IDX_MASK};
+    atomic_store(&job_word, j.tag);
+    atomic_store(&generation, g);
     pthread_cond_broadcast(&cv_work);
     pthread_mutex_unlock(&mu);
 
-    run_tasks(0);
+    run_tasks(&j, 0);
 
-    spin_until(job_finished, NULL);
-    pthread_mutex_lock(&mu);
-    while (job_pending > 0) pthread_cond_wait(&cv_done, &mu);
-    pthread_mutex_unlock(&mu);
+    if (!spin_until(job_finished, &ntasks)) {
+        pthread_mutex_lock(&mu);
+        while (atomic_load(&job_done) < ntasks) pthread_cond_wait(&cv_done, &mu);
+        pthread_mutex_unlock(&mu);
+    }
     pthread_mutex_unlock(&run_lock);
 }
 

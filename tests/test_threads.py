@@ -68,6 +68,25 @@ def test_bit_identical_across_thread_counts(rng, restore_threads):
             assert np.array_equal(c(), r)
 
 
+def test_many_small_jobs_with_more_threads_than_cores(rng, restore_threads):
+    """Thousands of short jobs back to back on more threads than there are
+    cores: workers often wake after a job is over (the caller returns once
+    every task ran, without waiting for them); such a worker must claim
+    nothing of that job or of the next one."""
+    q = rng.standard_normal((1, 6, 100, 16)).astype(np.float32)
+    a = rng.standard_normal((40, 30)).astype(np.float32)
+    b = rng.standard_normal((30, 50)).astype(np.float32)
+    pyattn.set_num_threads(1)
+    ref_att = pyattn.scaled_dot_product_attention(q, q, q, is_causal=True)
+    ref_mm = pyattn.matmul(np.stack([a] * 5), b)
+    pyattn.set_num_threads(2 * (os.cpu_count() or 1) + 3)
+    for i in range(1500):
+        if i % 2:
+            assert np.array_equal(pyattn.scaled_dot_product_attention(q, q, q, is_causal=True), ref_att)
+        else:
+            assert np.array_equal(pyattn.matmul(np.stack([a] * 5), b), ref_mm)
+
+
 def test_row_independent_of_batch(rng):
     q = rng.standard_normal((5, 3, 40, 24)).astype(np.float32)
     k = rng.standard_normal((5, 3, 70, 24)).astype(np.float32)

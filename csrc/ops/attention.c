@@ -25,7 +25,7 @@
 typedef struct {
     const pa_family *fam;   /* the call's kernels, fixed for the whole call */
     int dtype;
-    pa_ssize bq;            /* query rows per task (the family's attn_bq) */
+    pa_ssize bq;            /* query rows per task (at most the family's attn_bq) */
     const pa_batch *bt;
     pa_ssize L, S, E, Ev, nblk;
     const pa_operand *q, *k, *v, *mask, *out, *w;
@@ -181,6 +181,14 @@ int pa_attention(const pa_family *fam, int dtype, const pa_batch *bt, pa_ssize L
     c.dropout_p = dropout_p; c.key = dropout_key;
     c.bq = fam->attn_bq[dtype];
     c.nblk = (L + c.bq - 1) / c.bq;
+    {   /* blocks of equal height (multiples of 16 rows, never above the
+         * family's): L = 128 with BQ = 96 gives 64 + 64, not 96 + 32, so two
+         * threads share the work evenly. A row's arithmetic does not depend
+         * on its block (the flash frame is row-independent: every family's
+         * own BQ gives the same bits), so neither do the results. */
+        const pa_ssize h = ((L + c.nblk - 1) / c.nblk + 15) / 16 * 16;
+        if (h < c.bq) c.bq = h;
+    }
     c.nchunks = 0;
     c.partials = NULL;
     c.kvp = NULL;
