@@ -302,3 +302,39 @@ def test_matmul_wider_than_one_column_block(dtype, N):
         assert np.array_equal(pyattn.matmul(a, b[:, j:j + 1])[:, 0], outs[0][:, j])
     from conftest import check, mag_matmul
     check(outs[0], a.astype(np.float64) @ b.astype(np.float64), mag_matmul(a, b))
+
+
+@pytest.mark.parametrize("M,K,N", [(1024, 300, 1024), (300, 700, 1000), (97, 260, 700), (2050, 40, 33)])
+@pytest.mark.parametrize("kind", ["float32", "float64", "bias", "bf16"])
+def test_matmul_row_and_column_splits(M, K, N, kind):
+    # blocks of rows of equal height, and (row block, column part) tasks
+    # where the row blocks alone would not split evenly over the threads:
+    # neither cut changes an element's arithmetic -- every thread count, and
+    # each row or column computed alone, gives the same bits
+    rng = np.random.default_rng(M + N)
+    dt = np.float64 if kind == "float64" else np.float32
+    a = rng.standard_normal((M, K)).astype(dt)
+    b = rng.standard_normal((K, N)).astype(dt)
+    bias = rng.standard_normal(N).astype(dt) if kind == "bias" else None
+    prec = "bf16" if kind == "bf16" else "highest"
+
+    def mm(x, y, bb=bias):
+        if bb is not None:
+            return _C.matmul(x, y, None, bb)
+        return pyattn.matmul(x, y, precision=prec)
+
+    before = pyattn.get_num_threads()
+    try:
+        outs = []
+        for t in (1, 2, 3, 5, 16):
+            pyattn.set_num_threads(t)
+            outs.append(mm(a, b))
+    finally:
+        pyattn.set_num_threads(before)
+    for o in outs[1:]:
+        assert np.array_equal(o, outs[0])
+    for i in (0, M // 2, M - 1):
+        assert np.array_equal(mm(a[i:i + 1], b)[0], outs[0][i])
+    for j in (0, N // 2, N - 1):
+        col = mm(a, b[:, j:j + 1], None if bias is None else bias[j:j + 1])[:, 0]
+        assert np.array_equal(col, outs[0][:, j])

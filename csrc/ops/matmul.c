@@ -189,9 +189,11 @@ static void gemm_task(void *ctx_, pa_ssize t, int tid)
 
 /* Shared-B path, for few large products on several threads: each KC x NC
  * block of B is packed once, by all threads (pass 1, NR panels split over
- * tasks), then the MC blocks of rows are shared out (pass 2). The
- * arithmetic of every element is that of gemm_task, so results are
- * identical whichever path runs. */
+ * tasks), then (MC block of rows, part of the NR panels) pairs are shared
+ * out (pass 2: parts only where the MC blocks alone would not split evenly
+ * over the threads -- 11 blocks on 2 threads wait for a 6th -- each part
+ * packs its A block itself). The arithmetic of every element is that of
+ * gemm_task, so results are identical whichever path runs. */
 typedef struct {
     const gemm_ctx *c;
     const char *B;          /* B block origin (row p0, column j0) */
@@ -199,8 +201,41 @@ typedef struct {
     const char *A;          /* A at (row 0, column p0) */
     char *C;                /* C at (row 0, column j0) */
     pa_ssize kc, nc, npanels, per;
+    pa_ssize nparts, ppart; /* pass 2: column parts, NR panels per part */
     int accumulate;
 } shared_ctx;
+
+/* Column parts for pass 2: the fewest (at most 8, at most one per panel)
+ * whose tasks -- MC blocks of rows (the last one shorter) times parts of
+ * whole panels (the last one narrower) -- handed out in order to whichever
+ * thread is free first, keep every thread busy within 5 % of the end, else
+ * the best such split. */
+static pa_ssize shared_parts(pa_ssize M, pa_ssize mc, pa_ssize npanels, pa_ssize nr, pa_ssize nc, int nt)
+{
+    enum { SIM = 64 };
+    const pa_ssize mblocks = (M + mc - 1) / mc;
+    if (nt > SIM || mblocks >= 8 * (pa_ssize)nt) return 1;    /* fine-grained enough */
+    pa_ssize best = 1;
+    double best_eff = 0.0;
+    for (pa_ssize p = 1; p <= 8 && p <= npanels; p++) {
+        const pa_ssize ppart = (npanels + p - 1) / p;
+        double fin[SIM] = {0.0}, total = 0.0, end = 0.0;
+        for (pa_ssize i = 0; i < mblocks; i++)
+            for (pa_ssize j = 0; j < p && j * ppart < npanels; j++) {
+                const pa_ssize rows = M - i * mc < mc ? M - i * mc : mc;
+                const pa_ssize c0 = j * ppart * nr, cols = nc - c0 < ppart * nr ? nc - c0 : ppart * nr;
+                int f = 0;
+                for (int u = 1; u < nt; u++) if (fin[u] < fin[f]) f = u;
+                fin[f] += (double)rows * (double)cols;
+                total += (double)rows * (double)cols;
+                if (fin[f] > end) end = fin[f];
+            }
+        const double eff = total / (end * nt);
+        if (eff > best_eff + 1e-9) { best = p; best_eff = eff; }
+        if (eff >= 0.95) break;
+    }
+    return best;
+}
 
 static void shared_pack_task(void *ctx_, pa_ssize t, int tid)
 {
@@ -219,10 +254,14 @@ static void shared_compute_task(void *ctx_, pa_ssize t, int tid)
     const shared_ctx *s = (const shared_ctx *)ctx_;
     const gemm_ctx *c = s->c;
     const size_t es = pa_elsize(c->dtype);
-    const pa_ssize i0 = t * c->g.mc;
+    const pa_ssize i0 = t / s->nparts * c->g.mc;
     const pa_ssize mc = c->M - i0 < c->g.mc ? c->M - i0 : c->g.mc;
-    gemm_block(c, s->A + i0 * c->A->rs * c->esa, mc, s->kc, s->Bp, s->nc,
-               s->C + i0 * c->C->rs * (pa_ssize)es, s->accumulate, (char *)c->ws[tid]);
+    const pa_ssize j0 = t % s->nparts * s->ppart * c->g.nr;       /* whole panels */
+    if (j0 >= s->nc) return;
+    const pa_ssize nc = s->nc - j0 < s->ppart * c->g.nr ? s->nc - j0 : s->ppart * c->g.nr;
+    gemm_block(c, s->A + i0 * c->A->rs * c->esa, mc, s->kc,
+               s->Bp + (size_t)(j0 * packed_k(c, s->kc)) * c->pes, nc,
+               s->C + (i0 * c->C->rs + j0 * c->C->cs) * (pa_ssize)es, s->accumulate, (char *)c->ws[tid]);
 }
 
 static int gemm_shared(gemm_ctx *c, int nt)
@@ -253,13 +292,15 @@ static int gemm_shared(gemm_ctx *c, int nt)
             }
             s.npanels = (s.nc + g->nr - 1) / g->nr;
             s.per = (s.npanels + nt - 1) / nt;
+            s.nparts = shared_parts(c->M, g->mc, s.npanels, g->nr, s.nc, nt);
+            s.ppart = (s.npanels + s.nparts - 1) / s.nparts;
             for (pa_ssize p0 = 0; p0 < c->K; p0 += g->kc) {
                 s.kc = c->K - p0 < g->kc ? c->K - p0 : g->kc;
                 s.accumulate = (p0 > 0) || bias != NULL;
                 s.B = B + (p0 * c->B->rs + j0 * c->B->cs) * c->esb;
                 s.A = A + p0 * c->A->cs * c->esa;
                 pa_parallel_for((s.npanels + s.per - 1) / s.per, shared_pack_task, &s, nt);
-                pa_parallel_for(mblocks, shared_compute_task, &s, nt);
+                pa_parallel_for(mblocks * s.nparts, shared_compute_task, &s, nt);
             }
         }
     }
@@ -289,6 +330,11 @@ int pa_matmul(const pa_family *fam, int dtype, int a_dt, int b_dt, const pa_batc
          * no element's arithmetic changes. */
         const pa_ssize w = (N + c.nblocks - 1) / c.nblocks;
         c.g.nc = (int)((w + c.g.nr - 1) / c.g.nr * c.g.nr);
+        /* and MC blocks of equal height (whole MR panels) likewise: M = 300
+         * with MC = 96 gives 84, 84, 84, 48 rows, not 96, 96, 96, 12 */
+        const pa_ssize mb = (M + c.g.mc - 1) / c.g.mc;
+        const pa_ssize h = ((M + mb - 1) / mb + c.g.mr - 1) / c.g.mr * c.g.mr;
+        if (h < c.g.mc) c.g.mc = (int)h;
     }
     {   /* about 3 tasks per thread over (batch, M chunks, N blocks), for
          * balance; one thread needs no balance, and every extra M chunk packs
@@ -318,9 +364,12 @@ int pa_matmul(const pa_family *fam, int dtype, int a_dt, int b_dt, const pa_batc
     if ((size_t)nt > ntasks) nt = (int)ntasks;
     void *wsv[PA_MAX_THREADS];
     int ok = 1;
-    /* few large products on several threads: share the packed B */
+    /* few large products on several threads: share the packed B, when
+     * (MC block, column part) pairs give every thread two or more */
+    const pa_ssize bpanels = (c.g.nc + c.g.nr - 1) / c.g.nr;
     const int shared = nt > 1 && bt->count * c.nblocks < nt &&
-                       M >= 2 * c.g.mc * (pa_ssize)(nthreads < 1 ? 1 : nthreads);
+                       (M + c.g.mc - 1) / c.g.mc * (bpanels < 8 ? bpanels : 8) >=
+                           2 * (pa_ssize)(nthreads < 1 ? 1 : nthreads);
     if (shared) {
         nt = nthreads;
         if (nt > PA_MAX_THREADS) nt = PA_MAX_THREADS;
