@@ -12,6 +12,7 @@
  * never leaves a task and always runs in the same KC panels, so an element's
  * arithmetic does not depend on the thread count or on its batch.
  */
+#include <string.h>
 #include "ops.h"
 #include "threads.h"
 
