@@ -872,7 +872,7 @@ def main():
         for impl in ("pyattn", "torch", "numpy"):
             for t in threads:
                 pts = sorted((int(r["shape"].split("L=S=")[1].split()[0]), r["flops"] / r["min_ms"] / 1e6)
-                             for r in rows if r.get("op") == "sdpa" and r["impl"] == impl and r["threads"] == t
+                             for r in rows if r.get("op") == "sdpa" and r.get("impl") == impl and r["threads"] == t
                              and "L=S=" in r["shape"] and "E=64" in r["shape"] and "causal" not in r["shape"])
                 if pts:
                     ax.plot(*zip(*pts), marker="o", label=f"{impl}, {t} thr")
