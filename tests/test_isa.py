@@ -132,6 +132,48 @@ def test_avx2_and_avx512_families_agree_bit_for_bit(family, rng, dtype):
         assert np.array_equal(got, want)
 
 
+@needs_avx2
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax_rows_agree_across_families(family, rng, dtype):
+    """The softmax row kernel at 16 lanes (two 32-byte pieces per vector:
+    avx512, its emulation) gives the avx2 family's bits: every row length
+    around the vector and piece sizes, contiguous and strided rows, scales,
+    masks and limits, and rows with NaN, +-inf and nothing admissible."""
+    xs = []
+    for n in list(range(1, 70)) + [127, 128, 129, 255, 1000, 1001]:
+        x = (rng.standard_normal((3, n)) * 4).astype(dtype)
+        xs.append(x)
+    special = (rng.standard_normal((6, 40)) * 3).astype(dtype)
+    special[0, 17] = np.nan
+    special[1, 5] = np.inf
+    special[2, :] = -np.inf
+    special[3, 33] = -np.inf
+    special[4, 0] = np.nan
+    special[4, 39] = np.inf
+    special[5, 20:] = np.float32(-0.0)
+    xs.append(special)
+    wide = (rng.standard_normal((5, 3 * 211)) * 4).astype(dtype)
+    mask = rng.random((5, 211)) > 0.3
+    outs = {}
+    codes = [AVX2, AVX512_EMU] + ([AVX512] if MACHINE == "avx512" else [])
+    for code in codes:
+        family(code)
+        got = []
+        for x in xs:
+            got.append(pyattn.softmax(x))
+            got.append(pyattn.softmax(x, scale=0.37))
+            got.append(pyattn.softmax(x, is_causal=True))
+        got.append(pyattn.softmax(wide[:, ::3]))                     # strided rows
+        got.append(pyattn.softmax(wide[:, :211], attn_mask=mask))
+        got.append(pyattn.softmax(wide[:, :211], attn_mask=np.where(mask, 0.5, -np.inf).astype(dtype)))
+        out = np.empty((211, 5), dtype).T                          # strided output
+        got.append(pyattn.softmax(wide[:, 1::3], out=out))
+        outs[code] = got
+    for code in codes[1:]:
+        for a, b in zip(outs[code], outs[AVX2]):
+            assert a.dtype == b.dtype and np.array_equal(a, b, equal_nan=True)
+
+
 @pytest.mark.skipif(MACHINE != "avx512", reason="this CPU has no AVX-512: only the emulated build can run")
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_real_avx512_matches_emulation_bit_for_bit(family, rng, dtype):

@@ -61,7 +61,7 @@ PA_KERNELS_OF(avx2, f64)
 PA_WIDEN_OF(avx2)
 PA_WIDEN_OF(avx512)
 PA_WIDEN_OF(avx512emu)
-PA_KERNELS_OF(avx512, f32)      /* (no softmax rows: the AVX2 ones serve) */
+PA_KERNELS_OF(avx512, f32)
 PA_KERNELS_OF(avx512, f64)
 PA_KERNELS_OF(avx512emu, f32)
 PA_KERNELS_OF(avx512emu, f64)

@@ -23,7 +23,10 @@
  * and, for both dtypes:
  *   vhsum16(a)                the sum of 16 partials held in a[0 .. 16/VL):
  *                             p[l] + p[l + 8], then + 4, + 2, + 1
- * and exp_vec.inc adds vexp(x) for x <= 0. */
+ * and exp_vec.inc adds vexp(x) for x <= 0. A vocabulary whose vectors hold
+ * two 32-byte softmax pieces (AVX-512, its emulation) also defines VP (one
+ * piece), vpzero(), vpadd(s, e) (s + e's low piece, then + its high piece)
+ * and vpstore(p, s). */
 #ifndef PYATTN_VEC_VOCAB_H
 #define PYATTN_VEC_VOCAB_H
 
@@ -58,5 +61,9 @@
 #define vwiden_bf16 PA_V(widen_bf16)
 #define vhsum16 PA_V(hsum16)
 #define vexp PA_CAT(vexp_, PA_DT)        /* exp_vec.inc */
+#define VP PA_V(p)                       /* softmax piece sums (two-piece vectors only) */
+#define vpzero PA_V(pzero)
+#define vpadd PA_V(padd)
+#define vpstore PA_V(pstore)
 
 #endif

@@ -1,10 +1,9 @@
 /*
  * avx512.c -- the avx512 family's SIMD kernels (AVX-512F, 16 floats /
  * 8 doubles per vector): the width-generic bodies of kernels/vec over
- * simd_avx512.h -- GEMM 12x32 / 12x16, the tile step, the peak probe.
- * (Its softmax rows are the avx2 family's: the 32-byte pieces of the row
- * kernel are narrower than a vector here.) Exports
- * pa_{gemm,tilesm}_{f32,f64}_avx512 and pa_fma_probe_avx512.
+ * simd_avx512.h -- GEMM 12x32 / 12x16, the tile step, softmax rows (two
+ * 32-byte pieces per vector), the peak probe. Exports
+ * pa_{gemm,tilesm,softmax}_{f32,f64}_avx512 and pa_fma_probe_avx512.
  */
 #include "kernels/kernels.h"
 
@@ -16,7 +15,7 @@
 #define PA_ISA avx512
 #define PA_VFN __attribute__((target("avx512f,fma")))
 #define PA_MR 12
-#define PA_WITH_SOFTMAX 0
+#define PA_WITH_SOFTMAX 2
 #define PA_TEMPLATE "kernels/vec/family_vec.inc"
 #include "dtypes.inc"
 #undef PA_TEMPLATE

@@ -15,7 +15,7 @@
 #define PA_ISA avx512emu
 #define PA_VFN __attribute__((target("avx2,fma,f16c")))
 #define PA_MR 12
-#define PA_WITH_SOFTMAX 0
+#define PA_WITH_SOFTMAX 2
 #define PA_TEMPLATE "kernels/vec/family_vec.inc"
 #include "dtypes.inc"
 #undef PA_TEMPLATE

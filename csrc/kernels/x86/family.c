@@ -34,7 +34,7 @@ const pa_family pa_family_avx2 = {
     .tilesm = {{pa_tilesm_f32_avx512, "pyattn_tilesm_f32_avx512"}, {pa_tilesm_f64_avx512, "pyattn_tilesm_f64_avx512"}}, \
     .tilep = {{pa_tilep_f32_avx512, "pyattn_tilep_f32_avx512"}, {pa_tilep_f64_avx512, "pyattn_tilep_f64_avx512"}}, \
     .tileds = {{pa_tileds_f32_avx512, "pyattn_tileds_f32_avx512"}, {pa_tileds_f64_avx512, "pyattn_tileds_f64_avx512"}}, \
-    .softmax = {{pa_softmax_f32_avx2, "pyattn_softmax_f32_avx2"}, {pa_softmax_f64_avx2, "pyattn_softmax_f64_avx2"}}, \
+    .softmax = {{pa_softmax_f32_avx512, "pyattn_softmax_f32_avx512"}, {pa_softmax_f64_avx512, "pyattn_softmax_f64_avx512"}}, \
     .decode = {{{pa_rowdot_f32_avx512, pa_rowdot_f16_f32_avx512, pa_rowdot_bf16_f32_avx512}, pa_rowsm_f32_avx512, \
                  {pa_rowpv_f32_avx512, pa_rowpv_f16_f32_avx512, pa_rowpv_bf16_f32_avx512}, "pyattn_decode_f32_avx512"}, \
                {{pa_rowdot_f64_avx512, NULL, NULL}, pa_rowsm_f64_avx512, {pa_rowpv_f64_avx512, NULL, NULL}, "pyattn_decode_f64_avx512"}}, \
@@ -67,7 +67,7 @@ const pa_family pa_family_avx512emu = {
                {pa_tilesm_f64_avx512emu, "pyattn_tilesm_f64_avx512emu"}},
     .tilep = {{pa_tilep_f32_avx512emu, "pyattn_tilep_f32_avx512emu"}, {pa_tilep_f64_avx512emu, "pyattn_tilep_f64_avx512emu"}},
     .tileds = {{pa_tileds_f32_avx512emu, "pyattn_tileds_f32_avx512emu"}, {pa_tileds_f64_avx512emu, "pyattn_tileds_f64_avx512emu"}},
-    .softmax = {{pa_softmax_f32_avx2, "pyattn_softmax_f32_avx2"}, {pa_softmax_f64_avx2, "pyattn_softmax_f64_avx2"}},
+    .softmax = {{pa_softmax_f32_avx512emu, "pyattn_softmax_f32_avx512emu"}, {pa_softmax_f64_avx512emu, "pyattn_softmax_f64_avx512emu"}},
     .decode = {{{pa_rowdot_f32_avx512emu, pa_rowdot_f16_f32_avx512emu, pa_rowdot_bf16_f32_avx512emu}, pa_rowsm_f32_avx512emu,
                  {pa_rowpv_f32_avx512emu, pa_rowpv_f16_f32_avx512emu, pa_rowpv_bf16_f32_avx512emu}, "pyattn_decode_f32_avx512emu"},
                {{pa_rowdot_f64_avx512emu, NULL, NULL}, pa_rowsm_f64_avx512emu, {pa_rowpv_f64_avx512emu, NULL, NULL}, "pyattn_decode_f64_avx512emu"}},

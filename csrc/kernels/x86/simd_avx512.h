@@ -41,6 +41,26 @@ PA_AVX512_FN double pa_avx512_hsum16_f64(const __m512d *a)
     return _mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));
 }
 
+/* Softmax piece sums (kernels/vec/softmax_vec.inc, PA_WITH_SOFTMAX 2): a
+ * vector holds two 32-byte pieces; vpadd adds them to the piece sums in
+ * order, the low piece first, as a family with 32-byte vectors does. */
+typedef __m256 pa_avx512_p_f32;
+typedef __m256d pa_avx512_p_f64;
+PA_AVX512_FN __m256 pa_avx512_pzero_f32(void) { return _mm256_setzero_ps(); }
+PA_AVX512_FN __m256 pa_avx512_padd_f32(__m256 s, __m512 e)
+{
+    s = _mm256_add_ps(s, _mm512_castps512_ps256(e));
+    return _mm256_add_ps(s, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
+}
+PA_AVX512_FN void pa_avx512_pstore_f32(float *p, __m256 s) { _mm256_storeu_ps(p, s); }
+PA_AVX512_FN __m256d pa_avx512_pzero_f64(void) { return _mm256_setzero_pd(); }
+PA_AVX512_FN __m256d pa_avx512_padd_f64(__m256d s, __m512d e)
+{
+    s = _mm256_add_pd(s, _mm512_castpd512_pd256(e));
+    return _mm256_add_pd(s, _mm512_extractf64x4_pd(e, 1));
+}
+PA_AVX512_FN void pa_avx512_pstore_f64(double *p, __m256d s) { _mm256_storeu_pd(p, s); }
+
 /* 16 float16 / bfloat16 values to floats, exactly */
 PA_AVX512_FN __m512 pa_avx512_widen_f16_f32(const uint16_t *p)
 {

@@ -55,6 +55,15 @@ PA_AVX2_FN pa_emu_v_f32 pa_emu_widen_bf16_f32(const uint16_t *p)
     return (pa_emu_v_f32){pa_avx2_widen_bf16_f32(p), pa_avx2_widen_bf16_f32(p + 8)};
 }
 PA_EMU_OPS(f64, double, pa_emu_v_f64, 4)
+/* softmax piece sums: the two halves, low first (simd_avx512.h) */
+typedef __m256 pa_emu_p_f32;
+typedef __m256d pa_emu_p_f64;
+PA_AVX2_FN __m256 pa_emu_pzero_f32(void) { return _mm256_setzero_ps(); }
+PA_AVX2_FN __m256 pa_emu_padd_f32(__m256 s, pa_emu_v_f32 e) { return _mm256_add_ps(_mm256_add_ps(s, e.lo), e.hi); }
+PA_AVX2_FN void pa_emu_pstore_f32(float *p, __m256 s) { _mm256_storeu_ps(p, s); }
+PA_AVX2_FN __m256d pa_emu_pzero_f64(void) { return _mm256_setzero_pd(); }
+PA_AVX2_FN __m256d pa_emu_padd_f64(__m256d s, pa_emu_v_f64 e) { return _mm256_add_pd(_mm256_add_pd(s, e.lo), e.hi); }
+PA_AVX2_FN void pa_emu_pstore_f64(double *p, __m256d s) { _mm256_storeu_pd(p, s); }
 #undef PA_EMU1
 #undef PA_EMU2
 #undef PA_EMU3
