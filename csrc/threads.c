@@ -8,8 +8,9 @@
  * The caller returns as soon as every task has run: it never waits for a
  * worker that woke too late to find a task (a sleeping thread's wake-up can
  * take longer than a small job), and such a worker, finding the word of
- * another generation or no index left, claims nothing. Before sleeping, a worker spins for a short while (and the
- * caller likewise before it waits for the workers): an op runs several jobs
+ * another generation or no index left, claims nothing. Before sleeping, a
+ * worker spins for a short while (and the caller likewise before it waits
+ * for the tasks): an op runs several jobs
  * back to back (the GEMM's pack/compute passes per K panel), and waking a
  * sleeping thread costs far more than that spin -- on virtual machines up to
  * a millisecond, measured here. Which thread runs a task changes from run to run; what a
@@ -85,7 +86,9 @@ static int job_nthreads;         /* participating threads, caller included */
 static unsigned long spawn_generation;  /* generation when the workers started */
 
 /* The claim word: the low PA_IDX_BITS bits are the next task index, the
- * bits above them the low bits of the job's generation. */
+ * 24 bits above them the low bits of the job's generation (a worker would
+ * have to stall between reading a job and claiming from it through 2^24
+ * later jobs to mistake one for another). */
 #define PA_IDX_BITS 40
 #define PA_IDX_MASK ((1ULL << PA_IDX_BITS) - 1)
 static atomic_ullong job_word;

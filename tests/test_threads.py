@@ -326,7 +326,7 @@ def test_matmul_row_and_column_splits(M, K, N, kind):
     before = pyattn.get_num_threads()
     try:
         outs = []
-        for t in (1, 2, 3, 5, 16):
+        for t in (1, 2, 3, 5, 16, 24):
             pyattn.set_num_threads(t)
             outs.append(mm(a, b))
     finally:

@@ -210,28 +210,35 @@ typedef struct {
  * whose tasks -- MC blocks of rows (the last one shorter) times parts of
  * whole panels (the last one narrower) -- handed out in order to whichever
  * thread is free first, keep every thread busy within 5 % of the end, else
- * the best such split. */
+ * the best such split. (Simulated for up to SIM threads; beyond, the tasks
+ * are counted as equal.) */
 static pa_ssize shared_parts(pa_ssize M, pa_ssize mc, pa_ssize npanels, pa_ssize nr, pa_ssize nc, int nt)
 {
-    enum { SIM = 64 };
+    enum { SIM = 16 };
     const pa_ssize mblocks = (M + mc - 1) / mc;
-    if (nt > SIM || mblocks >= 8 * (pa_ssize)nt) return 1;    /* fine-grained enough */
+    if (mblocks >= 8 * (pa_ssize)nt) return 1;                 /* fine-grained enough */
     pa_ssize best = 1;
     double best_eff = 0.0;
     for (pa_ssize p = 1; p <= 8 && p <= npanels; p++) {
         const pa_ssize ppart = (npanels + p - 1) / p;
-        double fin[SIM] = {0.0}, total = 0.0, end = 0.0;
-        for (pa_ssize i = 0; i < mblocks; i++)
-            for (pa_ssize j = 0; j < p && j * ppart < npanels; j++) {
-                const pa_ssize rows = M - i * mc < mc ? M - i * mc : mc;
-                const pa_ssize c0 = j * ppart * nr, cols = nc - c0 < ppart * nr ? nc - c0 : ppart * nr;
-                int f = 0;
-                for (int u = 1; u < nt; u++) if (fin[u] < fin[f]) f = u;
-                fin[f] += (double)rows * (double)cols;
-                total += (double)rows * (double)cols;
-                if (fin[f] > end) end = fin[f];
-            }
-        const double eff = total / (end * nt);
+        double eff;
+        if (nt > SIM) {
+            const pa_ssize tasks = mblocks * ((npanels + ppart - 1) / ppart);
+            eff = (double)tasks / (double)((tasks + nt - 1) / nt * nt);
+        } else {
+            double fin[SIM] = {0.0}, total = 0.0, end = 0.0;
+            for (pa_ssize i = 0; i < mblocks; i++)
+                for (pa_ssize j = 0; j < p && j * ppart < npanels; j++) {
+                    const pa_ssize rows = M - i * mc < mc ? M - i * mc : mc;
+                    const pa_ssize c0 = j * ppart * nr, cols = nc - c0 < ppart * nr ? nc - c0 : ppart * nr;
+                    int f = 0;
+                    for (int u = 1; u < nt; u++) if (fin[u] < fin[f]) f = u;
+                    fin[f] += (double)rows * (double)cols;
+                    total += (double)rows * (double)cols;
+                    if (fin[f] > end) end = fin[f];
+                }
+            eff = total / (end * nt);
+        }
         if (eff > best_eff + 1e-9) { best = p; best_eff = eff; }
         if (eff >= 0.95) break;
     }
