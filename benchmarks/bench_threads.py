@@ -25,6 +25,8 @@ import subprocess
 import sys
 import time
 
+from bench import _cpu_name   # benchmarks/bench.py, beside this file
+
 
 def _best(fn, repeat):
     fn()
@@ -115,17 +117,6 @@ def worker(repeat):
                                        "bytes": nbytes}), flush=True)
 
 
-def _cpu():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", default=None, help="comma-separated thread counts (default: 1, 2, all)")
@@ -154,7 +145,7 @@ def main():
             elif line.startswith("ROW "):
                 rows.append(dict(json.loads(line[4:]), threads=n))
     import numpy as np
-    head = [f"- CPU: {_cpu()}, {ncpu} logical CPUs; {platform.machine()}",
+    head = [f"- CPU: {_cpu_name()}, {ncpu} logical CPUs; {platform.machine()}",
             f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
             f"- command: python benchmarks/bench_threads.py --threads {','.join(map(str, counts))}",
             "- float32 FMA peak, probed with n cores busy at once (the FMA chains of _C.fma_probe "
