@@ -219,7 +219,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         (PyTorch's ``tril(ones(L, S))``). "bottom_right": ``j <= i + S - L``
         (FlashAttention; decoding with a cache). Intersects with attn_mask.
     scale : float, optional
-        ``None`` means ``1/sqrt(E)`` (1 when E = 0).
+        ``None`` means ``1/sqrt(E)`` (1 when E = 0). Scalars (``scale``,
+        ``dropout_p``, ``softcap``) take any real number -- Python or NumPy,
+        a 0-d array -- but not a string (``"0.5"``) or a bool (a bool here is
+        an argument in the wrong place): ``TypeError``.
     enable_gqa : bool
         Axis -3 of key/value may hold ``Hkv`` heads with ``Hq % Hkv == 0``;
         query head h uses key/value head ``h // (Hq // Hkv)``, read in place.
@@ -234,7 +237,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     window : (left, right), optional
         Sliding window: query i sees keys ``d(i) - left <= j <= d(i) + right``
         where ``d(i) = i`` (``i + S - L`` with ``is_causal="bottom_right"``);
-        ``None`` in either place is unbounded. Mistral: ``window=(4095, 0)``
+        ``None`` in either place is unbounded, and so is a side of at least
+        ``S + L`` (any int is taken). Mistral: ``window=(4095, 0)``
         with ``is_causal=True``. Key tiles outside every row's window are
         skipped, not masked.
     alibi_slopes : array_like, optional
@@ -289,7 +293,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         slopes or sinks whose shape does not match the query heads.
     TypeError
         An operand that is not array-like, or complex, object, string or
-        datetime; a mask that is neither bool nor numeric; a bad ``rng``.
+        datetime; a mask that is neither bool nor numeric; a bad ``rng``;
+        a scalar that is not a real number (window sides: not an integer).
 
     A query row with no admissible key gives weights 0 and an output row of 0.
     NaN in query/key (or a float mask) spreads to the rows it touches; a key
@@ -670,7 +675,9 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
     ``n_b - T + t``. ``is_causal`` is bottom-right causal on those positions.
     Only those cache rows are written; ``cache_seqlens`` is not modified (see
     :class:`pyattn.KVCache`, which advances its lengths). Everything is
-    checked before anything is written.
+    checked and every array the call needs is allocated before the new rows
+    are written: a call that raises (``MemoryError`` included) leaves the
+    caches as they were.
 
     Decode (``T = 1``) over long caches splits the keys into fixed chunks
     across threads (bit-identical for any thread count).
@@ -701,12 +708,15 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
         Shapes that do not match (caches, query, key/value); query heads
         not a multiple of the cache heads; ``cache_seqlens`` negative, of
         the wrong shape, or past ``S_max`` (with the new rows: ``n_b + T >
-        S_max``); a read-only cache when key/value are given; only one of
+        S_max``, compared without a sum that could wrap); a read-only cache when key/value are given; only one of
         key and value; and the structured-mask errors of
         :func:`scaled_dot_product_attention`.
     TypeError
-        Caches that are not float32/float64 ndarrays, ``cache_seqlens`` not
-        integers, non-numeric key/value.
+        Caches that are not float32/float64/float16/bfloat16 ndarrays,
+        ``cache_seqlens`` not integers (floats, bools, strings), non-numeric
+        key/value, a scalar that is not a real number.
+    MemoryError
+        A result that does not fit in memory (nothing is written then).
 
     Examples
     --------

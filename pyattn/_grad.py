@@ -90,7 +90,8 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse,
         ``grad_out``, ``out`` or ``lse`` whose shape is not the forward's, and
         every error of the forward.
     TypeError
-        ``lse`` not of the compute dtype, non-float ``grad_out`` / ``out``.
+        ``lse`` not of the compute dtype; ``grad_out`` / ``out`` not float16,
+        bfloat16, float32 or float64 (extended precision included).
 
     Examples
     --------

@@ -74,8 +74,10 @@ class KVCache:
 
         Keyword arguments go to :func:`pyattn.attention_with_kvcache`
         (``is_causal``, ``scale``, ``window``, ``alibi_slopes``, ``softcap``,
-        ``sinks``, ``return_lse``, ``out``). Raises ``ValueError`` (nothing
-        written, lengths unchanged) when the new rows do not fit.
+        ``sinks``, ``return_lse``, ``out``). Raises ``ValueError`` when the
+        new rows do not fit, ``TypeError`` when ``key`` or ``value`` is
+        None; any error (``MemoryError`` included) writes nothing and leaves
+        ``lengths`` unchanged.
         """
         if "cache_seqlens" in kw:
             raise TypeError("KVCache.attend takes its lengths from the cache; do not pass cache_seqlens")
