@@ -384,3 +384,60 @@ def test_alloc_hook_is_off_by_default():
     assert _C._alloc_hook(0)[0] == 0
     with pytest.raises(ValueError):
         _C._alloc_hook(-1)
+
+
+@pytest.mark.parametrize("n", list(BIG) + [-(2**63)])
+def test_softmax_axis_at_the_limits(n):
+    with pytest.raises(ValueError, match="axis"):
+        pyattn.softmax(np.ones((2, 3)), axis=n)
+    with pytest.raises(ValueError, match="dim|axis"):
+        pyattn.softmax(np.ones((2, 3)), dim=n)
+
+
+@pytest.mark.parametrize("n", [2**63 - 1, 2**63, 2**64 - 1])
+def test_seqlens_integer_arrays_at_the_limits(n):
+    q, kc, vc, k, v = _kv_case()
+    before = _snap(kc, vc)
+    dt = np.uint64 if n >= 2**63 else np.int64
+    for args in ((), (k, v)):
+        with pytest.raises(ValueError, match="cache_seqlens"):
+            pyattn.attention_with_kvcache(q, kc, vc, *args, cache_seqlens=np.array([0, n], dt))
+        with pytest.raises(ValueError, match="cache_seqlens"):
+            pyattn.attention_with_kvcache(q, kc, vc, *args, cache_seqlens=dt(n))
+    assert _snap(kc, vc) == before
+
+
+@pytest.mark.parametrize("w", BIG)
+def test_huge_window_dask(w):
+    da = pytest.importorskip("dask.array")
+    import pyattn.dask as pdask
+    q, k, v = _qkv(L=64, S=64)
+    qd, kd, vd = (da.from_array(x, chunks=(1, 16, 4)) for x in (q, k, v))
+    for win, ref in (((0, w), (0, None)), ((w, 3), (None, 3))):
+        a = pdask.scaled_dot_product_attention(qd, kd, vd, is_causal=True, window=win).compute()
+        b = pyattn.scaled_dot_product_attention(q, k, v, is_causal=True, window=ref)
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_append_private_entry_checks():
+    """_C.sdpa's append, called directly: every check before anything is written."""
+    q, kc, vc, k, v = _kv_case(T=2)
+    before = _snap(kc, vc)
+    pos = np.array([0, 7], np.int64)
+    kv_len = np.array([2, 8, 2, 8], np.int64)       # one per (batch, head)
+    bad = [((kc, vc, k, v, pos), ValueError),                          # 7 + 2 > 8
+           ((kc, vc, k.astype(np.float64), v, np.zeros(2, np.int64)), TypeError),
+           ((kc, vc, k[:, :1], v, np.zeros(2, np.int64)), ValueError),
+           ((kc, vc, k, v, np.zeros(3, np.int64)), ValueError),
+           ((kc, vc, k, v, np.array([0, 2**63 - 1], np.int64)), ValueError),
+           ((kc, vc, k, v, np.array([-1, 0], np.int64)), ValueError),
+           ((kc, np.zeros_like(vc)[..., :0, :], k, v, np.zeros(2, np.int64)), ValueError),
+           ((kc, vc, k, v), TypeError)]
+    for app, exc in bad:
+        with pytest.raises(exc):
+            _C.sdpa(q, kc, vc, causal=2, kv_len=kv_len, append=app)
+        assert _snap(kc, vc) == before
+    ro = kc.copy()
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="writeable"):
+        _C.sdpa(q, kc, vc, causal=2, kv_len=kv_len, append=(ro, vc, k, v, np.zeros(2, np.int64)))
