@@ -54,11 +54,13 @@ class KVCache:
         if dt not in (np.float32, np.float64) and not is16(dt):
             raise TypeError(f"dtype must be float32, float64, float16 or bfloat16 (ml_dtypes), got {dt}")
         B, H, S, E, Ev = dims
-        for D, name in ((E, "head_dim"), (Ev, "value_dim")):   # Python ints: nothing wraps
-            if B * H * S * D * dt.itemsize > np.iinfo(np.intp).max:
-                raise ValueError(f"KVCache(batch={B}, num_kv_heads={H}, max_len={S}, {name}={D}): "
-                                 f"the cache would need more than {np.iinfo(np.intp).max} bytes "
-                                 f"(batch, num_kv_heads, max_len, {name} too large)")
+        limit = np.iinfo(np.intp).max                  # Python ints: nothing wraps
+        for nbytes, what in ((B * H * S * E * dt.itemsize, "batch, num_kv_heads, max_len, head_dim"),
+                             (B * H * S * Ev * dt.itemsize, "batch, num_kv_heads, max_len, value_dim"),
+                             (B * 8, "batch")):
+            if nbytes > limit:
+                raise ValueError(f"KVCache(batch={B}, num_kv_heads={H}, max_len={S}, head_dim={E}, "
+                                 f"value_dim={Ev}) would need more than {limit} bytes ({what} too large)")
         self.k = np.zeros((B, H, S, E), dt)
         self.v = np.zeros((B, H, S, Ev), dt)
         self.lengths = np.zeros(B, np.int64)

@@ -289,6 +289,9 @@ def test_KVCache_sizes_at_the_limits(n, which):
     dims[which] = n
     with pytest.raises(ValueError, match=which):
         pyattn.KVCache(**dims)
+    if which == "batch" and n > 0:          # empty rows, but the lengths (B,) still too large
+        with pytest.raises(ValueError, match="batch"):
+            pyattn.KVCache(n, 1, 4, 0)
 
 
 @pytest.mark.parametrize("n", list(BIG) + [-1, 0])
