@@ -444,3 +444,24 @@ def test_append_private_entry_checks():
     ro.flags.writeable = False
     with pytest.raises(ValueError, match="writeable"):
         _C.sdpa(q, kc, vc, causal=2, kv_len=kv_len, append=(ro, vc, k, v, np.zeros(2, np.int64)))
+
+
+@pytest.mark.parametrize("qoff", [2**62, -(2**62), 2**62 - 3, 5])
+def test_private_positions_at_the_limits(qoff):
+    """_C.sdpa with a position offset near 2**62 and windows up to 2**63 - 1:
+    the key ranges (whose sums saturate, UBSan-clean) equal a bool mask built
+    from Python ints."""
+    q, k, v = _qkv(L=4, S=6)
+    L, S = 4, 6
+    for causal in (0, 1):
+        for left in (-1, 0, 2, 2**61, 2**62, sys.maxsize):
+            for right in (-1, 0, 2**62, sys.maxsize):
+                d = [i + qoff for i in range(L)]
+                m = np.array([[(not causal or j <= d[i]) and (left < 0 or j >= d[i] - left) and
+                               (right < 0 or j <= d[i] + right) for j in range(S)] for i in range(L)])
+                got = _C.sdpa(q, k, v, causal=causal, left=left, right=right, qoff=qoff, want_lse=True)
+                ref = _C.sdpa(q, k, v, mask=np.broadcast_to(m, (2, L, S)).copy(), want_lse=True)
+                np.testing.assert_allclose(got[0], ref[0], rtol=1e-13, atol=1e-15)
+                np.testing.assert_array_equal(np.isinf(got[2]), np.isinf(ref[2]))
+    with pytest.raises(ValueError, match="qoff"):
+        _C.sdpa(q, k, v, qoff=2**62 + 1)
