@@ -200,6 +200,10 @@ static PyArrayObject *new_array(int nd, const pa_ssize *shape, int dtype, const 
             return NULL;
         }
     }
+    if (pa_alloc_fails()) {             /* the test hook (_alloc_hook) */
+        PyErr_Format(PyExc_MemoryError, "the %s could not be allocated (test hook)", what);
+        return NULL;
+    }
     return (PyArrayObject *)PyArray_SimpleNew(nd, dims, dtype == PA_F32 ? NPY_FLOAT32 : NPY_FLOAT64);
 }
 
@@ -432,24 +436,125 @@ static int get_perbatch(PyObject *o, const char *name, int npy_type, pa_ssize co
     return 0;
 }
 
+/* A window side as the frame takes it: negative (unbounded) -> -1, and a
+ * side at least S + L + |qoff| wide, which reaches past every key from every
+ * row's position (within [-L, S] without qoff, [qoff, qoff + L) with it),
+ * -1 as well: the ends of the key ranges then never overflow. */
+static pa_ssize window_side(Py_ssize_t w, pa_ssize S, pa_ssize L, pa_ssize qoff)
+{
+    if (w < 0) return -1;
+    const pa_ssize bound = pa_add_sat(pa_add_sat(S, L), qoff < 0 ? -qoff : qoff);
+    return (pa_ssize)w >= bound ? -1 : (pa_ssize)w;
+}
+
+/* attention_with_kvcache's new rows: key / value (B, H, T, E / Ev), stored
+ * as the caches are, copied into rows [pos[b], pos[b] + T) of k_cache /
+ * v_cache (B, H, S_max, E / Ev) by pa_attention once everything the call
+ * needs is allocated (opts.before), so a failing call writes nothing. */
+typedef struct {
+    char *cache[2];
+    const char *rows[2];
+    pa_ssize cst[2][4], rst[2][4];  /* element strides */
+    pa_ssize B, H, T, D[2];
+    size_t es[2];
+    const int64_t *pos;
+} kv_append;
+
+static void kv_append_run(void *ctx)
+{
+    const kv_append *a = (const kv_append *)ctx;
+    for (int x = 0; x < 2; x++) {
+        const pa_ssize es = (pa_ssize)a->es[x], D = a->D[x];
+        const pa_ssize *cs = a->cst[x], *rs = a->rst[x];
+        for (pa_ssize b = 0; b < a->B; b++)
+            for (pa_ssize h = 0; h < a->H; h++)
+                for (pa_ssize t = 0; t < a->T; t++) {
+                    char *dst = a->cache[x] + (b * cs[0] + h * cs[1] + ((pa_ssize)a->pos[b] + t) * cs[2]) * es;
+                    const char *src = a->rows[x] + (b * rs[0] + h * rs[1] + t * rs[2]) * es;
+                    if (cs[3] == 1 && rs[3] == 1)
+                        memmove(dst, src, (size_t)(D * es));
+                    else
+                        for (pa_ssize e = 0; e < D; e++) memmove(dst + e * cs[3] * es, src + e * rs[3] * es, (size_t)es);
+                }
+    }
+}
+
+/* append = (k_cache, v_cache, key, value, positions (B,) int64): validated
+ * in full here, before the call allocates or writes anything. */
+static int get_append(PyObject *o, kv_append *ap)
+{
+    static const char *cn[2] = {"k_cache", "v_cache"}, *rn[2] = {"key", "value"};
+    if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) != 5) {
+        PyErr_SetString(PyExc_TypeError, "append must be (k_cache, v_cache, key, value, positions)");
+        return -1;
+    }
+    view c[2], r[2];
+    for (int x = 0; x < 2; x++) {
+        if (get_view(PyTuple_GET_ITEM(o, x), cn[x], 4, PA_ALLOW_16, 1, &c[x]) < 0 ||
+            get_view(PyTuple_GET_ITEM(o, 2 + x), rn[x], 4, PA_ALLOW_16, 0, &r[x]) < 0)
+            return -1;
+        if (c[x].nd != 4 || r[x].nd != 4) {
+            PyErr_Format(PyExc_ValueError, "%s and %s must be 4-D", cn[x], rn[x]);
+            return -1;
+        }
+        if (r[x].dtype != c[x].dtype) {
+            PyErr_Format(PyExc_TypeError, "%s must be stored as %s is (%s), got %s", rn[x], cn[x],
+                         dtype_name(c[x].dtype), dtype_name(r[x].dtype));
+            return -1;
+        }
+    }
+    const pa_ssize B = c[0].shape[0], H = c[0].shape[1], S = c[0].shape[2], T = r[0].shape[2];
+    for (int x = 0; x < 2; x++) {
+        if (c[x].shape[0] != B || c[x].shape[1] != H || c[x].shape[2] != S) {
+            shape_error(cn[x], &c[x], "k_cache", &c[0]);
+            return -1;
+        }
+        if (r[x].shape[0] != B || r[x].shape[1] != H || r[x].shape[2] != T || r[x].shape[3] != c[x].shape[3]) {
+            shape_error(rn[x], &r[x], cn[x], &c[x]);
+            return -1;
+        }
+        ap->cache[x] = c[x].data;
+        ap->rows[x] = r[x].data;
+        memcpy(ap->cst[x], c[x].st, sizeof(ap->cst[x]));
+        memcpy(ap->rst[x], r[x].st, sizeof(ap->rst[x]));
+        ap->D[x] = c[x].shape[3];
+        ap->es[x] = pa_elsize(c[x].dtype);
+    }
+    const void *pp;
+    if (get_perbatch(PyTuple_GET_ITEM(o, 4), "cache_seqlens", NPY_INT64, B, &pp) < 0) return -1;
+    ap->pos = (const int64_t *)pp;
+    for (pa_ssize b = 0; b < B; b++)       /* S - T: no sum that could wrap */
+        if (T > S || ap->pos[b] < 0 || ap->pos[b] > (int64_t)(S - T)) {
+            PyErr_Format(PyExc_ValueError, "cache_seqlens + T exceeds the cache: entry %zd is %lld, "
+                         "T = %zd, S_max = %zd; nothing was written", (Py_ssize_t)b,
+                         (long long)ap->pos[b], (Py_ssize_t)T, (Py_ssize_t)S);
+            return -1;
+        }
+    ap->B = B; ap->H = H; ap->T = T;
+    return 0;
+}
+
 PyDoc_STRVAR(sdpa_doc,
 "sdpa(q, k, v, out=None, mask=None, causal=0, scale=1.0, dropout_p=0.0,\n"
 "     dropout_key=0, want_weights=False, want_lse=False, left=-1, right=-1,\n"
 "     softcap=0.0, slopes=None, sinks=None, kv_len=None, row_div=1, qoff=None,\n"
-"     nthreads=0, bf16=False)\n"
+"     nthreads=0, bf16=False, append=None)\n"
 "     -> (out, weights or None, lse or None)\n\n"
 "Private kernel entry: fused attention, all operands with equal batch axes;\n"
 "slopes, sinks (float64) and kv_len (int64) hold one value per flat batch\n"
-"index. Use pyattn.scaled_dot_product_attention.");
+"index; append = (k_cache, v_cache, key, value, positions): new cache rows\n"
+"written once everything is checked and allocated. Use\n"
+"pyattn.scaled_dot_product_attention.");
 
 static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"q", "k", "v", "out", "mask", "causal", "scale", "dropout_p",
                              "dropout_key", "want_weights", "want_lse", "left", "right",
                              "softcap", "slopes", "sinks", "kv_len", "row_div", "qoff", "nthreads",
-                             "bf16", NULL};
+                             "bf16", "append", NULL};
     PyObject *qo, *ko, *vo, *outo = Py_None, *mo = Py_None;
-    PyObject *slo = Py_None, *sio = Py_None, *kvo = Py_None, *qoffo = Py_None;
+    PyObject *slo = Py_None, *sio = Py_None, *kvo = Py_None, *qoffo = Py_None, *appo = Py_None;
+    kv_append ap;
     int req_threads = 0, bf16 = 0;
     int causal = 0, want_w = 0, want_lse = 0;
     Py_ssize_t left = -1, right = -1, row_div = 1;
@@ -458,10 +563,10 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
     PyArrayObject *res = NULL, *wres = NULL, *lres = NULL;
     view q, k, v, o, m, w, lv, scores;
     int kind;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOiddKppnndOOOnOip:sdpa", kwlist, &qo, &ko, &vo,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOiddKppnndOOOnOipO:sdpa", kwlist, &qo, &ko, &vo,
                                      &outo, &mo, &causal, &scale, &dropout_p, &key, &want_w,
                                      &want_lse, &left, &right, &softcap, &slo, &sio, &kvo, &row_div,
-                                     &qoffo, &req_threads, &bf16))
+                                     &qoffo, &req_threads, &bf16, &appo))
         return NULL;
     if (get_view(qo, "query", 2, PA_ALLOW_16, 0, &q) < 0 ||
         get_view(ko, "key", 2, PA_ALLOW_16, 0, &k) < 0 ||
@@ -498,21 +603,11 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
     scores = q;
     scores.shape[nd - 1] = S;
     if (get_mask(mo, &scores, cd, &m, &kind) < 0) goto fail;
-    pa_ssize oshape[PA_MAXDIMS];
-    memcpy(oshape, q.shape, sizeof(pa_ssize) * (size_t)nd);
-    oshape[nd - 1] = Ev;
-    res = get_out(outo, nd, oshape, cd, &o, "attention output");
-    if (!res) goto fail;
-    if (want_w) {
-        wres = get_out(Py_None, nd, scores.shape, cd, &w, "attention weights");
-        if (!wres) goto fail;
-    }
     pa_batch bt;
     pa_operand Q, Kk, V, Mk, O, W, Lse;
     batch_of(&q, nb, &bt);
-    pa_attn_opts opts = {causal, left < 0 ? -1 : (pa_ssize)left, right < 0 ? -1 : (pa_ssize)right,
-                         softcap, NULL, NULL, NULL, NULL, q.dtype, k.dtype, v.dtype, (pa_ssize)row_div,
-                         0, 0, bf16};
+    pa_attn_opts opts = {causal, -1, -1, softcap, NULL, NULL, NULL, NULL, q.dtype, k.dtype, v.dtype,
+                         (pa_ssize)row_div, 0, 0, bf16, NULL, NULL};
     if (qoffo != Py_None) {             /* row i at key position i + qoff (pyattn.dask's blocks) */
         const Py_ssize_t qv = PyLong_AsSsize_t(qoffo);
         if (qv == -1 && PyErr_Occurred()) goto fail;
@@ -520,9 +615,15 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
             PyErr_SetString(PyExc_ValueError, "qoff excludes kv_len");
             goto fail;
         }
+        if (qv < -PA_POS_MAX || qv > PA_POS_MAX) {
+            PyErr_SetString(PyExc_ValueError, "qoff must be within +-2**62");
+            goto fail;
+        }
         opts.has_qoff = 1;
         opts.qoff = (pa_ssize)qv;
     }
+    opts.left = window_side(left, S, L, opts.qoff);
+    opts.right = window_side(right, S, L, opts.qoff);
     const void *pp;
     if (get_perbatch(slo, "alibi_slopes", NPY_FLOAT64, bt.count, &pp) < 0) goto fail;
     opts.slopes = (const double *)pp;
@@ -535,6 +636,20 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
             PyErr_Format(PyExc_ValueError, "cache_seqlens must be in [0, %zd]", (Py_ssize_t)S);
             goto fail;
         }
+    if (appo != Py_None) {              /* checked in full before anything is allocated */
+        if (get_append(appo, &ap) < 0) goto fail;
+        opts.before = kv_append_run;
+        opts.before_ctx = &ap;
+    }
+    pa_ssize oshape[PA_MAXDIMS];        /* every check is done: allocate, then write */
+    memcpy(oshape, q.shape, sizeof(pa_ssize) * (size_t)nd);
+    oshape[nd - 1] = Ev;
+    res = get_out(outo, nd, oshape, cd, &o, "attention output");
+    if (!res) goto fail;
+    if (want_w) {
+        wres = get_out(Py_None, nd, scores.shape, cd, &w, "attention weights");
+        if (!wres) goto fail;
+    }
     if (want_lse) {
         pa_ssize lshape[PA_MAXDIMS];
         memcpy(lshape, q.shape, sizeof(pa_ssize) * (size_t)(nb + 1));
@@ -653,8 +768,8 @@ static PyObject *py_sdpa_backward(PyObject *self, PyObject *args, PyObject *kw)
     }
     pa_batch bt;
     batch_of(&q, nb, &bt);
-    pa_attn_opts opts = {causal, left < 0 ? -1 : (pa_ssize)left, right < 0 ? -1 : (pa_ssize)right,
-                         softcap, NULL, NULL, NULL, NULL, cd, cd, cd, 1, 0, 0, 0};
+    pa_attn_opts opts = {causal, window_side(left, S, L, 0), window_side(right, S, L, 0),
+                         softcap, NULL, NULL, NULL, NULL, cd, cd, cd, 1, 0, 0, 0, NULL, NULL};
     const void *pp;
     if (get_perbatch(slo, "alibi_slopes", NPY_FLOAT64, bt.count, &pp) < 0) goto fail;
     opts.slopes = (const double *)pp;
@@ -672,8 +787,8 @@ static PyObject *py_sdpa_backward(PyObject *self, PyObject *args, PyObject *kw)
     dv = new_zeros(nd, kshape, cd, "value gradient");
     if (!dv) goto fail;
     if (opts.sinks) {
-        npy_intp n = (npy_intp)bt.count;
-        ds = (PyArrayObject *)PyArray_ZEROS(1, &n, NPY_FLOAT64, 0);
+        const pa_ssize n = bt.count;
+        ds = new_zeros(1, &n, PA_F64, "sink gradient");
         if (!ds) goto fail;
     }
     if (get_view((PyObject *)dq, "dq", nd, 0, 1, &dqv) < 0 || get_view((PyObject *)dk, "dk", nd, 0, 1, &dkv) < 0 ||
@@ -928,6 +1043,23 @@ static PyObject *py_read_probe(PyObject *self, PyObject *arg)
     return PyFloat_FromDouble(s);
 }
 
+/* _alloc_hook(n) -> (pending, live): arm the allocation-failure test hook
+ * (the n-th allocation from now fails, once; 0: off) and return the
+ * countdown it replaced (0 once the armed failure happened) and the scratch
+ * blocks now allocated. For tests only. */
+static PyObject *py_alloc_hook(PyObject *self, PyObject *arg)
+{
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "n must be >= 0 (0: off)");
+        return NULL;
+    }
+    long live;
+    const long pending = pa_alloc_hook(n, &live);
+    return Py_BuildValue("(ll)", pending, live);
+}
+
 static PyMethodDef methods[] = {
     {"matmul", (PyCFunction)(void (*)(void))py_matmul, METH_VARARGS | METH_KEYWORDS, matmul_doc},
     {"softmax", (PyCFunction)(void (*)(void))py_softmax, METH_VARARGS | METH_KEYWORDS, softmax_doc},
@@ -949,6 +1081,8 @@ static PyMethodDef methods[] = {
      "read_probe(buf) -> sum of a float32 1-D C-contiguous array, read once on the threads in use"},
     {"gemm_probe", py_gemm_probe, METH_VARARGS,
      "gemm_probe(dtype, kc, iters) -> flops done by the GEMM micro-kernel on L1-resident panels"},
+    {"_alloc_hook", py_alloc_hook, METH_O,
+     "_alloc_hook(n) -> (pending, live): tests only; the n-th allocation from now fails (0: off)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -110,13 +110,33 @@ typedef struct {
     pa_ssize div;               /* rows per position (>= 1) */
 } pa_keyrule;
 
+/* a + b, clamped to [PTRDIFF_MIN, PTRDIFF_MAX] instead of overflowing (the
+ * key range compares its ends with [0, S], so a clamped end decides alike) */
+static inline pa_ssize pa_add_sat(pa_ssize a, pa_ssize b)
+{
+    if (b > 0 && a > PTRDIFF_MAX - b) return PTRDIFF_MAX;
+    if (b < 0 && a < PTRDIFF_MIN - b) return PTRDIFF_MIN;
+    return a + b;
+}
+
+/* Windows and positions near 2**63 (the binding bounds qoff by PA_POS_MAX and
+ * turns a window side wider than S + L + |qoff| into "unbounded"), so that
+ * no end of a key range overflows; the sums saturate besides. */
+#define PA_POS_MAX ((pa_ssize)1 << 62)
+
 static inline void pa_key_range(const pa_keyrule *r, pa_ssize i, pa_ssize *lo, pa_ssize *hi)
 {
-    const pa_ssize d = i / r->div + r->qoff;
+    const pa_ssize d = pa_add_sat(i / r->div, r->qoff);
     pa_ssize a = 0, b = r->S;
-    if (r->causal && d + 1 < b) b = d + 1;
-    if (r->right >= 0 && d + r->right + 1 < b) b = d + r->right + 1;
-    if (r->left >= 0 && d - r->left > a) a = d - r->left;
+    if (r->causal && d < b) b = pa_add_sat(d, 1);
+    if (r->right >= 0) {
+        const pa_ssize e = pa_add_sat(pa_add_sat(d, r->right), 1);
+        if (e < b) b = e;
+    }
+    if (r->left >= 0) {
+        const pa_ssize s = pa_add_sat(d, -r->left);
+        if (s > a) a = s;
+    }
     if (b < a) b = a;
     if (b < 0) a = b = 0;
     if (a > r->S) a = b = r->S;

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import math
+import numbers
 
 import numpy as np
 
 from . import _C
 from ._checks import (
     as_array, bcast, broadcast_shapes, causal_code, check_numeric, check_out, compute_dtype, dropout_key,
-    dropout_p_value, index_value, is16, out_for_kernel, per_head, precision_value, prep_mask, real_scalar,
+    dropout_p_value, index_value, is16, number, out_for_kernel, per_head, precision_value, prep_mask, real_scalar,
     softcap_value, split_axis, store16, to_dtype, window_value,
 )
 
@@ -218,7 +219,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         (PyTorch's ``tril(ones(L, S))``). "bottom_right": ``j <= i + S - L``
         (FlashAttention; decoding with a cache). Intersects with attn_mask.
     scale : float, optional
-        ``None`` means ``1/sqrt(E)`` (1 when E = 0).
+        ``None`` means ``1/sqrt(E)`` (1 when E = 0). Scalars (``scale``,
+        ``dropout_p``, ``softcap``) take any real number -- Python or NumPy,
+        a 0-d array -- but not a string (``"0.5"``) or a bool (a bool here is
+        an argument in the wrong place): ``TypeError``.
     enable_gqa : bool
         Axis -3 of key/value may hold ``Hkv`` heads with ``Hq % Hkv == 0``;
         query head h uses key/value head ``h // (Hq // Hkv)``, read in place.
@@ -233,7 +237,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     window : (left, right), optional
         Sliding window: query i sees keys ``d(i) - left <= j <= d(i) + right``
         where ``d(i) = i`` (``i + S - L`` with ``is_causal="bottom_right"``);
-        ``None`` in either place is unbounded. Mistral: ``window=(4095, 0)``
+        ``None`` in either place is unbounded, and so is a side of at least
+        ``S + L`` (any int is taken). Mistral: ``window=(4095, 0)``
         with ``is_causal=True``. Key tiles outside every row's window are
         skipped, not masked.
     alibi_slopes : array_like, optional
@@ -288,7 +293,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         slopes or sinks whose shape does not match the query heads.
     TypeError
         An operand that is not array-like, or complex, object, string or
-        datetime; a mask that is neither bool nor numeric; a bad ``rng``.
+        datetime; a mask that is neither bool nor numeric; a bad ``rng``;
+        a scalar that is not a real number (window sides: not an integer).
 
     A query row with no admissible key gives weights 0 and an output row of 0.
     NaN in query/key (or a float mask) spreads to the rows it touches; a key
@@ -318,12 +324,14 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
 def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, rng,
           return_weights, out, window, alibi_slopes, softcap, sinks, return_lse, kv_len,
-          qoff=None, nthreads=0, check_only=False, precision=None):
+          qoff=None, nthreads=0, check_only=False, precision=None, append=None):
     """scaled_dot_product_attention's body; kv_len (an int64 array that
     broadcasts to the query's batch axes, or None) is attention_with_kvcache's
-    per-sequence filled length. pyattn.dask's blocks pass qoff (query row i
-    at key position i + qoff) and nthreads (the task's share of a worker);
-    check_only validates and returns (dtype, result shape) without computing."""
+    per-sequence filled length, append its new rows (_C.sdpa's append: written
+    once the call has checked and allocated everything). pyattn.dask's blocks
+    pass qoff (query row i at key position i + qoff) and nthreads (the task's
+    share of a worker); check_only validates and returns (dtype, result shape)
+    without computing."""
     q = as_array(query, "query")
     k = as_array(key, "key")
     v = as_array(value, "value")
@@ -337,9 +345,11 @@ def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
         raise ValueError(f"value has shape {v.shape} and key has shape {k.shape}: their axis -2 (S) must match")
     p = dropout_p_value(dropout_p)
     causal = causal_code(is_causal)
-    left, right = window_value(window)
-    cap = softcap_value(softcap)
     L, S, E, Ev = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
+    if qoff is not None:
+        qoff = index_value(qoff, "qoff")
+    left, right = window_value(window, S + L + abs(qoff or 0))
+    cap = softcap_value(softcap)
     sc = (1.0 / math.sqrt(E) if E > 0 else 1.0) if scale is None else real_scalar(scale, "scale")
     bf16 = precision_value(precision, dt)
     if bf16 and return_weights:
@@ -418,7 +428,9 @@ def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
     if check_only:
         return dt, shape
     if qoff is not None:
-        extra["qoff"] = int(qoff)
+        extra["qoff"] = qoff
+    if append is not None:
+        extra["append"] = append
     if nthreads:
         extra["nthreads"] = int(nthreads)
     key_ = dropout_key(rng) if p > 0 else 0
@@ -611,23 +623,38 @@ def _cache_array(x, name, writeable):
     return x
 
 
-def _seqlens(cache_seqlens, B):
-    """(B,) int64 from an int or a (B,) integer array (never modified)."""
+def _seqlens(cache_seqlens, B, limit, T):
+    """(B,) int64 from an int or a (B,) integer array (never modified), each
+    entry in [0, limit] (limit: S_max, or S_max - T with T new rows): compared
+    as they are, never summed, so nothing wraps however large they are."""
     if cache_seqlens is None:
         raise TypeError("cache_seqlens is required: an int or a (B,) integer array of filled rows")
-    if isinstance(cache_seqlens, (bool, np.bool_)):
-        raise TypeError(f"cache_seqlens must be an int or a (B,) integer array, got {cache_seqlens!r}")
-    n = as_array(cache_seqlens, "cache_seqlens")
-    if n.dtype.kind not in "iu":
-        raise TypeError(f"cache_seqlens must be integers, got dtype {n.dtype}")
-    if n.ndim == 0:
-        n = np.full(B, int(n), dtype=np.int64)
-    elif n.shape != (B,):
-        raise ValueError(f"cache_seqlens has shape {n.shape}; expected an int or shape ({B},)")
-    n = n.astype(np.int64)
-    if (n < 0).any():
-        raise ValueError(f"cache_seqlens must be >= 0, got {n.tolist()}")
-    return n
+    name = "cache_seqlens"
+    if isinstance(cache_seqlens, (list, tuple)):
+        vals = [number(x, "cache_seqlens entries", integer=True) for x in cache_seqlens]
+    elif isinstance(cache_seqlens, (numbers.Number, np.generic, bool, str, bytes)):
+        vals = number(cache_seqlens, name, integer=True)
+    else:
+        a = as_array(cache_seqlens, name)
+        if a.dtype.kind not in "iu":
+            raise TypeError(f"{name} must be integers, got dtype {a.dtype}")
+        vals = int(a[()]) if a.ndim == 0 else a
+    if isinstance(vals, int):
+        vals = [vals] * B
+    if isinstance(vals, list) and len(vals) != B:
+        raise ValueError(f"{name} has {len(vals)} entries; expected an int or shape ({B},)")
+    if isinstance(vals, np.ndarray):
+        if vals.shape != (B,):
+            raise ValueError(f"{name} has shape {vals.shape}; expected an int or shape ({B},)")
+        bad = np.ones(B, bool) if limit < 0 else (vals < 0) | (vals > limit)
+    else:
+        bad = np.array([not 0 <= x <= limit for x in vals], bool)
+    if bad.any():
+        shown = vals.tolist() if isinstance(vals, np.ndarray) else vals
+        raise ValueError(f"{name} must be in [0, S_max{' - T' if T else ''}] = [0, {limit}] "
+                         f"(S_max = {limit + T}{f', T = {T} new rows' if T else ''}), got {shown}; "
+                         "nothing was written")
+    return np.array(vals, dtype=np.int64)
 
 
 def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cache_seqlens,
@@ -648,7 +675,9 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
     ``n_b - T + t``. ``is_causal`` is bottom-right causal on those positions.
     Only those cache rows are written; ``cache_seqlens`` is not modified (see
     :class:`pyattn.KVCache`, which advances its lengths). Everything is
-    checked before anything is written.
+    checked and every array the call needs is allocated before the new rows
+    are written: a call that raises (``MemoryError`` included) leaves the
+    caches as they were.
 
     Decode (``T = 1``) over long caches splits the keys into fixed chunks
     across threads (bit-identical for any thread count).
@@ -679,12 +708,15 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
         Shapes that do not match (caches, query, key/value); query heads
         not a multiple of the cache heads; ``cache_seqlens`` negative, of
         the wrong shape, or past ``S_max`` (with the new rows: ``n_b + T >
-        S_max``); a read-only cache when key/value are given; only one of
+        S_max``, compared without a sum that could wrap); a read-only cache when key/value are given; only one of
         key and value; and the structured-mask errors of
         :func:`scaled_dot_product_attention`.
     TypeError
-        Caches that are not float32/float64 ndarrays, ``cache_seqlens`` not
-        integers, non-numeric key/value.
+        Caches that are not float32/float64/float16/bfloat16 ndarrays,
+        ``cache_seqlens`` not integers (floats, bools, strings), non-numeric
+        key/value, a scalar that is not a real number.
+    MemoryError
+        A result that does not fit in memory (nothing is written then).
 
     Examples
     --------
@@ -719,7 +751,10 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
     if Hkv == 0 or Hq % Hkv:
         raise ValueError(f"the query heads ({Hq}) must be a multiple of the cache heads "
                          f"(k_cache shape {kc.shape})")
-    n = _seqlens(cache_seqlens, B)
+    if not isinstance(is_causal, (bool, np.bool_)):
+        raise TypeError(f"is_causal must be a bool here (bottom-right causal on cache positions), "
+                        f"got {is_causal!r}")
+    append = None
     if new:
         kn, vn = as_array(key, "key"), as_array(value, "value")
         for x, nm, last in ((kn, "key", E), (vn, "value", Ev)):
@@ -727,34 +762,20 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
             if x.shape != (B, Hkv, T, last):
                 raise ValueError(f"{nm} has shape {x.shape}; expected {(B, Hkv, T, last)} "
                                  "(B, cache heads, the query's T, head dim)")
-        if (n + T > S_max).any():
-            raise ValueError(f"cache_seqlens + T exceeds the cache: {n.tolist()} + {T} > S_max = "
-                             f"{S_max}; nothing was written")
-    elif (n > S_max).any():
-        raise ValueError(f"cache_seqlens {n.tolist()} exceeds S_max = {S_max}")
-    if not isinstance(is_causal, (bool, np.bool_)):
-        raise TypeError(f"is_causal must be a bool here (bottom-right causal on cache positions), "
-                        f"got {is_causal!r}")
-    # every argument check the attention does, before any write
-    precision_value(precision, cd)
-    window_value(window)
-    softcap_value(softcap)
-    for arr, nm, doc in ((alibi_slopes, "alibi_slopes", "(Hq,) or (B, Hq)"), (sinks, "sinks", "(Hq,)")):
-        if arr is not None:
-            per_head(arr, nm, (B, Hq), doc)
-    sc = (1.0 / math.sqrt(E) if E > 0 else 1.0) if scale is None else real_scalar(scale, "scale")
-    if out is not None:
-        check_out(out, (B, Hq, T, Ev), cd, tuple(d for d in (kc.dtype, vc.dtype) if is16(d)))
-    if new:
-        if (n == n[0]).all():
-            kc[:, :, n[0]:n[0] + T] = kn
-            vc[:, :, n[0]:n[0] + T] = vn
-        else:
-            for b in range(B):
-                kc[b, :, n[b]:n[b] + T] = kn[b]
-                vc[b, :, n[b]:n[b] + T] = vn[b]
+        n = _seqlens(cache_seqlens, B, S_max - T, T)
+        # the new rows in the caches' storage (a copy: never a view of a cache);
+        # _C.sdpa writes them once everything is checked and allocated
+        rows = [x.astype(c.dtype, order="C", copy=True) for x, c in ((kn, kc), (vn, vc))]
+        kv = [c.view(np.uint16) if c.dtype.kind == "V" else c for c in (kc, vc)]
+        rows = [r.view(np.uint16) if r.dtype.kind == "V" else r for r in rows]
+        append = (kv[0], kv[1], rows[0], rows[1], n)
         n = n + T
-    qd = store16(q, cd) if is16(q.dtype) else to_dtype(q, cd)
+    else:
+        n = _seqlens(cache_seqlens, B, S_max, 0)
+    sc = (1.0 / math.sqrt(E) if E > 0 else 1.0) if scale is None else real_scalar(scale, "scale")
+    # a 16-bit query is read in place (bfloat16 as such: _sdpa views its bits);
+    # anything else is converted to the caches' compute dtype
+    qd = q if is16(q.dtype) and cd == np.float32 else to_dtype(q, cd)
     return _sdpa(qd, kc, vc, None, 0.0, "bottom_right" if is_causal else False, sc,
                  Hq != Hkv, None, False, out, window, alibi_slopes, softcap, sinks, return_lse,
-                 n[:, None], precision=precision)
+                 n[:, None], precision=precision, append=append)

@@ -7,6 +7,7 @@ that name the argument.
 """
 from __future__ import annotations
 
+import numbers
 import operator
 
 import numpy as np
@@ -114,18 +115,45 @@ def causal_code(is_causal, name="is_causal"):
     raise ValueError(f"{name} must be True, False, 'top_left' or 'bottom_right', got {is_causal!r}")
 
 
+def number(x, name, integer=False, allow_none=False):
+    """THE scalar argument check (scale, softcap, dropout_p, window sides,
+    lengths, sizes): float(x) for a real number -- a Python int or float, a
+    NumPy integer or floating scalar, a 0-d integer or float array, any
+    numbers.Real -- or, with integer=True, int(x) for an integer (as NumPy
+    indexes: operator.index). None only where allow_none. A TypeError naming
+    the argument for anything else: strings and bytes (no parsing: "0.5" is
+    not a number), complex, and bool (True is a flag, not the number 1: a bool
+    here is taken for an argument in the wrong place)."""
+    what = "an integer" if integer else "a real number"
+    if x is None:
+        if allow_none:
+            return None
+        raise TypeError(f"{name} must be {what}, got None")
+    a = x
+    if isinstance(x, np.ndarray):
+        if x.ndim != 0:
+            raise TypeError(f"{name} must be {what}, got an array of shape {x.shape}")
+        a = x[()]
+    if isinstance(a, (bool, np.bool_)):
+        raise TypeError(f"{name} must be {what}, got the bool {x!r}")
+    if integer:
+        if isinstance(a, (numbers.Integral, np.integer)):
+            return operator.index(a)
+    elif isinstance(a, (numbers.Real, np.integer, np.floating)):
+        try:
+            return float(a)
+        except OverflowError:
+            raise ValueError(f"{name} is too large for a float: {x!r}") from None
+    raise TypeError(f"{name} must be {what}, got {x!r} ({type(x).__name__})")
+
+
 def real_scalar(x, name):
-    """float(x) for a real number; TypeError naming the argument otherwise."""
-    if isinstance(x, (bool, np.bool_)) or isinstance(x, (complex, np.complexfloating)):
-        raise TypeError(f"{name} must be a real number, got {x!r}")
-    try:
-        return float(x)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a real number, got {x!r}") from None
+    """float(x) for a real number; TypeError naming the argument otherwise (number())."""
+    return number(x, name)
 
 
 def dropout_p_value(p):
-    p = real_scalar(p, "dropout_p")
+    p = number(p, "dropout_p")
     if not (0.0 <= p < 1.0):
         raise ValueError(f"dropout_p must be in [0, 1), got {p}")
     return p
@@ -196,30 +224,26 @@ def out_for_kernel(out, inputs):
 
 
 def index_value(n, name):
-    try:
-        return operator.index(n)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, got {n!r}") from None
+    """int(n) for an integer; TypeError naming the argument otherwise (number())."""
+    return number(n, name, integer=True)
 
 
-def window_value(window):
+def window_value(window, reach=None):
     """(left, right) for the C frame: each a non-negative int, or -1 for None
-    (unbounded on that side)."""
+    (unbounded on that side). reach: S + L (+ |qoff|), beyond which a side
+    passes every key from every query position (those lie within [-L, S]):
+    a side at least that wide is unbounded too, so any Python int is taken
+    and no sum in C comes near 2**63."""
     if window is None:
         return -1, -1
     if isinstance(window, (str, bytes)) or not hasattr(window, "__len__") or len(window) != 2:
         raise TypeError(f"window must be a pair (left, right) of ints or None, got {window!r}")
     res = []
     for side, w in zip(("left", "right"), window):
-        if w is None:
+        n = number(w, f"window {side} size", integer=True, allow_none=True)
+        if n is None or (reach is not None and n >= reach):
             res.append(-1)
             continue
-        if isinstance(w, (bool, np.bool_)):
-            raise TypeError(f"window {side} size must be an int or None, got {w!r}")
-        try:
-            n = operator.index(w)
-        except TypeError:
-            raise TypeError(f"window {side} size must be an int or None, got {w!r}") from None
         if n < 0:
             raise ValueError(f"window sizes must be >= 0 (or None), got window={tuple(window)!r}")
         res.append(n)
@@ -230,7 +254,7 @@ def softcap_value(softcap):
     """0.0 for None; a finite float > 0 otherwise."""
     if softcap is None:
         return 0.0
-    c = real_scalar(softcap, "softcap")
+    c = number(softcap, "softcap")
     if not (c > 0 and np.isfinite(c)):
         raise ValueError(f"softcap must be a finite number > 0 (or None), got {softcap!r}")
     return c

@@ -11,7 +11,7 @@ from . import _C
 from ._api import _sdpa
 from ._checks import (
     as_array, bcast, causal_code, compute_dtype, dropout_key, dropout_p_value, index_value,
-    per_head, prep_mask, real_scalar, softcap_value, split_axis, to_dtype, window_value,
+    is16, per_head, prep_mask, real_scalar, softcap_value, split_axis, to_dtype, window_value,
 )
 
 __all__ = ["scaled_dot_product_attention_backward", "scaled_dot_product_attention_vjp",
@@ -33,8 +33,9 @@ def _sum_to(g, shape):
 def _grad_input(x, name, shape, dt):
     """grad_out / out: a float array of exactly `shape`, in the compute dtype."""
     a = as_array(x, name)
-    if a.dtype.kind != "f" and not (a.dtype.kind == "V" and a.dtype.name == "bfloat16"):
-        raise TypeError(f"{name} must be a float array, got dtype {a.dtype}")
+    if not ((a.dtype.kind == "f" and a.dtype.itemsize <= 8) or is16(a.dtype)):
+        raise TypeError(f"{name} must be a float16/bfloat16/float32/float64 array, got dtype {a.dtype} "
+                        "(extended precision is not computed)")
     if a.shape != tuple(shape):
         raise ValueError(f"{name} has shape {a.shape}, but the attention output has shape {tuple(shape)}")
     return to_dtype(a, dt)
@@ -89,7 +90,8 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse,
         ``grad_out``, ``out`` or ``lse`` whose shape is not the forward's, and
         every error of the forward.
     TypeError
-        ``lse`` not of the compute dtype, non-float ``grad_out`` / ``out``.
+        ``lse`` not of the compute dtype; ``grad_out`` / ``out`` not float16,
+        bfloat16, float32 or float64 (extended precision included).
 
     Examples
     --------
@@ -117,7 +119,7 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse,
     L, S, E, Ev = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
     p = dropout_p_value(dropout_p)
     causal = causal_code(is_causal)
-    left, right = window_value(window)
+    left, right = window_value(window, S + L)
     cap = softcap_value(softcap)
     sc = (1.0 / math.sqrt(E) if E > 0 else 1.0) if scale is None else real_scalar(scale, "scale")
     full_batch = oshape[:-2]

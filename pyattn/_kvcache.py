@@ -1,12 +1,10 @@
 """pyattn.KVCache: preallocated key/value caches for generation."""
 from __future__ import annotations
 
-import operator
-
 import numpy as np
 
 from ._api import attention_with_kvcache
-from ._checks import is16
+from ._checks import is16, number
 
 __all__ = ["KVCache"]
 
@@ -42,12 +40,10 @@ class KVCache:
 
     def __init__(self, batch, num_kv_heads, max_len, head_dim, value_dim=None, dtype=np.float32):
         dims = []
-        for n, name in ((batch, "batch"), (num_kv_heads, "num_kv_heads"), (max_len, "max_len"),
-                        (head_dim, "head_dim"), (head_dim if value_dim is None else value_dim, "value_dim")):
-            try:
-                n = operator.index(n)
-            except TypeError:
-                raise TypeError(f"{name} must be an integer, got {n!r}") from None
+        names = ("batch", "num_kv_heads", "max_len", "head_dim", "value_dim")
+        for n, name in zip((batch, num_kv_heads, max_len, head_dim,
+                            head_dim if value_dim is None else value_dim), names):
+            n = number(n, name, integer=True)
             if n < 0 or (n == 0 and name == "num_kv_heads"):
                 raise ValueError(f"{name} must be {'positive' if name == 'num_kv_heads' else '>= 0'}, got {n}")
             dims.append(n)
@@ -58,6 +54,13 @@ class KVCache:
         if dt not in (np.float32, np.float64) and not is16(dt):
             raise TypeError(f"dtype must be float32, float64, float16 or bfloat16 (ml_dtypes), got {dt}")
         B, H, S, E, Ev = dims
+        limit = np.iinfo(np.intp).max                  # Python ints: nothing wraps
+        for nbytes, what in ((B * H * S * E * dt.itemsize, "batch, num_kv_heads, max_len, head_dim"),
+                             (B * H * S * Ev * dt.itemsize, "batch, num_kv_heads, max_len, value_dim"),
+                             (B * 8, "batch")):
+            if nbytes > limit:
+                raise ValueError(f"KVCache(batch={B}, num_kv_heads={H}, max_len={S}, head_dim={E}, "
+                                 f"value_dim={Ev}) would need more than {limit} bytes ({what} too large)")
         self.k = np.zeros((B, H, S, E), dt)
         self.v = np.zeros((B, H, S, Ev), dt)
         self.lengths = np.zeros(B, np.int64)
@@ -73,11 +76,18 @@ class KVCache:
 
         Keyword arguments go to :func:`pyattn.attention_with_kvcache`
         (``is_causal``, ``scale``, ``window``, ``alibi_slopes``, ``softcap``,
-        ``sinks``, ``return_lse``, ``out``). Raises ``ValueError`` (nothing
-        written, lengths unchanged) when the new rows do not fit.
+        ``sinks``, ``return_lse``, ``out``). Raises ``ValueError`` when the
+        new rows do not fit, ``TypeError`` when ``key`` or ``value`` is
+        None; any error (``MemoryError`` included) writes nothing and leaves
+        ``lengths`` unchanged.
         """
         if "cache_seqlens" in kw:
             raise TypeError("KVCache.attend takes its lengths from the cache; do not pass cache_seqlens")
+        for x, name in ((key, "key"), (value, "value")):
+            if x is None:
+                raise TypeError(f"KVCache.attend writes new rows: {name} is None (to attend without "
+                                "writing, call pyattn.attention_with_kvcache(query, cache.k, cache.v, "
+                                "cache_seqlens=cache.lengths))")
         res = attention_with_kvcache(query, self.k, self.v, key, value, cache_seqlens=self.lengths, **kw)
         self.lengths += np.shape(key)[2]
         return res

@@ -20,7 +20,7 @@ import numpy as np
 import copy
 
 from ._api import _linear, matmul, multi_head_attention, scaled_dot_product_attention
-from ._checks import as_array, check_numeric, compute_dtype, index_value, is16, to_dtype
+from ._checks import as_array, check_numeric, compute_dtype, index_value, is16, number, to_dtype
 from ._grad import scaled_dot_product_attention_backward
 from ._kvcache import KVCache
 
@@ -65,7 +65,7 @@ class _Attention:
         self.context_length = None if context_length is None else index_value(context_length, "context_length")
         if self.context_length is not None and self.context_length < 1:
             raise ValueError(f"context_length must be positive, got {self.context_length}")
-        self.dropout = float(dropout)
+        self.dropout = number(dropout, "dropout")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         self.qkv_bias = bool(qkv_bias)

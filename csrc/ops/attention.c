@@ -172,7 +172,10 @@ int pa_attention(const pa_family *fam, int dtype, const pa_batch *bt, pa_ssize L
                  double dropout_p, uint64_t dropout_key,
                  const pa_operand *out, const pa_operand *w, int nthreads)
 {
-    if (bt->count == 0 || L == 0 || (Ev == 0 && w == NULL && opts->lse == NULL)) return 0;
+    if (bt->count == 0 || L == 0 || (Ev == 0 && w == NULL && opts->lse == NULL)) {
+        if (opts->before) opts->before(opts->before_ctx);
+        return 0;
+    }
     attn_ctx c;
     c.fam = fam;
     c.dtype = dtype; c.bt = bt; c.L = L; c.S = S; c.E = E; c.Ev = Ev;
@@ -227,6 +230,7 @@ int pa_attention(const pa_family *fam, int dtype, const pa_batch *bt, pa_ssize L
     for (int i = 0; i < nt; i++) { wsv[i] = pa_alloc64(bytes); ok &= wsv[i] != NULL; }
     if (ok) {
         c.ws = wsv;
+        if (opts->before) opts->before(opts->before_ctx);   /* everything is allocated */
         if (c.nchunks) {
             pa_parallel_for((pa_ssize)ntasks, chunk_task, &c, nt);
             pa_parallel_for(bt->count, merge_task, &c, nt);

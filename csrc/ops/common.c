@@ -1,4 +1,5 @@
 /* common.c -- small helpers shared by the ops. */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include "ops.h"
 
@@ -9,12 +10,30 @@ const pa_dtype_info pa_dtypes[PA_NDTYPES] = {
     [PA_BF16] = {"bfloat16", 2, PA_F32},
 };
 
+static atomic_long fail_countdown = 0;  /* > 0: allocations until one fails */
+static atomic_long live_blocks = 0;     /* pa_alloc64 blocks not yet freed */
+
+long pa_alloc_hook(long n, long *live)
+{
+    *live = atomic_load(&live_blocks);
+    return atomic_exchange(&fail_countdown, n > 0 ? n : 0);
+}
+
+int pa_alloc_fails(void)
+{
+    if (atomic_load_explicit(&fail_countdown, memory_order_relaxed) <= 0) return 0;
+    long n = atomic_load(&fail_countdown);
+    while (n > 0 && !atomic_compare_exchange_weak(&fail_countdown, &n, n - 1)) {}
+    return n == 1;
+}
+
 /* 64-byte aligned block; the raw pointer is kept just before it. */
 void *pa_alloc64(size_t bytes)
 {
-    if (bytes > SIZE_MAX - 64 - sizeof(void *)) return NULL;
+    if (bytes > SIZE_MAX - 64 - sizeof(void *) || pa_alloc_fails()) return NULL;
     char *raw = (char *)malloc(bytes + 64 + sizeof(void *));
     if (!raw) return NULL;
+    atomic_fetch_add(&live_blocks, 1);
     uintptr_t a = ((uintptr_t)(raw + sizeof(void *)) + 63) & ~(uintptr_t)63;
     ((void **)a)[-1] = raw;
     return (void *)a;
@@ -22,5 +41,7 @@ void *pa_alloc64(size_t bytes)
 
 void pa_free64(void *p)
 {
-    if (p) free(((void **)p)[-1]);
+    if (!p) return;
+    atomic_fetch_sub(&live_blocks, 1);
+    free(((void **)p)[-1]);
 }

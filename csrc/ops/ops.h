@@ -63,6 +63,15 @@ static inline pa_mask pa_mask_of(const pa_batch *bt, const pa_operand *m, int ki
 void *pa_alloc64(size_t bytes);
 void pa_free64(void *p);
 
+/* The allocation-failure test hook (private _C._alloc_hook): armed with
+ * n >= 1, the n-th allocation from then on fails (pa_alloc64 returns NULL,
+ * the binding raises MemoryError), once; n = 0 disarms it. Returns the
+ * countdown it replaced (0: disarmed or already fired) and, in *live, the
+ * pa_alloc64 blocks not yet freed. pa_alloc_fails() is what every
+ * allocation site asks: one relaxed atomic load when disarmed. */
+long pa_alloc_hook(long n, long *live);
+int pa_alloc_fails(void);
+
 /* C[b] = A[b] @ B[b] (+ bias). A (M, K), B (K, N), C (M, N), bias (N,) with
  * element stride bias_s, or NULL. dtype: the compute dtype (C, bias);
  * a_dt, b_dt: how A and B are stored -- dtype, or PA_F16 / PA_BF16 with
@@ -105,6 +114,9 @@ typedef struct {
     pa_ssize qoff;              /* longer sequence: pyattn.dask) */
     int bf16;                   /* precision "bf16" (float32 only): bfloat16 products --
                                    q, k, v and the weights rounded to bfloat16 */
+    void (*before)(void *);     /* or NULL: called once, after every allocation of the */
+    void *before_ctx;           /* call succeeded and before any result is written (a KV
+                                   cache's new rows); not called when the call fails */
 } pa_attn_opts;
 
 /* Attention per flat batch index b (all axes but the last two).
