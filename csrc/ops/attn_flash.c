@@ -71,7 +71,7 @@ void pa_bf16_pack_kv(const pa_family *f, const pa_attn_args *a, pa_ssize j0, pa_
                     dst[(e >> 1) * MR * 2 + (e & 1)] =
                         pa_f32_to_bf16(pa_load_f32(a->k, (j0 + r) * a->k_rs + e * a->k_cs, a->k_dt));
             }
-            if (E & 1) dst[(E >> 1) * MR * 2 + 1] = 0;
+            for (pa_ssize e = E; e < e2; e++) dst[(e >> 1) * MR * 2 + (e & 1)] = 0;   /* pad: E odd or 0 */
         }
     for (pa_ssize q2 = 0; q2 < nj2 / 2; q2++)
         for (int t = 0; t < 2; t++) {
