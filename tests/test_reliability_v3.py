@@ -363,3 +363,56 @@ def test_merge_attention_nonfinite(rng, dt):
         _same_nonfinite(lse, wl, case + " lse")
         fin = np.isfinite(wo)
         assert np.allclose(o[fin], wo[fin], rtol=1e-5, atol=1e-6), case
+
+
+@pytest.mark.parametrize("opt", ["plain_causal", "bool", "window", "softcap", "gqa", "dropout", "sinks"])
+@pytest.mark.parametrize("L, S", [(6, 6), (20, 130), (70, 200)])
+def test_backward_nonfinite_reaches_exactly_what_sees_it(rng, opt, L, S):
+    """The backward: a weight (or dS) of 0 passes nothing back, not even
+    0 * NaN -- gradients of rows and keys that do not see a NaN / inf stay
+    finite (the GEMMs of dQ += dS K, dK += dS^T Q, dV += P^T dO spread NaN
+    of hidden keys and of NaN query rows before), and NaN rows give NaN
+    exactly where they see keys. Against the reference backward."""
+    for place, val, dt in itertools.product(["q", "k_last", "v_last", "k_mid", "v_mid", "grad_out"],
+                                            [np.nan, np.inf], [np.float32, np.float64]):
+        H, Hk = 4, (2 if opt == "gqa" else 4)
+        q = rng.standard_normal((H, L, 8)).astype(dt)
+        k = rng.standard_normal((Hk, S, 8)).astype(dt)
+        v = rng.standard_normal((Hk, S, 4)).astype(dt)
+        kw, ex, rk = {"is_causal": True}, {}, {}
+        if opt == "bool":
+            kw = {"attn_mask": rng.random((L, S)) > 0.5}
+        elif opt == "window":
+            kw = {"window": (2, 1)}
+        elif opt == "softcap":
+            kw["softcap"] = 1.5
+        elif opt == "gqa":
+            kw["enable_gqa"] = True
+        elif opt == "sinks":
+            kw["sinks"] = np.array([0.5, -1, 2, 0], dt)
+        elif opt == "dropout":
+            ex = {"dropout_p": 0.3, "rng": 9}
+            rk = {"dropout_p": 0.3, "dropout_key": dropout_key(9)}
+        if place == "q":
+            q[1, L // 2, 3] = val
+        elif place != "grad_out":
+            j = S - 1 if place.endswith("last") else S // 2
+            (k if place[0] == "k" else v)[1, j, 0] = val
+        o, lse = pyattn.scaled_dot_product_attention(q, k, v, return_lse=True, **kw, **ex)
+        go = rng.standard_normal(o.shape).astype(dt)
+        if place == "grad_out":
+            go[1, L // 2, 1] = val
+        got = pyattn.scaled_dot_product_attention_backward(go, q, k, v, o, lse, **kw, **ex)
+        with np.errstate(all="ignore"):
+            want = R.scaled_dot_product_attention_backward(go, q, k, v, **kw, **rk)
+        tol = 2e-3 if dt == np.float32 else 1e-9
+        for name, a, b in zip(["dq", "dk", "dv", "dsinks"], got, want):
+            tag = f"{opt} {place}={val} {np.dtype(dt).name} {name}"
+            _same_nonfinite(a, b, tag)
+            fin = np.isfinite(b)
+            assert np.allclose(a[fin], b[fin], rtol=tol, atol=tol), tag
+        # the rows of dq that see nothing non-finite are finite (the rule, stated
+        # without the reference): rows whose output is finite, in the plain case
+        if place in ("k_last", "k_mid", "v_last", "v_mid") and opt == "plain_causal":
+            fin_rows = np.isfinite(o).all(-1)
+            assert np.isfinite(got[0][fin_rows]).all(), f"{place}={val}: dq of rows that do not see it"
