@@ -223,6 +223,16 @@ def _sum_to(g, shape):
     return g.sum(axis=axes, keepdims=True) if axes else g
 
 
+def _matmul0(a, b):
+    """a @ b where a term with a == 0 adds nothing (not 0 * NaN = NaN): the
+    backward's zero-weight rule. np.matmul where b is finite."""
+    if np.isfinite(b).all():
+        return np.matmul(a, b)
+    with np.errstate(invalid="ignore", over="ignore"):
+        prod = a[..., :, :, None] * b[..., None, :, :]
+        return np.where(a[..., :, :, None] != 0, prod, 0.0).sum(axis=-2)
+
+
 def scaled_dot_product_attention_backward(grad_out, query, key, value, attn_mask=None,
                                           dropout_p=0.0, is_causal=False, scale=None,
                                           enable_gqa=False, *, dropout_key=0, window=None,
@@ -235,7 +245,9 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, attn_mask
     out = W v. With dO = grad_out: dW = dO v^T, dP = dW x keep / (1 - p),
     D = rowsum(dO o out), dS = P (dP - D) (0 where P = 0), dz = dS (1 -
     (c / softcap)^2), dq = scale dz k, dk = scale dz^T q, dv = W^T dO,
-    dsink = -sum_i exp(sink - lse_i) D_i. Gradients are summed back to the
+    dsink = -sum_i exp(sink - lse_i) D_i. A weight or dS of 0 (a key the row
+    may not see: also in a NaN row) passes nothing back, not even 0 * NaN.
+    Gradients are summed back to the
     shapes of query, key and value (broadcast axes; GQA groups). Returns
     (dq, dk, dv[, dsinks]) in the compute dtype."""
     q0, k0, v0 = (np.asarray(t) for t in (query, key, value))
@@ -255,6 +267,13 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, attn_mask
     P = scaled_dot_product_attention(
         q, k, v, attn_mask, 0.0, is_causal, scale, return_weights=True, window=window,
         alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks)[1]
+    # a key a row may not see has weight 0 there, even in a NaN row (whose
+    # admissible weights are NaN), and a weight of 0 passes nothing back
+    with np.errstate(invalid="ignore", over="ignore"):
+        hidden = _scores(q, k, attn_mask, is_causal, scale, window, alibi_slopes, softcap,
+                         None, None) == -np.inf
+    P = np.where(hidden, 0.0, P)
+    w = np.where(hidden, 0.0, w)
     kv = np.broadcast_to(v, P.shape[:-2] + v.shape[-2:])
     kk = np.broadcast_to(k, P.shape[:-2] + k.shape[-2:])
     qq = np.broadcast_to(q, P.shape[:-2] + q.shape[-2:])
@@ -263,16 +282,18 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, attn_mask
     if dropout_p > 0:
         keep = dropout_keep(dropout_key, P.shape, dropout_p) / (1.0 - dropout_p)
     with np.errstate(invalid="ignore"):
-        dP = np.matmul(gob, np.swapaxes(kv, -1, -2)) * keep
+        dP = np.matmul(gob, np.swapaxes(kv, -1, -2))
+        dP = np.where(keep != 0, dP * keep, 0.0) if dropout_p > 0 else dP   # dropped: 0
         D = (gob * out).sum(-1)
         dS = np.where(P == 0, 0.0, P * (dP - D[..., None]))
     if softcap is not None:
         z = np.matmul(qq, np.swapaxes(kk, -1, -2)) * scale
-        dS = dS * (1.0 - np.tanh(z / softcap) ** 2)
+        with np.errstate(invalid="ignore"):
+            dS = np.where(dS == 0, 0.0, dS * (1.0 - np.tanh(z / softcap) ** 2))
     dS = dS * scale
-    dq = np.matmul(dS, kk)
-    dk = np.matmul(np.swapaxes(dS, -1, -2), qq)
-    dv = np.matmul(np.swapaxes(w, -1, -2), gob)
+    dq = _matmul0(dS, kk)
+    dk = _matmul0(np.swapaxes(dS, -1, -2), qq)
+    dv = _matmul0(np.swapaxes(w, -1, -2), gob)
     if g > 1:
         dk = dk.reshape(dk.shape[:-3] + (-1, g) + dk.shape[-2:]).sum(-3)
         dv = dv.reshape(dv.shape[:-3] + (-1, g) + dv.shape[-2:]).sum(-3)

@@ -71,7 +71,7 @@ void pa_bf16_pack_kv(const pa_family *f, const pa_attn_args *a, pa_ssize j0, pa_
                     dst[(e >> 1) * MR * 2 + (e & 1)] =
                         pa_f32_to_bf16(pa_load_f32(a->k, (j0 + r) * a->k_rs + e * a->k_cs, a->k_dt));
             }
-            if (E & 1) dst[(E >> 1) * MR * 2 + 1] = 0;
+            for (pa_ssize e = E; e < e2; e++) dst[(e >> 1) * MR * 2 + (e & 1)] = 0;   /* pad: E odd or 0 */
         }
     for (pa_ssize q2 = 0; q2 < nj2 / 2; q2++)
         for (int t = 0; t < 2; t++) {
@@ -111,7 +111,15 @@ static size_t flash_bf16_ws(const pa_family *f, pa_ssize E, pa_ssize Ev)
     return BF_RUP(u16 * sizeof(uint16_t), 64) + f32 * sizeof(float);
 }
 
-static void flash_bf16(const pa_family *f, const pa_attn_args *a, pa_ssize i0, pa_ssize i1, void *ws)
+/* clean (one row, i1 = i0 + 1): the redo of a row whose result holds NaN.
+ * The products of gemm_bf16 spread a NaN or inf of V through a weight of 0
+ * (0 * NaN), from keys the row may not see (causal, masks, window, the
+ * unfilled part of a cache, dropout); the row is computed again alone, each
+ * tile's V packed here with the keys of weight exactly 0 zeroed, so only
+ * NaN the row may see reaches it: the float32 path's zero-weight rule, on
+ * the same arithmetic otherwise. */
+static void flash_bf16(const pa_family *f, const pa_attn_args *a, pa_ssize i0, pa_ssize i1, void *ws,
+                       int clean)
 {
     const pa_gemm_kernel *g = &f->gemm_bf16;
     const int MR = g->mr, NR = g->nr;
@@ -171,7 +179,7 @@ static void flash_bf16(const pa_family *f, const pa_attn_args *a, pa_ssize i0, p
          * packed once per head by the caller (a->kvp), or here */
         const uint16_t *Kt = Kp, *Vt = Vp;
         pa_ssize vs = nj2;                           /* V panel stride: pairs of the packed tile */
-        if (a->kvp) {                                /* packed whole: min(BK, S - j0) keys */
+        if (a->kvp && !clean) {                      /* packed whole: min(BK, S - j0) keys */
             Kt = a->kvp + (j0 / BK) * a->kvp_tile;
             Vt = Kt + BF_RUP(BK, MR) * e2;
             vs = BF_RUP(S - j0 < BK ? S - j0 : BK, 2);
@@ -219,6 +227,11 @@ static void flash_bf16(const pa_family *f, const pa_attn_args *a, pa_ssize i0, p
                     dst[i] = (rb & 0xffff0000u) | (ra >> 16);
                 }
             }
+        if (clean)                                   /* query 0's keys of weight 0: V rows 0 */
+            for (pa_ssize j = 0; j < nj; j++)
+                if ((Pp[(j >> 1) * MR * 2 + (j & 1)] & 0x7fffu) == 0)
+                    for (pa_ssize c0 = 0; c0 < evp; c0 += NR)
+                        for (int jj = 0; jj < NR; jj++) Vp[c0 * nj2 + (j >> 1) * NR * 2 + 2 * jj + (j & 1)] = 0;
         for (pa_ssize r0 = 0; r0 < qc; r0 += MR)
             for (pa_ssize c0 = 0; c0 < evp; c0 += NR)
                 g->ukr(nj2, Pp + r0 * nj2, 1, MR, Vt + c0 * vs, NR, O + r0 * evp + c0, evp, 1, MR, NR, 1);
@@ -230,6 +243,13 @@ static void flash_bf16(const pa_family *f, const pa_attn_args *a, pa_ssize i0, p
         if (a->lse) ((float *)a->lse)[(i0 + r) * a->lse_s] = (float)lse;
         float *orow = (float *)a->out + (i0 + r) * a->o_rs;
         for (pa_ssize d = 0; d < Ev; d++) orow[d * a->o_cs] = O[r * evp + d] * inv;
+    }
+    if (clean) return;
+    for (pa_ssize r = 0; r < nq; r++) {              /* NaN rows: again, alone and clean */
+        const float *orow = (const float *)a->out + (i0 + r) * a->o_rs;
+        pa_ssize d = 0;
+        while (d < Ev && orow[d * a->o_cs] == orow[d * a->o_cs]) d++;
+        if (d < Ev) flash_bf16(f, a, i0 + r, i0 + r + 1, ws, 1);
     }
 }
 #undef BF_RUP
@@ -244,7 +264,7 @@ size_t pa_flash_ws(const pa_family *f, int dtype, pa_ssize E, pa_ssize Ev)
 void pa_flash_run(const pa_family *f, int dtype, const pa_attn_args *a, pa_ssize i0, pa_ssize i1,
                   void *ws)
 {
-    if (dtype == PA_F32 && a->bf16) flash_bf16(f, a, i0, i1, ws);
+    if (dtype == PA_F32 && a->bf16) flash_bf16(f, a, i0, i1, ws, 0);
     else if (dtype == PA_F32) flash_run_f32(f, a, i0, i1, ws);
     else flash_run_f64(f, a, i0, i1, ws);
 }

@@ -7,7 +7,8 @@
  * out = sum_p (w_p / sum) out_p,  in the order of p. A part with lse_p = -inf
  * has weight 0 and its row is not read (NaN there does not spread, as for a
  * key of weight 0); a row with every lse_p = -inf gives 0 and -inf; NaN in an
- * lse spreads to its row. One task per flat batch index: no dependence on
+ * lse spreads to its row; an lse of +inf gives +inf (as logaddexp) and a
+ * NaN row (inf - inf). One task per flat batch index: no dependence on
  * the thread count. Weights are computed in double for both dtypes.
  */
 #include <math.h>
@@ -43,7 +44,8 @@ typedef struct {
                 lo[i * c->lse->cs] = (T)-INFINITY;                                          \
                 continue;                                                                   \
             }                                                                               \
-            lo[i * c->lse->cs] = (T)(M + log(sum));                                         \
+            /* an lse of +inf: +inf (logaddexp), the row NaN (inf - inf) */                \
+            lo[i * c->lse->cs] = (T)(M == INFINITY ? M : M + log(sum));                     \
             for (pa_ssize p = 0; p < c->P; p++) {                                           \
                 const double x = (double)li[p * c->lses_ps];                                \
                 if (x == -INFINITY) continue;                                               \
