@@ -437,6 +437,12 @@ def test_kvcache_product(seed, sname, path, place, value, precision, new):
     assert np.array_equal(kcache, ks if new else kc0, equal_nan=True)
     assert np.array_equal(vcache, vs if new else vc0, equal_nan=True)
     check_cache_result(out, lse, c, dt, precision)
+    if dt in (np.float16, BF16):       # widening is exact: the float32 call on the same values, bit for bit
+        with np.errstate(all="ignore"):
+            o32, l32 = pyattn.attention_with_kvcache(qs.astype(np.float32), kcache.astype(np.float32),
+                                                     vcache.astype(np.float32), cache_seqlens=c["length"],
+                                                     window=c["window"], return_lse=True, precision=precision)
+        assert np.array_equal(out, o32, equal_nan=True) and np.array_equal(lse, l32, equal_nan=True)
     if precision == "highest" and dt != np.float64:
         with np.errstate(all="ignore"):
             o64 = pyattn.attention_with_kvcache(qs.astype(np.float64), kcache.astype(np.float64),
