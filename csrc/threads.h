@@ -11,9 +11,28 @@
 #ifndef PYATTN_THREADS_H
 #define PYATTN_THREADS_H
 
+#include <stdatomic.h>
+
 #include "pyattn.h"
 
 typedef void (*pa_task_fn)(void *ctx, pa_ssize task, int tid);
+
+/* Stopping a call early (Ctrl-C; module.c sets the flag from a SIGINT
+ * handler). pa_stop_set(flag) names the calling thread's stop flag (NULL:
+ * none) for the ops it calls next; pa_parallel_for hands it on to the threads
+ * that run the op's tasks and, once it is set, skips the tasks not yet
+ * started (the call still returns only after every started task ended).
+ * Long loops inside a task (key tiles, query blocks, K panels) read
+ * pa_stop_get() once and ask pa_stopping() between iterations, never per
+ * element. An op that stops leaves its outputs incomplete; the binding
+ * discards them. A call whose flag stays clear computes exactly what it did
+ * before: the flag decides only whether work runs, never how. */
+void pa_stop_set(atomic_int *flag);
+atomic_int *pa_stop_get(void);
+static inline int pa_stopping(atomic_int *flag)
+{
+    return flag != NULL && atomic_load_explicit(flag, memory_order_relaxed) != 0;
+}
 
 void pa_parallel_for(pa_ssize ntasks, pa_task_fn fn, void *ctx, int max_threads);
 int pa_get_num_threads(void);
