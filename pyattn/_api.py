@@ -630,6 +630,17 @@ def _seqlens(cache_seqlens, B):
     return n
 
 
+def _write_rows(kc, vc, kn, vn, n, T):
+    """Rows [n_b, n_b + T) of both caches from key/value (converted to the cache dtypes)."""
+    if (n == n[0]).all():
+        kc[:, :, n[0]:n[0] + T] = kn
+        vc[:, :, n[0]:n[0] + T] = vn
+    else:
+        for b in range(len(n)):
+            kc[b, :, n[b]:n[b] + T] = kn[b]
+            vc[b, :, n[b]:n[b] + T] = vn[b]
+
+
 def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cache_seqlens,
                            is_causal=True, scale=None, window=None, alibi_slopes=None,
                            softcap=None, sinks=None, return_lse=False, out=None, precision=None):
@@ -648,7 +659,9 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
     ``n_b - T + t``. ``is_causal`` is bottom-right causal on those positions.
     Only those cache rows are written; ``cache_seqlens`` is not modified (see
     :class:`pyattn.KVCache`, which advances its lengths). Everything is
-    checked before anything is written.
+    checked before anything is written. A ``KeyboardInterrupt`` (Ctrl-C)
+    leaves each cache as it was or with all the new rows written, never part
+    of them (the rows are written before the attention runs).
 
     Decode (``T = 1``) over long caches splits the keys into fixed chunks
     across threads (bit-identical for any thread count).
@@ -746,13 +759,16 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
     if out is not None:
         check_out(out, (B, Hq, T, Ev), cd, tuple(d for d in (kc.dtype, vc.dtype) if is16(d)))
     if new:
-        if (n == n[0]).all():
-            kc[:, :, n[0]:n[0] + T] = kn
-            vc[:, :, n[0]:n[0] + T] = vn
-        else:
-            for b in range(B):
-                kc[b, :, n[b]:n[b] + T] = kn[b]
-                vc[b, :, n[b]:n[b] + T] = vn[b]
+        try:
+            _write_rows(kc, vc, kn, vn, n, T)
+        except BaseException:
+            # a KeyboardInterrupt (Ctrl-C) can land between two writes: finish
+            # them all (they are idempotent), never leave some rows written
+            try:
+                _write_rows(kc, vc, kn, vn, n, T)
+            except BaseException:
+                pass
+            raise
         n = n + T
     qd = store16(q, cd) if is16(q.dtype) else to_dtype(q, cd)
     return _sdpa(qd, kc, vc, None, 0.0, "bottom_right" if is_causal else False, sc,
