@@ -296,13 +296,18 @@ static int on_main_thread(void)
 
 typedef struct { int armed; } stop_scope;
 
+/* Calls of fewer multiply-adds (or element steps) than this end within
+ * milliseconds anyway (Python then handles the signal): they skip the four
+ * system calls of arming, about a microsecond. */
+#define PA_STOP_MIN_WORK 16777216.0
+
 /* Before releasing the GIL: arm the SIGINT wrapper where it applies. */
-static void stop_begin(stop_scope *s)
+static void stop_begin(stop_scope *s, double work)
 {
     s->armed = 0;
     pa_stop_set(NULL);
 #ifdef PA_STOPPABLE
-    if (!on_main_thread()) return;
+    if (work < PA_STOP_MIN_WORK || !on_main_thread()) return;
     struct sigaction cur, ours;
     if (sigaction(SIGINT, NULL, &cur) != 0) return;
     if (cur.sa_flags & SA_SIGINFO) {
@@ -318,6 +323,8 @@ static void stop_begin(stop_scope *s)
     if (sigaction(SIGINT, &ours, NULL) != 0) return;
     pa_stop_set(&sigint_hit);
     s->armed = 1;
+#else
+    (void)work;
 #endif
 }
 
@@ -338,15 +345,15 @@ static int stop_end(stop_scope *s)
 #endif
 }
 
-/* Runs `call` (a statement that sets rc) without the GIL until it ends
- * unstopped, `again` (a statement) before each rerun; then jumps to fail
- * when a SIGINT handler raised. */
-#define PA_STOPPABLE_CALL(call, again)                                        \
+/* Runs `call` (a statement that sets rc; about `work` multiply-adds)
+ * without the GIL until it ends unstopped, `again` (a statement) before each
+ * rerun; then jumps to fail when a SIGINT handler raised. */
+#define PA_STOPPABLE_CALL(work, call, again)                                  \
     do {                                                                      \
         int st_;                                                              \
         for (;;) {                                                            \
             stop_scope sc_;                                                   \
-            stop_begin(&sc_);                                                 \
+            stop_begin(&sc_, (work));                                         \
             Py_BEGIN_ALLOW_THREADS                                            \
             call;                                                             \
             Py_END_ALLOW_THREADS                                              \
@@ -411,7 +418,8 @@ static PyObject *py_matmul(PyObject *self, PyObject *args, PyObject *kw)
     operand_of(&o, nb, &C);
     int rc, nt = call_threads(req_threads);
     const pa_family *fam = family;
-    PA_STOPPABLE_CALL(rc = pa_matmul(fam, cd, a.dtype, b.dtype, &bt, M, N, K, &A, &B, &C, bias_p,
+    PA_STOPPABLE_CALL((double)bt.count * (double)M * (double)N * (double)K,
+                      rc = pa_matmul(fam, cd, a.dtype, b.dtype, &bt, M, N, K, &A, &B, &C, bias_p,
                                      bias_s, bf16, nt), (void)0);
     if (rc < 0) { PyErr_NoMemory(); goto fail; }
     return (PyObject *)res;
@@ -481,7 +489,8 @@ static PyObject *py_softmax(PyObject *self, PyObject *args, PyObject *kw)
     if (kind) operand_of(&m, x.nd - 1, &Mk);
     int rc, nt = pa_get_num_threads();
     const pa_family *fam = family;
-    PA_STOPPABLE_CALL(rc = pa_softmax(fam, x.dtype, &bt, x.shape[x.nd - 1], &X, kind ? &Mk : NULL, kind,
+    PA_STOPPABLE_CALL(16.0 * (double)bt.count * (double)x.shape[x.nd - 1],
+                      rc = pa_softmax(fam, x.dtype, &bt, x.shape[x.nd - 1], &X, kind ? &Mk : NULL, kind,
                                       causal, scale, &O, nt), (void)0);
     if (rc < 0) { PyErr_NoMemory(); goto fail; }
     return (PyObject *)res;
@@ -517,7 +526,8 @@ static PyObject *py_softmax_backward(PyObject *self, PyObject *args)
     operand_of(&y, y.nd - 1, &Y);
     operand_of(&o, y.nd - 1, &O);
     int rc, nt = pa_get_num_threads();
-    PA_STOPPABLE_CALL(rc = pa_softmax_backward(y.dtype, &bt, y.shape[y.nd - 1], &G, &Y, scale, &O, nt),
+    PA_STOPPABLE_CALL(4.0 * (double)bt.count * (double)y.shape[y.nd - 1],
+                      rc = pa_softmax_backward(y.dtype, &bt, y.shape[y.nd - 1], &G, &Y, scale, &O, nt),
                       (void)0);
     if (rc < 0) { PyErr_NoMemory(); goto fail; }
     return (PyObject *)res;
@@ -668,7 +678,8 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
     if (want_w) operand_of(&w, nb, &W);
     int rc, nt = call_threads(req_threads);
     const pa_family *fam = family;
-    PA_STOPPABLE_CALL(rc = pa_attention(fam, cd, &bt, L, S, E, Ev, &Q, &Kk, &V, kind ? &Mk : NULL, kind,
+    PA_STOPPABLE_CALL((double)bt.count * (double)L * (double)S * (double)(E + Ev + 16),
+                      rc = pa_attention(fam, cd, &bt, L, S, E, Ev, &Q, &Kk, &V, kind ? &Mk : NULL, kind,
                                         &opts, scale, dropout_p, (uint64_t)key, &O, want_w ? &W : NULL, nt),
                       (void)0);
     if (rc < 0) { PyErr_NoMemory(); goto fail; }
@@ -819,7 +830,8 @@ static PyObject *py_sdpa_backward(PyObject *self, PyObject *args, PyObject *kw)
     const pa_family *fam = family;
     double *dsp = ds ? (double *)PyArray_DATA(ds) : NULL;
     /* the gradients are accumulated: a rerun starts from zeros again */
-    PA_STOPPABLE_CALL(rc = pa_attention_backward(fam, cd, &bt, reduce, L, S, E, Ev, &Q, &Kk, &V,
+    PA_STOPPABLE_CALL(2.0 * (double)bt.count * (double)L * (double)S * (double)(E + Ev + 16),
+                      rc = pa_attention_backward(fam, cd, &bt, reduce, L, S, E, Ev, &Q, &Kk, &V,
                                                  kind ? &Mk : NULL, kind, &opts, scale, dropout_p,
                                                  (uint64_t)key, &O, &Lse, &Go, &DQ, &DK, &DV, dsp, nt),
                       zero_all(dq, dk, dv, ds));
