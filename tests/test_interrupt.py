@@ -242,3 +242,33 @@ def test_python_sigint_handling_is_chained():
     assert rep["ignored"] == {"what": "returned", "same_bits": True}, rep
     # a call on another thread runs to the end while the main thread takes the interrupt
     assert rep["thread"] == {"what": "KeyboardInterrupt", "same_bits": True}, rep
+
+
+def test_kvcache_rows_are_written_all_or_none(monkeypatch):
+    """A KeyboardInterrupt that lands between the key and the value write (a
+    Ctrl-C there is raised at the next bytecode) still leaves both caches
+    with all the new rows, and is raised."""
+    import numpy as np
+    from pyattn import _api
+
+    rng = np.random.default_rng(0)
+    kc, vc = np.zeros((2, 2, 8, 4), np.float32), np.zeros((2, 2, 8, 4), np.float32)
+    q = rng.standard_normal((2, 4, 3, 4)).astype(np.float32)
+    k, v = rng.standard_normal((2, 2, 2, 3, 4)).astype(np.float32)
+    real = _api._write_rows
+    calls = []
+
+    def torn(kc_, vc_, kn, vn, n, T):
+        calls.append(1)
+        if len(calls) == 1:
+            kc_[0, :, n[0]:n[0] + T] = kn[0]       # part of the rows, then the interrupt
+            raise KeyboardInterrupt
+        real(kc_, vc_, kn, vn, n, T)
+
+    monkeypatch.setattr(_api, "_write_rows", torn)
+    with pytest.raises(KeyboardInterrupt):
+        pyattn.attention_with_kvcache(q, kc, vc, k, v, cache_seqlens=[1, 4])
+    wk, wv = np.zeros_like(kc), np.zeros_like(vc)
+    for b, n in enumerate([1, 4]):
+        wk[b, :, n:n + 3], wv[b, :, n:n + 3] = k[b], v[b]
+    assert len(calls) == 2 and np.array_equal(kc, wk) and np.array_equal(vc, wv)
