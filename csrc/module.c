@@ -19,9 +19,8 @@
 
 #include <math.h>
 #include <string.h>
-#include <stdatomic.h>
 
-#if defined(__linux__) || defined(__APPLE__)
+#if (defined(__linux__) || defined(__APPLE__)) && !defined(__STDC_NO_ATOMICS__)
 #include <errno.h>
 #include <signal.h>
 #include <unistd.h>
@@ -268,7 +267,7 @@ fail:
  * when SIGINT is ignored or has its default action (the process ends), nor
  * off the main thread (those calls run to the end, as before). */
 #ifdef PA_STOPPABLE
-static atomic_int sigint_hit;               /* the stop flag of main-thread calls */
+static pa_stop_flag sigint_hit;             /* the stop flag of main-thread calls */
 static struct sigaction sigint_prev;        /* what on_sigint chains to */
 
 static void on_sigint(int sig, siginfo_t *info, void *uc)

@@ -29,9 +29,9 @@
 
 /* Portable fallback: no pool, everything runs on the caller. */
 static int pa_nthreads = 1;
-static _Thread_local atomic_int *tls_stop = NULL;
-void pa_stop_set(atomic_int *flag) { tls_stop = flag; }
-atomic_int *pa_stop_get(void) { return tls_stop; }
+static _Thread_local pa_stop_flag *tls_stop = NULL;
+void pa_stop_set(pa_stop_flag *flag) { tls_stop = flag; }
+pa_stop_flag *pa_stop_get(void) { return tls_stop; }
 void pa_parallel_for(pa_ssize ntasks, pa_task_fn fn, void *ctx, int max_threads)
 {
     (void)max_threads;
@@ -77,10 +77,10 @@ static int spin_until(int (*done)(const void *), const void *arg)
 }
 
 /* the stop flag of the call this thread runs (its own, or the job's) */
-static _Thread_local atomic_int *tls_stop = NULL;
+static _Thread_local pa_stop_flag *tls_stop = NULL;
 
-void pa_stop_set(atomic_int *flag) { tls_stop = flag; }
-atomic_int *pa_stop_get(void) { return tls_stop; }
+void pa_stop_set(pa_stop_flag *flag) { tls_stop = flag; }
+pa_stop_flag *pa_stop_get(void) { return tls_stop; }
 
 static pthread_mutex_t run_lock = PTHREAD_MUTEX_INITIALIZER;  /* owns the pool */
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;        /* guards the job */
@@ -98,7 +98,7 @@ static atomic_int shutting_down = 0;
 static atomic_ulong generation = 0;
 static pa_task_fn job_fn;
 static void *job_ctx;
-static atomic_int *job_stop;     /* the caller's stop flag, or NULL */
+static pa_stop_flag *job_stop;     /* the caller's stop flag, or NULL */
 static pa_ssize job_ntasks;
 static int job_nthreads;         /* participating threads, caller included */
 static unsigned long spawn_generation;  /* generation when the workers started */
@@ -117,7 +117,7 @@ typedef struct {                 /* what a thread knows of the job it runs */
     void *ctx;
     pa_ssize ntasks;
     unsigned long long tag;      /* generation << PA_IDX_BITS */
-    atomic_int *stop;
+    pa_stop_flag *stop;
 } job_view;
 
 static unsigned long long gen_tag(unsigned long g) { return (unsigned long long)g << PA_IDX_BITS; }
@@ -137,7 +137,7 @@ static void count_done(const job_view *j, pa_ssize n)
 
 static void run_tasks(const job_view *j, int tid)
 {
-    atomic_int *const own_stop = tls_stop;
+    pa_stop_flag *const own_stop = tls_stop;
     tls_stop = j->stop;
     unsigned long long w = atomic_load(&job_word);
     for (;;) {
@@ -227,7 +227,7 @@ static void start_workers(void)
 void pa_parallel_for(pa_ssize ntasks, pa_task_fn fn, void *ctx, int max_threads)
 {
     if (ntasks <= 0) return;
-    atomic_int *const stop = tls_stop;
+    pa_stop_flag *const stop = tls_stop;
     if (max_threads <= 1 || ntasks == 1 || (unsigned long long)ntasks > PA_IDX_MASK / 2 ||
         pthread_mutex_trylock(&run_lock) != 0) {
         for (pa_ssize t = 0; t < ntasks && !pa_stopping(stop); t++) fn(ctx, t, 0);

@@ -11,9 +11,17 @@
 #ifndef PYATTN_THREADS_H
 #define PYATTN_THREADS_H
 
-#include <stdatomic.h>
-
 #include "pyattn.h"
+
+/* a stop flag: set from a signal handler, read by every thread of the call */
+#ifndef __STDC_NO_ATOMICS__
+#include <stdatomic.h>
+typedef atomic_int pa_stop_flag;
+#define PA_STOP_LOAD(f) atomic_load_explicit((f), memory_order_relaxed)
+#else
+typedef volatile int pa_stop_flag;
+#define PA_STOP_LOAD(f) (*(f))
+#endif
 
 typedef void (*pa_task_fn)(void *ctx, pa_ssize task, int tid);
 
@@ -27,11 +35,11 @@ typedef void (*pa_task_fn)(void *ctx, pa_ssize task, int tid);
  * element. An op that stops leaves its outputs incomplete; the binding
  * discards them. A call whose flag stays clear computes exactly what it did
  * before: the flag decides only whether work runs, never how. */
-void pa_stop_set(atomic_int *flag);
-atomic_int *pa_stop_get(void);
-static inline int pa_stopping(atomic_int *flag)
+void pa_stop_set(pa_stop_flag *flag);
+pa_stop_flag *pa_stop_get(void);
+static inline int pa_stopping(pa_stop_flag *flag)
 {
-    return flag != NULL && atomic_load_explicit(flag, memory_order_relaxed) != 0;
+    return flag != NULL && PA_STOP_LOAD(flag) != 0;
 }
 
 void pa_parallel_for(pa_ssize ntasks, pa_task_fn fn, void *ctx, int max_threads);

@@ -165,7 +165,7 @@ static void flash_bf16(const pa_family *f, const pa_attn_args *a, pa_ssize i0, p
         }
     }
     if (jmin < jmax) jmin = a->key_begin + (jmin - a->key_begin) / BK * BK;
-    atomic_int *const stop = pa_stop_get();
+    pa_stop_flag *const stop = pa_stop_get();
     for (pa_ssize j0 = jmin; j0 < jmax && !pa_stopping(stop); j0 += BK) {
         const pa_ssize nj = jmax - j0 < BK ? jmax - j0 : BK;
         const pa_ssize nj2 = BF_RUP(nj, 2);

@@ -176,7 +176,7 @@ static void gemm_task(void *ctx_, pa_ssize t, int tid)
         if (c->dtype == PA_F32) fill_c_f32((float *)C, crs, ccs, mt, nc, (const float *)bias, c->bias_s);
         else fill_c_f64((double *)C, crs, ccs, mt, nc, (const double *)bias, c->bias_s);
     }
-    atomic_int *const stop = pa_stop_get();          /* Ctrl-C: between blocks */
+    pa_stop_flag *const stop = pa_stop_get();          /* Ctrl-C: between blocks */
     for (pa_ssize p0 = 0; p0 < c->K && !pa_stopping(stop); p0 += g->kc) {
         const pa_ssize kc = c->K - p0 < g->kc ? c->K - p0 : g->kc;
         const int accumulate = (p0 > 0) || bias != NULL;

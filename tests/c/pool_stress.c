@@ -31,7 +31,7 @@ static void task(void *ctx, pa_ssize t, int tid)
 
 typedef struct {
     atomic_int hits[40];
-    atomic_int stop;
+    pa_stop_flag stop;
     int stop_at;
     atomic_int wrong_flag;
 } stop_job_t;
