@@ -6,7 +6,8 @@ short call of the same kind timed there, not a fixed size -- sends SIGINT to
 itself from a timer thread shortly after the call starts, and reports how
 long after the signal the call raised. The test asserts KeyboardInterrupt
 within BOUND seconds (generous, for a loaded machine; typically tens of
-milliseconds), the inputs' reference counts unchanged, the thread pool
+milliseconds), the inputs' reference counts unchanged and the output freed
+(tracemalloc sees NumPy's buffers), the thread pool
 working afterwards (the short call again gives the same bits), and a KV
 cache either untouched or holding all the new rows. The sizes use
 broadcast (stride-0) inputs, so memory stays small however long the call.
@@ -36,7 +37,7 @@ FAMILIES = ["generic"] + {"avx512": ["avx2", "avx512", "avx512emu"], "avx2": ["a
                           "neon": ["neon"]}.get(MACHINE, [])
 
 CHILD = r'''
-import json, os, signal, sys, threading, time
+import gc, json, os, signal, sys, threading, time, tracemalloc
 import numpy as np
 import pyattn
 from pyattn import _C
@@ -142,9 +143,14 @@ if mode == "entries":
         cache.k[:, :, S] = cache.v[:, :, S] = 0        # the row the long call appends
         k0, v0 = cache.k.copy(), cache.v.copy()
         delay = DELAY if name != "softmax" else 0.02
+        gc.collect()
+        tracemalloc.start()                            # NumPy reports its buffers to it
         what, lat = interrupt(fn, delay)
+        gc.collect()
+        kept = tracemalloc.get_traced_memory()[0]      # bytes still held: the output was freed
+        tracemalloc.stop()
         rec = {"what": what, "latency": lat, "estimate": t0 * n / n0, "delay": delay,
-               "refs_same": refs == [sys.getrefcount(x) for x in ins]}
+               "refs_same": refs == [sys.getrefcount(x) for x in ins], "kept_bytes": kept}
         if name == "decode":
             k1, v1 = k0.copy(), v0.copy()
             k1[:, :, S], v1[:, :, S] = knew[:, :, 0], vnew[:, :, 0]
@@ -225,7 +231,7 @@ def test_long_calls_stop_on_sigint(isa):
             assert r["estimate"] > 2 * BOUND, (name, r)
         elif r["estimate"] - r["delay"] > 0.2:
             assert r["latency"] < 0.5 * (r["estimate"] - r["delay"]), (name, r)
-        assert r["refs_same"], (name, r)
+        assert r["refs_same"] and r["kept_bytes"] < 1 << 20, (name, r)     # nothing leaked
         assert r["after_same_bits"], (name, r)     # the pool works, the bits are those of before
     # the new rows are written before the attention runs; lengths stay as they were
     assert rep["decode"]["cache"] == "written", rep["decode"]
