@@ -20,6 +20,18 @@
 #include <math.h>
 #include <string.h>
 
+#if (defined(__linux__) || defined(__APPLE__)) && !defined(__STDC_NO_ATOMICS__)
+#include <errno.h>
+#include <signal.h>
+#include <unistd.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#else
+#include <pthread.h>
+#endif
+#define PA_STOPPABLE 1
+#endif
+
 #include "pyattn.h"
 #include "dispatch.h"
 #include "threads.h"
@@ -241,6 +253,120 @@ fail:
     return NULL;
 }
 
+/* ---- Ctrl-C: stopping a long call ----------------------------------------
+ *
+ * With the GIL released, Python's SIGINT handler only notes the signal; its
+ * Python-level handler (KeyboardInterrupt) would run after the call. So a
+ * call from the main thread (where Python runs signal handlers) puts
+ * on_sigint in front of the handler in place, for the time the GIL is
+ * released: it sets sigint_hit, which the op's threads see between tasks and
+ * tiles (threads.h: pa_stop_set), and calls the previous handler, so
+ * Python's own handling (its flag, set_wakeup_fd, a user's
+ * signal.signal(SIGINT, ...)) still happens. Afterwards the previous
+ * handler is put back and, if the signal came, PyErr_CheckSignals runs the
+ * Python handlers: one that raises (KeyboardInterrupt) ends the call with
+ * that exception and its outputs are discarded; one that returns lets the
+ * call run again from the start (its outputs are incomplete), as if the
+ * signal had arrived between two Python statements. Nothing is installed
+ * when SIGINT is ignored or has its default action (the process ends), nor
+ * off the main thread (those calls run to the end, as before). */
+#ifdef PA_STOPPABLE
+static pa_stop_flag sigint_hit;             /* the stop flag of main-thread calls */
+static struct sigaction sigint_prev;        /* what on_sigint chains to */
+
+static void on_sigint(int sig, siginfo_t *info, void *uc)
+{
+    const int saved = errno;
+    atomic_store(&sigint_hit, 1);
+    if (sigint_prev.sa_flags & SA_SIGINFO) sigint_prev.sa_sigaction(sig, info, uc);
+    else if (sigint_prev.sa_handler != SIG_DFL && sigint_prev.sa_handler != SIG_IGN)
+        sigint_prev.sa_handler(sig);
+    errno = saved;
+}
+
+/* the thread Python runs signal handlers in: the process's first thread, in
+ * the main interpreter */
+static int on_main_thread(void)
+{
+#if defined(__linux__)
+    if ((pid_t)syscall(SYS_gettid) != getpid()) return 0;
+#else
+    if (!pthread_main_np()) return 0;
+#endif
+    return PyInterpreterState_Get() == PyInterpreterState_Main();
+}
+#endif
+
+typedef struct { int armed; } stop_scope;
+
+/* Calls of fewer multiply-adds (or element steps) than this end within
+ * milliseconds anyway (Python then handles the signal): they skip the four
+ * system calls of arming, about a microsecond. */
+#define PA_STOP_MIN_WORK 16777216.0
+
+/* Before releasing the GIL: arm the SIGINT wrapper where it applies. */
+static void stop_begin(stop_scope *s, double work)
+{
+    s->armed = 0;
+    pa_stop_set(NULL);
+#ifdef PA_STOPPABLE
+    if (work < PA_STOP_MIN_WORK || !on_main_thread()) return;
+    struct sigaction cur, ours;
+    if (sigaction(SIGINT, NULL, &cur) != 0) return;
+    if (cur.sa_flags & SA_SIGINFO) {
+        if (cur.sa_sigaction == on_sigint) return;              /* never twice */
+    } else if (cur.sa_handler == SIG_DFL || cur.sa_handler == SIG_IGN) {
+        return;
+    }
+    sigint_prev = cur;
+    ours = cur;                                  /* its mask and flags */
+    ours.sa_flags |= SA_SIGINFO;
+    ours.sa_sigaction = on_sigint;
+    atomic_store(&sigint_hit, 0);
+    if (sigaction(SIGINT, &ours, NULL) != 0) return;
+    pa_stop_set(&sigint_hit);
+    s->armed = 1;
+#else
+    (void)work;
+#endif
+}
+
+/* After taking the GIL back: 0 the call ran through; 1 it was stopped and a
+ * Python handler raised (the exception is set); 2 it was stopped and the
+ * handlers returned: run the call again. */
+static int stop_end(stop_scope *s)
+{
+    pa_stop_set(NULL);
+#ifdef PA_STOPPABLE
+    if (!s->armed) return 0;
+    s->armed = 0;
+    sigaction(SIGINT, &sigint_prev, NULL);
+    if (!atomic_load(&sigint_hit)) return 0;
+    return PyErr_CheckSignals() < 0 ? 1 : 2;
+#else
+    return 0;
+#endif
+}
+
+/* Runs `call` (a statement that sets rc; about `work` multiply-adds)
+ * without the GIL until it ends unstopped, `again` (a statement) before each
+ * rerun; then jumps to fail when a SIGINT handler raised. */
+#define PA_STOPPABLE_CALL(work, call, again)                                  \
+    do {                                                                      \
+        int st_;                                                              \
+        for (;;) {                                                            \
+            stop_scope sc_;                                                   \
+            stop_begin(&sc_, (work));                                         \
+            Py_BEGIN_ALLOW_THREADS                                            \
+            call;                                                             \
+            Py_END_ALLOW_THREADS                                              \
+            st_ = stop_end(&sc_);                                             \
+            if (st_ != 2) break;                                              \
+            again;                                                            \
+        }                                                                     \
+        if (st_ == 1) goto fail;                                              \
+    } while (0)
+
 /* ------------------------------------------------------------------------ */
 
 PyDoc_STRVAR(matmul_doc,
@@ -295,9 +421,9 @@ static PyObject *py_matmul(PyObject *self, PyObject *args, PyObject *kw)
     operand_of(&o, nb, &C);
     int rc, nt = call_threads(req_threads);
     const pa_family *fam = family;
-    Py_BEGIN_ALLOW_THREADS
-    rc = pa_matmul(fam, cd, a.dtype, b.dtype, &bt, M, N, K, &A, &B, &C, bias_p, bias_s, bf16, nt);
-    Py_END_ALLOW_THREADS
+    PA_STOPPABLE_CALL((double)bt.count * (double)M * (double)N * (double)K,
+                      rc = pa_matmul(fam, cd, a.dtype, b.dtype, &bt, M, N, K, &A, &B, &C, bias_p,
+                                     bias_s, bf16, nt), (void)0);
     if (rc < 0) { PyErr_NoMemory(); goto fail; }
     return (PyObject *)res;
 fail:
@@ -366,9 +492,9 @@ static PyObject *py_softmax(PyObject *self, PyObject *args, PyObject *kw)
     if (kind) operand_of(&m, x.nd - 1, &Mk);
     int rc, nt = pa_get_num_threads();
     const pa_family *fam = family;
-    Py_BEGIN_ALLOW_THREADS
-    rc = pa_softmax(fam, x.dtype, &bt, x.shape[x.nd - 1], &X, kind ? &Mk : NULL, kind, causal, scale, &O, nt);
-    Py_END_ALLOW_THREADS
+    PA_STOPPABLE_CALL(16.0 * (double)bt.count * (double)x.shape[x.nd - 1],
+                      rc = pa_softmax(fam, x.dtype, &bt, x.shape[x.nd - 1], &X, kind ? &Mk : NULL, kind,
+                                      causal, scale, &O, nt), (void)0);
     if (rc < 0) { PyErr_NoMemory(); goto fail; }
     return (PyObject *)res;
 fail:
@@ -403,9 +529,9 @@ static PyObject *py_softmax_backward(PyObject *self, PyObject *args)
     operand_of(&y, y.nd - 1, &Y);
     operand_of(&o, y.nd - 1, &O);
     int rc, nt = pa_get_num_threads();
-    Py_BEGIN_ALLOW_THREADS
-    rc = pa_softmax_backward(y.dtype, &bt, y.shape[y.nd - 1], &G, &Y, scale, &O, nt);
-    Py_END_ALLOW_THREADS
+    PA_STOPPABLE_CALL(4.0 * (double)bt.count * (double)y.shape[y.nd - 1],
+                      rc = pa_softmax_backward(y.dtype, &bt, y.shape[y.nd - 1], &G, &Y, scale, &O, nt),
+                      (void)0);
     if (rc < 0) { PyErr_NoMemory(); goto fail; }
     return (PyObject *)res;
 fail:
@@ -666,10 +792,10 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
     if (want_w) operand_of(&w, nb, &W);
     int rc, nt = call_threads(req_threads);
     const pa_family *fam = family;
-    Py_BEGIN_ALLOW_THREADS
-    rc = pa_attention(fam, cd, &bt, L, S, E, Ev, &Q, &Kk, &V, kind ? &Mk : NULL, kind, &opts,
-                      scale, dropout_p, (uint64_t)key, &O, want_w ? &W : NULL, nt);
-    Py_END_ALLOW_THREADS
+    PA_STOPPABLE_CALL((double)bt.count * (double)L * (double)S * (double)(E + Ev + 16),
+                      rc = pa_attention(fam, cd, &bt, L, S, E, Ev, &Q, &Kk, &V, kind ? &Mk : NULL, kind,
+                                        &opts, scale, dropout_p, (uint64_t)key, &O, want_w ? &W : NULL, nt),
+                      (void)0);
     if (rc < 0) { PyErr_NoMemory(); goto fail; }
     return Py_BuildValue("(NNN)", res, wres ? (PyObject *)wres : Py_NewRef(Py_None),
                          lres ? (PyObject *)lres : Py_NewRef(Py_None));
@@ -686,6 +812,13 @@ static PyArrayObject *new_zeros(int nd, const pa_ssize *shape, int dtype, const 
     PyArrayObject *a = new_array(nd, shape, dtype, what);
     if (a) memset(PyArray_DATA(a), 0, (size_t)PyArray_NBYTES(a));
     return a;
+}
+
+static void zero_all(PyArrayObject *a, PyArrayObject *b, PyArrayObject *c, PyArrayObject *d)
+{
+    PyArrayObject *arrs[4] = {a, b, c, d};
+    for (int i = 0; i < 4; i++)
+        if (arrs[i]) memset(PyArray_DATA(arrs[i]), 0, (size_t)PyArray_NBYTES(arrs[i]));
 }
 
 PyDoc_STRVAR(sdpa_backward_doc,
@@ -810,11 +943,12 @@ static PyObject *py_sdpa_backward(PyObject *self, PyObject *args, PyObject *kw)
     int rc, nt = call_threads(req_threads);
     const pa_family *fam = family;
     double *dsp = ds ? (double *)PyArray_DATA(ds) : NULL;
-    Py_BEGIN_ALLOW_THREADS
-    rc = pa_attention_backward(fam, cd, &bt, reduce, L, S, E, Ev, &Q, &Kk, &V, kind ? &Mk : NULL, kind,
-                               &opts, scale, dropout_p, (uint64_t)key, &O, &Lse, &Go, &DQ, &DK, &DV,
-                               dsp, nt);
-    Py_END_ALLOW_THREADS
+    /* the gradients are accumulated: a rerun starts from zeros again */
+    PA_STOPPABLE_CALL(2.0 * (double)bt.count * (double)L * (double)S * (double)(E + Ev + 16),
+                      rc = pa_attention_backward(fam, cd, &bt, reduce, L, S, E, Ev, &Q, &Kk, &V,
+                                                 kind ? &Mk : NULL, kind, &opts, scale, dropout_p,
+                                                 (uint64_t)key, &O, &Lse, &Go, &DQ, &DK, &DV, dsp, nt),
+                      zero_all(dq, dk, dv, ds));
     if (rc < 0) { PyErr_NoMemory(); goto fail; }
     return Py_BuildValue("(NNNN)", dq, dk, dv, ds ? (PyObject *)ds : Py_NewRef(Py_None));
 fail:

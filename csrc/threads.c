@@ -15,6 +15,13 @@
  * sleeping thread costs far more than that spin -- on virtual machines up to
  * a millisecond, measured here. Which thread runs a task changes from run to run; what a
  * task computes does not, which is what makes results thread-count invariant.
+ *
+ * Stopping (threads.h): the job carries its caller's stop flag; a thread
+ * about to claim a task that finds the flag set claims every index left in
+ * one compare-and-swap instead and counts them as done, so the caller's wait
+ * ends as soon as the tasks already running have returned. A thread runs a
+ * job's tasks with the job's flag as its own (pa_stop_get), for the loops
+ * inside them.
  */
 #include "threads.h"
 
@@ -22,9 +29,13 @@
 
 /* Portable fallback: no pool, everything runs on the caller. */
 static int pa_nthreads = 1;
+static _Thread_local pa_stop_flag *tls_stop = NULL;
+void pa_stop_set(pa_stop_flag *flag) { tls_stop = flag; }
+pa_stop_flag *pa_stop_get(void) { return tls_stop; }
 void pa_parallel_for(pa_ssize ntasks, pa_task_fn fn, void *ctx, int max_threads)
 {
-    for (pa_ssize t = 0; t < ntasks; t++) fn(ctx, t, 0);
+    (void)max_threads;
+    for (pa_ssize t = 0; t < ntasks && !pa_stopping(tls_stop); t++) fn(ctx, t, 0);
 }
 int pa_get_num_threads(void) { return pa_nthreads; }
 int pa_set_num_threads(int n) { (void)n; pa_nthreads = 1; return n == 1 ? 0 : -1; }
@@ -65,6 +76,12 @@ static int spin_until(int (*done)(const void *), const void *arg)
     }
 }
 
+/* the stop flag of the call this thread runs (its own, or the job's) */
+static _Thread_local pa_stop_flag *tls_stop = NULL;
+
+void pa_stop_set(pa_stop_flag *flag) { tls_stop = flag; }
+pa_stop_flag *pa_stop_get(void) { return tls_stop; }
+
 static pthread_mutex_t run_lock = PTHREAD_MUTEX_INITIALIZER;  /* owns the pool */
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;        /* guards the job */
 static pthread_cond_t cv_work = PTHREAD_COND_INITIALIZER;
@@ -81,6 +98,7 @@ static atomic_int shutting_down = 0;
 static atomic_ulong generation = 0;
 static pa_task_fn job_fn;
 static void *job_ctx;
+static pa_stop_flag *job_stop;     /* the caller's stop flag, or NULL */
 static pa_ssize job_ntasks;
 static int job_nthreads;         /* participating threads, caller included */
 static unsigned long spawn_generation;  /* generation when the workers started */
@@ -99,6 +117,7 @@ typedef struct {                 /* what a thread knows of the job it runs */
     void *ctx;
     pa_ssize ntasks;
     unsigned long long tag;      /* generation << PA_IDX_BITS */
+    pa_stop_flag *stop;
 } job_view;
 
 static unsigned long long gen_tag(unsigned long g) { return (unsigned long long)g << PA_IDX_BITS; }
@@ -107,20 +126,35 @@ static unsigned long long gen_tag(unsigned long g) { return (unsigned long long)
  * moved on to another job). A task counts as done only after it ran, and the
  * caller waits for every task, so a claimed task's job is alive while it
  * runs. */
+static void count_done(const job_view *j, pa_ssize n)
+{
+    if (atomic_fetch_add(&job_done, n) + n == j->ntasks) {        /* the last ones */
+        pthread_mutex_lock(&mu);
+        pthread_cond_signal(&cv_done);
+        pthread_mutex_unlock(&mu);
+    }
+}
+
 static void run_tasks(const job_view *j, int tid)
 {
+    pa_stop_flag *const own_stop = tls_stop;
+    tls_stop = j->stop;
     unsigned long long w = atomic_load(&job_word);
     for (;;) {
         if ((w & ~PA_IDX_MASK) != j->tag || (pa_ssize)(w & PA_IDX_MASK) >= j->ntasks) break;
-        if (!atomic_compare_exchange_weak(&job_word, &w, w + 1)) continue;   /* w reloaded */
-        j->fn(j->ctx, (pa_ssize)(w & PA_IDX_MASK), tid);
-        if (atomic_fetch_add(&job_done, 1) + 1 == j->ntasks) {     /* the last one */
-            pthread_mutex_lock(&mu);
-            pthread_cond_signal(&cv_done);
-            pthread_mutex_unlock(&mu);
+        const pa_ssize next = (pa_ssize)(w & PA_IDX_MASK);
+        if (pa_stopping(j->stop)) {       /* claim all that is left; none of it runs */
+            if (!atomic_compare_exchange_weak(&job_word, &w, j->tag | (unsigned long long)j->ntasks))
+                continue;
+            count_done(j, j->ntasks - next);
+            break;
         }
+        if (!atomic_compare_exchange_weak(&job_word, &w, w + 1)) continue;   /* w reloaded */
+        j->fn(j->ctx, next, tid);
+        count_done(j, 1);
         w = atomic_load(&job_word);
     }
+    tls_stop = own_stop;
 }
 
 static int new_job(const void *seen)
@@ -148,7 +182,7 @@ static void *worker_main(void *arg)
         if (shutting_down) break;
         seen = generation;
         /* the job's fields as they stand under mu for this generation */
-        const job_view j = {job_fn, job_ctx, job_ntasks, gen_tag(seen) & ~PA_IDX_MASK};
+        const job_view j = {job_fn, job_ctx, job_ntasks, gen_tag(seen) & ~PA_IDX_MASK, job_stop};
         const int take_part = tid < job_nthreads;
         pthread_mutex_unlock(&mu);
         if (take_part) run_tasks(&j, tid);
@@ -193,9 +227,10 @@ static void start_workers(void)
 void pa_parallel_for(pa_ssize ntasks, pa_task_fn fn, void *ctx, int max_threads)
 {
     if (ntasks <= 0) return;
+    pa_stop_flag *const stop = tls_stop;
     if (max_threads <= 1 || ntasks == 1 || (unsigned long long)ntasks > PA_IDX_MASK / 2 ||
         pthread_mutex_trylock(&run_lock) != 0) {
-        for (pa_ssize t = 0; t < ntasks; t++) fn(ctx, t, 0);
+        for (pa_ssize t = 0; t < ntasks && !pa_stopping(stop); t++) fn(ctx, t, 0);
         return;
     }
     start_workers();
@@ -203,14 +238,14 @@ void pa_parallel_for(pa_ssize ntasks, pa_task_fn fn, void *ctx, int max_threads)
     if ((pa_ssize)nt > ntasks) nt = (int)ntasks;
     if (nt <= 1) {
         pthread_mutex_unlock(&run_lock);
-        for (pa_ssize t = 0; t < ntasks; t++) fn(ctx, t, 0);
+        for (pa_ssize t = 0; t < ntasks && !pa_stopping(stop); t++) fn(ctx, t, 0);
         return;
     }
     pthread_mutex_lock(&mu);
-    job_fn = fn; job_ctx = ctx; job_ntasks = ntasks; job_nthreads = nt;
+    job_fn = fn; job_ctx = ctx; job_ntasks = ntasks; job_nthreads = nt; job_stop = stop;
     atomic_store(&job_done, 0);
     const unsigned long g = (unsigned long)atomic_load(&generation) + 1;
-    const job_view j = {fn, ctx, ntasks, gen_tag(g) & ~PA_IDX_MASK};
+    const job_view j = {fn, ctx, ntasks, gen_tag(g) & ~PA_IDX_MASK, stop};
     atomic_store(&job_word, j.tag);
     atomic_store(&generation, g);
     pthread_cond_broadcast(&cv_work);

@@ -13,7 +13,34 @@
 
 #include "pyattn.h"
 
+/* a stop flag: set from a signal handler, read by every thread of the call */
+#ifndef __STDC_NO_ATOMICS__
+#include <stdatomic.h>
+typedef atomic_int pa_stop_flag;
+#define PA_STOP_LOAD(f) atomic_load_explicit((f), memory_order_relaxed)
+#else
+typedef volatile int pa_stop_flag;
+#define PA_STOP_LOAD(f) (*(f))
+#endif
+
 typedef void (*pa_task_fn)(void *ctx, pa_ssize task, int tid);
+
+/* Stopping a call early (Ctrl-C; module.c sets the flag from a SIGINT
+ * handler). pa_stop_set(flag) names the calling thread's stop flag (NULL:
+ * none) for the ops it calls next; pa_parallel_for hands it on to the threads
+ * that run the op's tasks and, once it is set, skips the tasks not yet
+ * started (the call still returns only after every started task ended).
+ * Long loops inside a task (key tiles, query blocks, K panels) read
+ * pa_stop_get() once and ask pa_stopping() between iterations, never per
+ * element. An op that stops leaves its outputs incomplete; the binding
+ * discards them. A call whose flag stays clear computes exactly what it did
+ * before: the flag decides only whether work runs, never how. */
+void pa_stop_set(pa_stop_flag *flag);
+pa_stop_flag *pa_stop_get(void);
+static inline int pa_stopping(pa_stop_flag *flag)
+{
+    return flag != NULL && PA_STOP_LOAD(flag) != 0;
+}
 
 void pa_parallel_for(pa_ssize ntasks, pa_task_fn fn, void *ctx, int max_threads);
 int pa_get_num_threads(void);

@@ -677,7 +677,9 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
     :class:`pyattn.KVCache`, which advances its lengths). Everything is
     checked and every array the call needs is allocated before the new rows
     are written: a call that raises (``MemoryError`` included) leaves the
-    caches as they were.
+    caches as they were. A ``KeyboardInterrupt`` (Ctrl-C) leaves each cache as
+    it was or with all the new rows written, never part of them (the rows are
+    written in C in one step, before the attention runs).
 
     Decode (``T = 1``) over long caches splits the keys into fixed chunks
     across threads (bit-identical for any thread count).

@@ -16,7 +16,10 @@ class KVCache:
     once (zeros); ``lengths (B,)`` int64 counts the rows filled per sequence.
     :meth:`attend` writes new keys/values after the filled rows, attends
     (bottom-right causal by default, GQA when the query has more heads) and
-    advances ``lengths``. Nothing is written when a call raises.
+    advances ``lengths``. Nothing is written when a call raises, except
+    on ``KeyboardInterrupt`` (Ctrl-C) during the attention: the new rows are
+    then written past ``lengths``, which stays unchanged (they count as
+    unfilled and the next call overwrites them).
 
     Parameters
     ----------

@@ -2,6 +2,7 @@
  * (attention_ref.inc, once per dtype). */
 #include <math.h>
 #include "attention.h"
+#include "threads.h"
 
 /* s[BQ*BK] + acc[BQ*Ev] + m[BQ] + l[BQ] elements; 0 on overflow */
 size_t pa_attn_ref_ws(int dtype, pa_ssize E, pa_ssize Ev)

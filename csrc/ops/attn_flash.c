@@ -3,6 +3,7 @@
  * attn_backward.inc, once per dtype). */
 #include <math.h>
 #include "attention.h"
+#include "threads.h"
 
 /* n rows x cols of a strided operand stored in 16 bits (sd: PA_F16 or
  * PA_BF16), widened into dst (row stride ld) by the family's kernel where
@@ -172,7 +173,8 @@ static void flash_bf16(const pa_family *f, const pa_attn_args *a, pa_ssize i0, p
         }
     }
     if (jmin < jmax) jmin = a->key_begin + (jmin - a->key_begin) / BK * BK;
-    for (pa_ssize j0 = jmin; j0 < jmax; j0 += BK) {
+    pa_stop_flag *const stop = pa_stop_get();
+    for (pa_ssize j0 = jmin; j0 < jmax && !pa_stopping(stop); j0 += BK) {
         const pa_ssize nj = jmax - j0 < BK ? jmax - j0 : BK;
         const pa_ssize nj2 = BF_RUP(nj, 2);
         /* K tile as pair panels (MR keys each), V tile as pair panels (NR columns):

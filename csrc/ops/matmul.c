@@ -176,11 +176,12 @@ static void gemm_task(void *ctx_, pa_ssize t, int tid)
         if (c->dtype == PA_F32) fill_c_f32((float *)C, crs, ccs, mt, nc, (const float *)bias, c->bias_s);
         else fill_c_f64((double *)C, crs, ccs, mt, nc, (const double *)bias, c->bias_s);
     }
-    for (pa_ssize p0 = 0; p0 < c->K; p0 += g->kc) {
+    pa_stop_flag *const stop = pa_stop_get();          /* Ctrl-C: between blocks */
+    for (pa_ssize p0 = 0; p0 < c->K && !pa_stopping(stop); p0 += g->kc) {
         const pa_ssize kc = c->K - p0 < g->kc ? c->K - p0 : g->kc;
         const int accumulate = (p0 > 0) || bias != NULL;
         pack_b(c, B + p0 * c->B->rs * c->esb, kc, nc, Bp);
-        for (pa_ssize ic = 0; ic < mt; ic += g->mc) {
+        for (pa_ssize ic = 0; ic < mt && !pa_stopping(stop); ic += g->mc) {
             const pa_ssize mc = mt - ic < g->mc ? mt - ic : g->mc;
             gemm_block(c, A + (ic * c->A->rs + p0 * c->A->cs) * c->esa, mc, kc, Bp, nc,
                        C + ic * crs * (pa_ssize)es, accumulate, Ap);
