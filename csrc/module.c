@@ -25,6 +25,7 @@
 #include "threads.h"
 #include "cpu.h"
 #include "ops/ops.h"
+#include "kernel_check.h"
 
 #define PA_BOOL 100 /* view dtype code for bool masks (beyond the pa_dtypes codes) */
 #define PA_ALLOW_BOOL 1
@@ -949,6 +950,7 @@ static PyMethodDef methods[] = {
      "read_probe(buf) -> sum of a float32 1-D C-contiguous array, read once on the threads in use"},
     {"gemm_probe", py_gemm_probe, METH_VARARGS,
      "gemm_probe(dtype, kc, iters) -> flops done by the GEMM micro-kernel on L1-resident panels"},
+    {"_kernel_check", pa_py_kernel_check, METH_VARARGS, pa_kernel_check_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -15,6 +15,8 @@
  *   pa_widen_{f16,bf16}_f32_<isa>  16-bit storage to float32 (pa_widen_fn)
  *   pa_gemm_bf16_{ref,avx512bf16}  bfloat16 products (gemm_bf16): the exact
  *                          emulation, and AVX512_BF16's vdpbf16ps
+ *   pa_vocab_<dt>_<isa>    not a kernel: the vector vocabulary op by op on
+ *                          arrays, for kernel_check.c (kernels/vec/vocab_check.inc)
  */
 #ifndef PYATTN_KERNELS_H
 #define PYATTN_KERNELS_H
@@ -38,6 +40,16 @@
     void pa_softcap_##DT##_##ISA(void *x, pa_ssize n, double cap);                              \
     void pa_rowpv_##DT##_##ISA(const void *P, pa_ssize ps, pa_ssize R, const void *V,            \
                                pa_ssize vrs, pa_ssize nj, pa_ssize Ev, void *acc, pa_ssize ald);
+/* the vocabulary test hook (kernels/vec/vocab_check.inc): its ops */
+enum { PA_VOP_ADD, PA_VOP_SUB, PA_VOP_MUL, PA_VOP_DIV, PA_VOP_MAX, PA_VOP_FMA, PA_VOP_FNMA,
+       PA_VOP_LT, PA_VOP_EQ, PA_VOP_ZERO_WHERE, PA_VOP_POW2I, PA_VOP_EXP, PA_VOP_BCAST,
+       PA_VOP_COUNT, PA_VOP_HSUM16 = 100, PA_VOP_LANES = 101 };
+typedef int (*pa_vocab_fn)(int op, const void *a, const void *b, const void *c, void *out, pa_ssize n);
+#define PA_VOCAB_OF(ISA)                                                                          \
+    int pa_vocab_f32_##ISA(int op, const void *a, const void *b, const void *c, void *out,       \
+                           pa_ssize n);                                                          \
+    int pa_vocab_f64_##ISA(int op, const void *a, const void *b, const void *c, void *out,       \
+                           pa_ssize n);
 #define PA_WIDEN_OF(ISA)                                                                          \
     void pa_widen_f16_f32_##ISA(float *dst, const uint16_t *src, pa_ssize n);                    \
     void pa_widen_bf16_f32_##ISA(float *dst, const uint16_t *src, pa_ssize n);                   \
@@ -65,6 +77,9 @@ PA_KERNELS_OF(avx512, f32)
 PA_KERNELS_OF(avx512, f64)
 PA_KERNELS_OF(avx512emu, f32)
 PA_KERNELS_OF(avx512emu, f64)
+PA_VOCAB_OF(avx2)
+PA_VOCAB_OF(avx512)
+PA_VOCAB_OF(avx512emu)
 double pa_fma_probe_avx2(long long iters, float *sink);
 double pa_fma_probe_avx512(long long iters, float *sink);
 double pa_fma_probe_avx512emu(long long iters, float *sink);
@@ -80,11 +95,13 @@ void pa_gemm_bf16_avx512bf16(pa_ssize kc, const void *A, pa_ssize a_rs, pa_ssize
 PA_KERNELS_OF(neon, f32)
 PA_KERNELS_OF(neon, f64)
 PA_WIDEN_OF(neon)
+PA_VOCAB_OF(neon)
 double pa_fma_probe_neon(long long iters, float *sink);
 float pa_read_probe_neon(const float *p, size_t n);
 #endif
 #undef PA_KERNELS_OF
 #undef PA_WIDEN_OF
+#undef PA_VOCAB_OF
 #undef PA_DECODE16_OF
 
 #endif
