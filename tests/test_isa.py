@@ -310,3 +310,26 @@ def test_config_names_caches_and_blocking(family):
             bq, bk = cfg[f"attn_{dt}_tile"]
             assert bk == 60 and bq % mr == 0 and bq % nr == 0
             assert cfg[f"attn_{dt}"].endswith(f"_{bq}x{bk}")
+
+
+def test_registry_lists_every_kernel_of_every_family(family):
+    # csrc/registry.h: the families and kernel kinds are listed once; every
+    # family's table holds one kernel per kind and index, named by its symbol
+    rows = C.families()
+    assert [code for _, code, _ in rows] == list(range(len(rows)))
+    assert pyattn._ISA_CODES == {word: code for word, code, _ in rows}
+    assert {w for w, _, built in rows if built} >= {"generic"}
+    lists = {}
+    for word, code, built in rows:
+        got, cfg = family(code)
+        if not built or cfg["isa"] != word:
+            continue
+        sym = "ref" if word == "generic" else word
+        names = cfg["kernels"]
+        assert len(set(names)) == len(names)
+        assert all(n.startswith("pa_") and n.endswith("_" + sym) for n in names[:-1]), names
+        assert names[-1].startswith("pa_gemm_bf16_")            # the family's bfloat16 products
+        lists[word] = [n[:-len(sym)] for n in names[:-1]]
+    assert len(lists) >= 2, lists.keys()
+    first = next(iter(lists.values()))
+    assert all(v == first for v in lists.values())               # the same kinds, in list order
