@@ -18,16 +18,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "dispatch.h"
 #include "kernel_check.h"
 #include "kernels/kernels.h"
+#include "kernels/vec/vocab_check.h"
 
 #define KC_STR_(x) #x
 #define KC_STR(x) KC_STR_(x)
 
 typedef struct {
     const pa_family *f;
+    const char *fam;                    /* its PYATTN_ISA word */
     pa_kc_result *res;
-    const char *isa;                    /* the family's word in kernel symbols ("ref" for generic) */
+    const char *isa;                    /* its word in kernel symbols ("ref" for generic) */
     pa_vocab_fn vocab[PA_NCOMPUTE];     /* its vocabulary hook; NULL: no vector vocabulary */
     int vl[PA_NCOMPUTE];                /* lanes; 0: every column portable */
     uint64_t rng;
@@ -55,12 +58,21 @@ static void kc_fail(kc_ctx *k, const char *sym, const char *fmt, ...)
     r->failures++;
     if (r->nlines >= PA_KC_MAXLINES) return;
     char *line = r->lines[r->nlines++];
-    int used = snprintf(line, PA_KC_LINE, "%s %s: ", k->f->name, sym);
+    int used = snprintf(line, PA_KC_LINE, "%s %s: ", k->fam, sym);
     if (used < 0 || used >= PA_KC_LINE) return;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(line + used, (size_t)(PA_KC_LINE - used), fmt, ap);
     va_end(ap);
+}
+
+/* records that the check ran kernel `sym` (a name from the family's table) */
+static void kc_used(kc_ctx *k, const char *sym)
+{
+    pa_kc_result *r = k->res;
+    for (int i = 0; i < r->nused; i++)
+        if (r->used[i] == sym) return;
+    if (sym && r->nused < (int)(sizeof r->used / sizeof r->used[0])) r->used[r->nused++] = sym;
 }
 
 /* the twin's own 16-bit decoders, written from the IEEE formats (not
@@ -87,7 +99,12 @@ static float kc_f16(uint16_t h)
     return sign ? -v : v;
 }
 
-static const char *const kc_sd_name[3] = {"", "f16_", "bf16_"};   /* decode storage variants */
+/* the decode kernels' cases: query rows, keys, head dims around every vector width and 16 */
+static const pa_ssize kc_Rs[] = {1, 2, 3, 4, 5, 8, 9};
+static const pa_ssize kc_njs[] = {1, 2, 3, 5, 8, 9, 15, 16, 17, 33, 60};
+static const pa_ssize kc_Es[] = {1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 47, 64, 67, 100, 129};
+#define KC_N(a) (sizeof a / sizeof a[0])
+enum { KC_RMAX = 9, KC_NJMAX = 60, KC_EMAX = 129, KC_LDE = KC_EMAX + 16 + 4, KC_SS = KC_NJMAX + 3 };
 
 #define PA_TEMPLATE "kernel_check.inc"
 #include "dtypes.inc"
@@ -107,6 +124,11 @@ static int kc_widen_same(float got, float want)
     return a == b;
 }
 
+/* the dtypes of the registry's rows with the W flag (widened by a widen kernel) */
+#define KC_W(CODE, sfx, name, size, compute, c, s, w, ...) [PA_##CODE] = w,
+static const char kc_widened[PA_NDTYPES] = {PA_DTYPES(KC_W, _)};
+#undef KC_W
+
 static void kc_widen(kc_ctx *k)
 {
     enum { N = 65536 };
@@ -114,9 +136,20 @@ static void kc_widen(kc_ctx *k)
     float *dst = kc_alloc(k, (N + 64) * sizeof(float));
     char sym[96];
     if (k->oom) goto done;
-    for (int w = 0; w < 2; w++) {
-        const pa_widen_fn fn = k->f->widen[w].fn;
-        snprintf(sym, sizeof sym, "pa_widen_%s_f32_%s", w ? "bf16" : "f16", k->isa);
+    for (int code = 0; code < PA_NDTYPES; code++) {
+        if (!kc_widened[code]) continue;
+        const pa_widen_fn fn = k->f->widen[code].fn;
+        const int w = code == PA_BF16;
+        snprintf(sym, sizeof sym, "%s", k->f->widen[code].name ? k->f->widen[code].name : "widen");
+        if (code != PA_F16 && code != PA_BF16) {
+            kc_fail(k, sym, "no twin for widening %s: add one to kernel_check.c", pa_dtypes[code].name);
+            continue;
+        }
+        if (!fn) {
+            kc_fail(k, sym, "no kernel for %s", pa_dtypes[code].name);
+            continue;
+        }
+        kc_used(k, k->f->widen[code].name);
         for (int i = 0; i < N; i++) src[i] = (uint16_t)i;
         fn(dst, src, N);
         for (int i = 0; i < N; i++) {
@@ -179,8 +212,8 @@ static void kc_gemm_bf16(kc_ctx *k)
 {
     const pa_gemm_kernel *g = &k->f->gemm_bf16;
     const int MR = g->mr, NR = g->nr;
-    char sym[160];
-    snprintf(sym, sizeof sym, "%s", g->name);
+    const char *sym = g->name;
+    kc_used(k, sym);
     if (g->kc != PA_GEMM_KC_BF16) kc_fail(k, sym, "kc blocking %d != PA_GEMM_KC_BF16 %d", g->kc, PA_GEMM_KC_BF16);
     if (MR < 1 || NR < 1 || MR > 64 || NR > 64 || !g->ukr) {
         kc_fail(k, sym, "tile %dx%d out of range or no kernel", MR, NR);
@@ -234,7 +267,51 @@ done:
     free(A); free(B); free(acc); free(C); free(C0); free(X);
 }
 
-/* ---- the kinds: one check each, both compute dtypes where it has them ---- */
+/* ---- the read probe: the sum of n floats -----------------------------------
+ * Its order is free (a benchmark probe), so it is checked on small integers,
+ * whose sums are exact in any order: bit for bit, every n around the
+ * vector widths. */
+static void kc_read_probe(kc_ctx *k)
+{
+    const pa_read_probe_fn fn = k->f->read_probe.fn;
+    const char *sym = k->f->read_probe.name;
+    kc_used(k, sym);
+    enum { N = 4096 + 67 };
+    float *p = kc_alloc(k, N * sizeof(float));
+    if (k->oom) goto done;
+    for (size_t n = 0; n <= N; n += n < 140 ? 1 : 997) {
+        double want = 0;
+        for (size_t i = 0; i < n; i++) {
+            p[i] = (float)((int)(kc_next(k) % 2001) - 1000);
+            want += p[i];
+        }
+        const float got = fn(p, n);
+        k->res->cases++;
+        if (got != (float)want)
+            kc_fail(k, sym, "n=%zu: %.9g != %.9g (integers: exact in any order)", n, (double)got, want);
+    }
+done:
+    free(p);
+}
+
+/* ---- the kinds: one check each, generated from the registry -------------- */
+/* the kernels that read operands stored in a dtype (rowdot, rowpv): every
+ * registry row with the S flag, checked in its compute dtype */
+static void kc_stored(kc_ctx *k, int code, int pv)
+{
+    const int sd = code == PA_F16 ? 1 : code == PA_BF16 ? 2 : 0;
+    if (code != PA_F32 && code != PA_F64 && !sd) {
+        kc_fail(k, pv ? "rowpv" : "rowdot", "no twin for storage dtype %s: add one to kernel_check.c",
+                pa_dtypes[code].name);
+        return;
+    }
+    if (pa_dtypes[code].compute == PA_F32) (pv ? kc_rowpv_f32 : kc_rowdot_f32)(k, code, sd);
+    else (pv ? kc_rowpv_f64 : kc_rowdot_f64)(k, code, sd);
+}
+#define KC_S(CODE, sfx, name, size, compute, c, s, w, pv) PA_WHEN(s)(if (!k->oom) kc_stored(k, PA_##CODE, pv);)
+static void kc_rowdot(kc_ctx *k) { PA_DTYPES(KC_S, 0) }
+static void kc_rowpv(kc_ctx *k) { PA_DTYPES(KC_S, 1) }
+#undef KC_S
 #define KC_BOTH(kind) \
     static void kc_##kind(kc_ctx *k) { kc_##kind##_f32(k); if (!k->oom) kc_##kind##_f64(k); }
 KC_BOTH(gemm)
@@ -242,50 +319,70 @@ KC_BOTH(tilesm)
 KC_BOTH(tilep)
 KC_BOTH(tileds)
 KC_BOTH(softmax)
-KC_BOTH(decode)
+KC_BOTH(rowsm)
 KC_BOTH(softcap)
 KC_BOTH(exp)
 #undef KC_BOTH
 static void kc_vocab(kc_ctx *k)
 {
     if (!k->vocab[PA_F32]) {
-        if (k->f->isa != PA_ISA_GENERIC)
-            kc_fail(k, "pa_vocab", "a SIMD family without a vocabulary hook in kernel_check.c's kc_hooks");
-        else
-            k->res->cases = -1;         /* the generic family has no vector vocabulary */
+        k->res->cases = -1;             /* the generic family has no vector vocabulary */
         return;
     }
     kc_vocab_f32(k);
     kc_vocab_f64(k);
 }
 
+/* Every kernel kind of the registry (PA_KERNEL_KINDS) has a row here, by
+ * name: a kind registered without a check kc_<kind> does not compile. Then
+ * what the registry does not list: the bfloat16 GEMM (a field of its own),
+ * the shared vector exp, the vocabulary's rules. */
+#define KC_KIND(kind, shape, ret, params, ...) {#kind, kc_##kind},
 static const struct {
     const char *name;
     void (*fn)(kc_ctx *);
 } kc_kinds[] = {
-    {"gemm", kc_gemm},           {"gemm_bf16", kc_gemm_bf16}, {"tilesm", kc_tilesm},
-    {"tilep", kc_tilep},         {"tileds", kc_tileds},       {"softmax", kc_softmax},
-    {"decode", kc_decode},       {"softcap", kc_softcap},     {"widen", kc_widen},
-    {"exp", kc_exp},             {"vocab", kc_vocab},
+    PA_KERNEL_KINDS(KC_KIND, _)
+    {"gemm_bf16", kc_gemm_bf16},
+    {"exp", kc_exp},
+    {"vocab", kc_vocab},
 };
+#undef KC_KIND
 #define KC_NKINDS ((int)(sizeof kc_kinds / sizeof kc_kinds[0]))
 
-/* each SIMD family's vocabulary hook (kernels/vec/vocab_check.inc) */
-static void kc_hooks(const pa_family *f, pa_vocab_fn v[PA_NCOMPUTE])
+/* each SIMD family's vocabulary hook (kernels/vec/vocab_check.inc, which
+ * family_vec.inc instantiates for every family built on it: the registry's
+ * rows of arch x86 and arm; the portable family, arch any, has none) */
+#define KC_SIMD_any 0
+#define KC_SIMD_x86 PA_ARCH_x86
+#define KC_SIMD_arm PA_ARCH_arm
+#define KC_DECL(CODE, word, isa, arch, ...) \
+    PA_WHEN(KC_SIMD_##arch)(pa_vocab_sig pa_vocab_f32_##isa; pa_vocab_sig pa_vocab_f64_##isa;)
+#define KC_HOOK(CODE, word, isa, arch, ...) \
+    PA_WHEN(KC_SIMD_##arch)(case PA_ISA_##CODE: v[PA_F32] = pa_vocab_f32_##isa; v[PA_F64] = pa_vocab_f64_##isa; break;)
+#define KC_WORD(CODE, word, isa, arch, ...) case PA_ISA_##CODE: return #isa;
+PA_FAMILIES(KC_DECL, _)
+static void kc_hooks(int isa, pa_vocab_fn v[PA_NCOMPUTE])
 {
     v[PA_F32] = v[PA_F64] = NULL;
-    switch (f->isa) {
-#ifdef PA_HAVE_X86_KERNELS
-    case PA_ISA_AVX2: v[PA_F32] = pa_vocab_f32_avx2; v[PA_F64] = pa_vocab_f64_avx2; break;
-    case PA_ISA_AVX512: v[PA_F32] = pa_vocab_f32_avx512; v[PA_F64] = pa_vocab_f64_avx512; break;
-    case PA_ISA_AVX512_EMU: v[PA_F32] = pa_vocab_f32_avx512emu; v[PA_F64] = pa_vocab_f64_avx512emu; break;
-#endif
-#ifdef PA_HAVE_NEON_KERNELS
-    case PA_ISA_NEON: v[PA_F32] = pa_vocab_f32_neon; v[PA_F64] = pa_vocab_f64_neon; break;
-#endif
+    switch (isa) {
+    PA_FAMILIES(KC_HOOK, _)
     default: break;
     }
 }
+static const char *kc_isa_word(int isa)
+{
+    switch (isa) {
+    PA_FAMILIES(KC_WORD, _)
+    default: return "?";
+    }
+}
+#undef KC_DECL
+#undef KC_HOOK
+#undef KC_WORD
+#undef KC_SIMD_any
+#undef KC_SIMD_x86
+#undef KC_SIMD_arm
 
 int pa_kc_nkinds(void) { return KC_NKINDS; }
 
@@ -298,9 +395,9 @@ int pa_kernel_check(const pa_family *f, int kind, pa_kc_result *res)
 {
     memset(res, 0, sizeof *res);
     if (kind < 0 || kind >= KC_NKINDS) return 0;
-    kc_ctx k = {f, res, f->isa == PA_ISA_GENERIC ? "ref" : f->name, {NULL, NULL}, {0, 0},
+    kc_ctx k = {f, pa_isa_name(f->isa), res, kc_isa_word(f->isa), {NULL, NULL}, {0, 0},
                 0x5eed0000ULL + (uint64_t)kind, 0};
-    kc_hooks(f, k.vocab);
+    kc_hooks(f->isa, k.vocab);
     for (int d = 0; d < PA_NCOMPUTE; d++)
         k.vl[d] = k.vocab[d] ? k.vocab[d](PA_VOP_LANES, NULL, NULL, NULL, NULL, 0) : 0;
     kc_kinds[kind].fn(&k);

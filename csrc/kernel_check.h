@@ -18,6 +18,8 @@ typedef struct {
     long long failures;       /* cases that failed (one line each, the first PA_KC_MAXLINES kept) */
     int nlines;
     char lines[PA_KC_MAXLINES][PA_KC_LINE];   /* "<family> <kernel>: <case>: <what differs>" */
+    int nused;
+    const char *used[8];      /* the kernels it ran (their symbols, from the family's table) */
 } pa_kc_result;
 
 /* The kinds checked, in order: pa_kc_nkinds() of them, named by pa_kc_kind_name. */

@@ -10,17 +10,18 @@
 #include "kernel_check.h"
 
 const char pa_kernel_check_doc[] =
-    "_kernel_check(isa, kinds=None) -> (family, {kind: cases}, failures)\n\n"
+    "_kernel_check(isa, kinds=None) -> (family, {kind: cases}, failures, kernels)\n\n"
     "Runs each kernel kind of the family for isa code `isa` (as select_isa: capped at what the\n"
     "CPU has; -1 the best; `family` says which ran) against its portable twin. kinds: names\n"
     "to run (None: all). cases: cases checked, 0 for a kind not run, -1 where the kind does\n"
     "not apply to the family. failures: one line per failed case (the first few of each\n"
-    "kind, then a count), naming the family, the kernel and the case.";
+    "kind, then a count), naming the family, the kernel and the case. kernels: the symbols\n"
+    "of the family's kernels that ran.";
 
 PyObject *pa_py_kernel_check(PyObject *self, PyObject *args)
 {
     int isa;
-    PyObject *kinds = Py_None, *seq = NULL, *counts = NULL, *fails = NULL, *out = NULL;
+    PyObject *kinds = Py_None, *seq = NULL, *counts = NULL, *fails = NULL, *used = NULL, *out = NULL;
     const int nk = pa_kc_nkinds();
     pa_kc_result *res = NULL;
     char *run = NULL;
@@ -70,7 +71,8 @@ PyObject *pa_py_kernel_check(PyObject *self, PyObject *args)
     }
     counts = PyDict_New();
     fails = PyList_New(0);
-    if (!counts || !fails) goto fail;
+    used = PyList_New(0);
+    if (!counts || !fails || !used) goto fail;
     for (int k = 0; k < nk; k++) {
         PyObject *c = PyLong_FromLongLong(res[k].cases);
         if (!c || PyDict_SetItemString(counts, pa_kc_kind_name(k), c) < 0) {
@@ -78,12 +80,20 @@ PyObject *pa_py_kernel_check(PyObject *self, PyObject *args)
             goto fail;
         }
         Py_DECREF(c);
+        for (int i = 0; i < res[k].nused; i++) {
+            PyObject *u = PyUnicode_FromString(res[k].used[i]);
+            if (!u || PyList_Append(used, u) < 0) {
+                Py_XDECREF(u);
+                goto fail;
+            }
+            Py_DECREF(u);
+        }
         for (int i = 0; i <= res[k].nlines; i++) {
             PyObject *line;
             if (i < res[k].nlines)
                 line = PyUnicode_DecodeUTF8(res[k].lines[i], (Py_ssize_t)strlen(res[k].lines[i]), "replace");
             else if (res[k].failures > res[k].nlines)
-                line = PyUnicode_FromFormat("%s %s: %lld more failed cases", f->name, pa_kc_kind_name(k),
+                line = PyUnicode_FromFormat("%s %s: %lld more failed cases", pa_isa_name(f->isa), pa_kc_kind_name(k),
                                             res[k].failures - res[k].nlines);
             else
                 break;
@@ -94,11 +104,12 @@ PyObject *pa_py_kernel_check(PyObject *self, PyObject *args)
             Py_DECREF(line);
         }
     }
-    out = Py_BuildValue("(sOO)", f->name, counts, fails);
+    out = Py_BuildValue("(sOOO)", pa_isa_name(f->isa), counts, fails, used);
 fail:
     Py_XDECREF(seq);
     Py_XDECREF(counts);
     Py_XDECREF(fails);
+    Py_XDECREF(used);
     PyMem_Free(res);
     PyMem_Free(run);
     return out;
