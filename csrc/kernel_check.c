@@ -205,6 +205,7 @@ static uint16_t kc_bf16_operand(kc_ctx *k)
     if (pick == 0) ex = 0;                                    /* subnormal: read as 0 */
     else if (pick == 1) ex = 1 + (unsigned)(r >> 36) % 8;     /* tiny: products underflow (FTZ) */
     else if (pick == 2) return (uint16_t)sign;                /* +-0 */
+    else if (pick == 3) return (uint16_t)(sign | 0x7f80u);    /* +-inf (inf 0 -> NaN: any NaN matches) */
     return (uint16_t)(sign | ex << 7 | man);
 }
 
