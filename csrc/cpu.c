@@ -1,7 +1,7 @@
 /*
  * cpu.c -- what the machine's caches are, as the OS reports them (for
  * show_config and the benchmark's notes; the kernels' blocking is fixed per
- * family, see kernels/<arch>/family.c). 0 where the OS does not say.
+ * family, see its table in kernels/<arch>/<isa>.c). 0 where the OS does not say.
  *
  * Linux: the per-core description in /sys/devices/system/cpu/cpu0/cache
  * first (glibc's sysconf mis-reports the L3 of some AMD guests, e.g. 320 MiB

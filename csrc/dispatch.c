@@ -67,30 +67,32 @@ int pa_isa_machine(void)
     return machine;
 }
 
+/* From PA_FAMILIES (registry.h): each family's word, and its table where
+ * this build has it (NULL: a family of another architecture). */
+#define PA_ISA_WORD(CODE, word, isa, arch, ...) [PA_ISA_##CODE] = #word,
+#define PA_ISA_TABLE(CODE, word, isa, arch, ...) \
+    [PA_ISA_##CODE] = PA_IF(PA_ARCH_##arch)(&pa_family_##word, NULL),
+static const char *const pa_isa_words[PA_ISA_COUNT] = {PA_FAMILIES(PA_ISA_WORD, _)};
+static const pa_family *const pa_isa_tables[PA_ISA_COUNT] = {PA_FAMILIES(PA_ISA_TABLE, _)};
+#undef PA_ISA_WORD
+#undef PA_ISA_TABLE
+
 const char *pa_isa_name(int isa)
 {
-    switch (isa) {
-    case PA_ISA_AVX2: return "avx2";
-    case PA_ISA_AVX512: return "avx512";
-    case PA_ISA_AVX512_EMU: return "avx512emu";
-    case PA_ISA_NEON: return "neon";
-    default: return "generic";
-    }
+    return isa >= 0 && isa < PA_ISA_COUNT ? pa_isa_words[isa] : pa_isa_words[PA_ISA_GENERIC];
+}
+
+int pa_isa_built(int isa)
+{
+    return isa >= 0 && isa < PA_ISA_COUNT && pa_isa_tables[isa] != NULL;
 }
 
 static const pa_family *pa_family_of(int isa)
 {
-    switch (isa) {
 #ifdef PA_HAVE_X86_KERNELS
-    case PA_ISA_AVX2: return &pa_family_avx2;
-    case PA_ISA_AVX512: return pa_cpu_has_avx512bf16() ? &pa_family_avx512bf16 : &pa_family_avx512;
-    case PA_ISA_AVX512_EMU: return &pa_family_avx512emu;
+    if (isa == PA_ISA_AVX512 && pa_cpu_has_avx512bf16()) return &pa_family_avx512bf16;
 #endif
-#ifdef PA_HAVE_NEON_KERNELS
-    case PA_ISA_NEON: return &pa_family_neon;
-#endif
-    default: return &pa_family_generic;
-    }
+    return pa_isa_built(isa) ? pa_isa_tables[isa] : &pa_family_generic;
 }
 
 const pa_family *pa_choose_family(int requested)

@@ -1,9 +1,13 @@
 /*
  * family.h -- the kernel contract and `pa_family`, the complete, const
- * kernel set of one instruction-set family. kernels/README.md says what each
- * kernel kind receives and must compute; this header is its C form.
+ * kernel set of one instruction-set family. csrc/README.md ("The kernel
+ * kinds") says what each kernel kind receives and must compute; this header
+ * is its C form. The kinds and families themselves are listed once, in
+ * registry.h: the signatures, the fields of pa_family and the family codes
+ * below are generated from those lists.
  *
- * A family is a const struct built at compile time (kernels/<arch>/family.c);
+ * A family is a const struct built at compile time, in the family's own
+ * kernel file (kernels/<arch>/<isa>.c, kernels/ref/family.c: PA_FAMILY_KERNELS);
  * dispatch.c chooses one; the binding hands it to an op, which passes it
  * down in the call's context. No kernel and no frame reads global state, so
  * a call keeps the family it started with whatever happens meanwhile.
@@ -13,18 +17,30 @@
 
 #include "pyattn.h"
 
-/* Families (PYATTN_ISA's words: pa_isa_name). x86 families are levels, a
- * request is capped at what the CPU has; avx512emu (tests only) runs the
- * AVX-512 bodies over pairs of AVX2 registers; neon is aarch64's. */
-enum { PA_ISA_GENERIC = 0, PA_ISA_AVX2 = 1, PA_ISA_AVX512 = 2, PA_ISA_AVX512_EMU = 3,
-       PA_ISA_NEON = 4, PA_ISA_COUNT = 5 };
+/* Families: the rows of PA_FAMILIES (registry.h). PA_ISA_<CODE> is a
+ * family's code (PYATTN_ISA's word: pa_isa_name), PA_ISA_OF_<isa> the same
+ * code by the family's word in kernel symbols (PA_ISA_OF_ref: generic). */
+#define PA_ISA_CODE(CODE, word, isa, arch, ...) PA_ISA_##CODE,
+#define PA_ISA_OF(CODE, word, isa, arch, ...) PA_ISA_OF_##isa = PA_ISA_##CODE,
+enum { PA_FAMILIES(PA_ISA_CODE, _) PA_ISA_COUNT };
+enum { PA_FAMILIES(PA_ISA_OF, _) };
+#undef PA_ISA_CODE
+#undef PA_ISA_OF
 
-/* Where the SIMD families can be compiled (GCC and clang intrinsics) */
+/* Where the SIMD families can be compiled (GCC and clang intrinsics):
+ * PA_ARCH_<arch> is 1 where the families of that arch column are built */
+#define PA_ARCH_any 1
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define PA_HAVE_X86_KERNELS 1
+#define PA_ARCH_x86 1
+#else
+#define PA_ARCH_x86 0
 #endif
 #if defined(__aarch64__) && defined(__ARM_NEON) && (defined(__GNUC__) || defined(__clang__))
 #define PA_HAVE_NEON_KERNELS 1
+#define PA_ARCH_arm 1
+#else
+#define PA_ARCH_arm 0
 #endif
 
 /* ---- the contract constants: every family's tiles honour them, so an
@@ -36,7 +52,9 @@ enum { PA_ISA_GENERIC = 0, PA_ISA_AVX2 = 1, PA_ISA_AVX512 = 2, PA_ISA_AVX512_EMU
                                (every family's attn_bq is a multiple of it) */
 #define PA_FLASH_MAXD 512   /* larger head dims take the exact (reference) path */
 
-/* GEMM micro-kernel.
+/* ---- the kernel kinds (rows of PA_KERNEL_KINDS): what each computes ----
+ *
+ * gemm, the GEMM micro-kernel (shape G: f->gemm[compute dtype]).
  *   A : MR rows, element (i, p) at A[i*a_rs + p*a_cs] -- a packed A panel
  *       (a_rs = 1, a_cs = MR) or rows of a row-major tile (a_rs = lda, a_cs = 1)
  *   B : kc x NR, element (p, j) at B[p*b_rs + j] -- a packed B panel
@@ -44,87 +62,85 @@ enum { PA_ISA_GENERIC = 0, PA_ISA_AVX2 = 1, PA_ISA_AVX512 = 2, PA_ISA_AVX512_EMU
  *   C : (m, n) with element strides rs, cs; m <= MR, n <= NR
  * acc = sum over p = 0..kc-1, in order, one fused multiply-add per term
  * (the portable kernel: multiply, then add); then C = acc (accumulate == 0)
- * or C += acc, writing only the m x n corner. */
-typedef void (*pa_gemm_ukr)(pa_ssize kc, const void *A, pa_ssize a_rs, pa_ssize a_cs,
-                            const void *B, pa_ssize b_rs, void *C, pa_ssize rs, pa_ssize cs,
-                            int m, int n, int accumulate);
-
-typedef struct {
-    pa_gemm_ukr ukr;
-    int mr, nr;           /* register tile */
-    int kc, mc, nc;       /* cache blocking: K panel (PA_GEMM_KC), A block rows, B block cols */
-    const char *name;
-} pa_gemm_kernel;
-
-/* Online-softmax tile step on scores stored key-major: St (nj, ncols), row
- * stride ld, column c = one query; m, l, alpha (ncols,); all of the compute
- * dtype. Per column: tile max (a NaN never becomes the max) -> mnew =
- * max(m, tile max); alpha = exp(m - mnew) (0 while nothing was admissible);
- * St = exp(St - mnew) (0 for -inf); l = l * alpha + column sum (one FMA);
- * m = mnew. The caller rescales its accumulator rows by alpha. Vertical:
- * a column's result does not depend on the vector width. */
-typedef void (*pa_tilesm_fn)(void *St, pa_ssize nj, pa_ssize ncols, pa_ssize ld,
-                             void *m, void *l, void *alpha);
-
-/* The backward's probability step on a key-major score tile (as
- * pa_tilesm_fn): St = exp(St - lse[c]) for column c, with lse of the compute
- * dtype (ncols,); a score of -inf gives 0, and a column whose lse is -inf
- * (nothing admissible) is taken as lse 0, so its -inf scores give 0. */
-typedef void (*pa_tilep_fn)(void *St, pa_ssize nj, pa_ssize ncols, pa_ssize ld, const void *lse);
-/* The backward's dS step on key-major tiles P and dP (as pa_tilep_fn), D
+ * or C += acc, writing only the m x n corner.
+ *
+ * tilesm, the online-softmax tile step on scores stored key-major: St (nj,
+ * ncols), row stride ld, column c = one query; m, l, alpha (ncols,); all of
+ * the compute dtype. Per column: tile max (a NaN never becomes the max) ->
+ * mnew = max(m, tile max); alpha = exp(m - mnew) (0 while nothing was
+ * admissible); St = exp(St - mnew) (0 for -inf); l = l * alpha + column sum
+ * (one FMA); m = mnew. The caller rescales its accumulator rows by alpha.
+ * Vertical: a column's result does not depend on the vector width.
+ *
+ * tilep, the backward's probability step on a key-major score tile (as
+ * tilesm): St = exp(St - lse[c]) for column c, with lse of the compute dtype
+ * (ncols,); a score of -inf gives 0, and a column whose lse is -inf (nothing
+ * admissible) is taken as lse 0, so its -inf scores give 0.
+ *
+ * tileds, the backward's dS step on key-major tiles P and dP (as tilep), D
  * (ncols,): dP = P (dP - D[c]) scale, rounded after each operation, and
- * exactly 0 where P is 0 (a weight of 0 passes nothing back, not a NaN). */
-typedef void (*pa_tileds_fn)(const void *P, void *dP, pa_ssize nj, pa_ssize ncols, pa_ssize ld,
-                             const void *D, double scale);
-
-/* One row of masked, scaled softmax (pa_softmax_row in pyattn.h). */
-typedef void (*pa_softmax_fn)(const pa_softmax_row *r);
-
-/* Benchmark probes. The FMA probe: iters rounds of 12 independent float32
- * FMA chains at the family's vector width; returns the flops done. The read
- * probe: the sum of n floats, each read once (time it over a buffer larger
- * than the caches: read bandwidth). */
-typedef double (*pa_fma_probe_fn)(long long iters, float *sink);
-typedef float (*pa_read_probe_fn)(const float *p, size_t n);
-
-/* Widening: n contiguous 16-bit values (float16 or bfloat16 bits) to
- * float32, exactly. The frame calls it on tiles of 16-bit operands. */
-typedef void (*pa_widen_fn)(float *dst, const uint16_t *src, pa_ssize n);
-
-/* Decode kernels: the rows path of the attention frame (few query rows,
- * many keys: memory bound) on one key tile. Every sum keeps 16 partial sums
- * (element t into partial t mod 16, zero-padded) combined as a tree --
- * p[l] + p[l + 8], then + 4, + 2, + 1 -- so the bits do not depend on the
- * vector width.
- *   dot: s[r*ss + j] = Q[r] . K[j], r < R, j < nj; Q rows at Q + r*qrs and
- *        K rows at K + j*krs, each E contiguous elements.
- *   sm:  the online-softmax step of one row over its nj scores s
- *        (contiguous): as pa_tilesm_fn for one column, the tile's sum of
- *        exp by the 16-partial rule.
- *   pv:  acc[r*ald + d] += P[r*ps + j] * V[j*vrs + d] for j in order,
+ * exactly 0 where P is 0 (a weight of 0 passes nothing back, not a NaN).
+ *
+ * softmax, one row of masked, scaled softmax (pa_softmax_row in pyattn.h).
+ *
+ * softcap, the logit softcap on n contiguous scores: x = cap * tanh(x /
+ * cap), tanh computed as sign(y) (1 - e) / (1 + e), e = exp(-2|y|) with the
+ * family's exp (SIMD families: the shared vector exp, so they give the same
+ * bits).
+ *
+ * rowdot, rowsm, rowpv: the decode kernels, the rows path of the attention
+ * frame (few query rows, many keys: memory bound) on one key tile. Every sum
+ * keeps 16 partial sums (element t into partial t mod 16, zero-padded)
+ * combined as a tree -- p[l] + p[l + 8], then + 4, + 2, + 1 -- so the bits
+ * do not depend on the vector width.
+ *   rowdot: s[r*ss + j] = Q[r] . K[j], r < R, j < nj; Q rows (the compute
+ *        dtype) at Q + r*qrs and K rows at K + j*krs, each E contiguous
+ *        elements.
+ *   rowsm: the online-softmax step of one row over its nj scores s
+ *        (contiguous): as tilesm for one column, the tile's sum of exp by
+ *        the 16-partial rule.
+ *   rowpv: acc[r*ald + d] += P[r*ps + j] * V[j*vrs + d] for j in order,
  *        skipping P == 0 (one FMA per term); d < Ev, V rows contiguous;
  *        acc rows are padded to a multiple of the vector width.
- * dot[0] / pv[0] read K / V of the compute dtype; dot[1], pv[1] (float16)
- * and dot[2], pv[2] (bfloat16) read them in 16 bits (float32 only; NULL
- * for float64), widening as they load. Strides count elements. */
-typedef void (*pa_rowdot_fn)(const void *Q, pa_ssize qrs, pa_ssize R, const void *K, pa_ssize krs,
-                             pa_ssize nj, pa_ssize E, void *s, pa_ssize ss);
-typedef void (*pa_rowsm_fn)(void *s, pa_ssize nj, void *m, void *l, void *alpha);
-typedef void (*pa_rowpv_fn)(const void *P, pa_ssize ps, pa_ssize R, const void *V, pa_ssize vrs,
-                            pa_ssize nj, pa_ssize Ev, void *acc, pa_ssize ald);
+ * rowdot and rowpv are indexed by the dtype K / V are STORED in (shape S):
+ * f->rowdot[PA_F16] reads float16 keys and computes in float32 (widening as
+ * it loads), f->rowdot[PA_F64] float64 keys. Strides count elements.
+ *
+ * widen: n contiguous values stored as the index dtype (shape W: float16 or
+ * bfloat16 bits) to its compute dtype (float32), exactly. The frame calls it
+ * on tiles of 16-bit operands: f->widen[PA_BF16].
+ *
+ * read_probe (benchmark): the sum of n floats, each read once (time it over
+ * a buffer larger than the caches: read bandwidth). */
+#define PA_KIND_TYPES(kind, shape, ret, params, ...)                               \
+    typedef ret pa_##kind##_sig params;                                            \
+    typedef pa_##kind##_sig *pa_##kind##_fn;                                       \
+    PA_REG_CAT(PA_KIND_ENTRY_, shape)(kind)
+#define PA_KIND_ENTRY_G(kind)
+#define PA_KIND_ENTRY_C(kind) typedef struct { pa_##kind##_fn fn; const char *name; } pa_##kind##_kernel;
+#define PA_KIND_ENTRY_S PA_KIND_ENTRY_C
+#define PA_KIND_ENTRY_W PA_KIND_ENTRY_C
+#define PA_KIND_ENTRY_F PA_KIND_ENTRY_C
+PA_KERNEL_KINDS(PA_KIND_TYPES, _)
+#undef PA_KIND_TYPES
+#undef PA_KIND_ENTRY_G
+#undef PA_KIND_ENTRY_C
+#undef PA_KIND_ENTRY_S
+#undef PA_KIND_ENTRY_W
+#undef PA_KIND_ENTRY_F
+typedef pa_gemm_fn pa_gemm_ukr;
 
-/* The logit softcap on n contiguous scores: x = cap * tanh(x / cap), tanh
- * computed as sign(y) (1 - e) / (1 + e), e = exp(-2|y|) with the family's
- * exp (SIMD families: the shared vector exp, so they give the same bits). */
-typedef void (*pa_softcap_fn)(void *x, pa_ssize n, double cap);
+/* A GEMM micro-kernel and the family's tile for it (shape G; gemm_bf16) */
+typedef struct {
+    pa_gemm_ukr ukr;
+    const char *name;     /* the kernel's C symbol */
+    int mr, nr;           /* register tile */
+    int kc, mc, nc;       /* cache blocking: K panel (PA_GEMM_KC), A block rows, B block cols */
+} pa_gemm_kernel;
 
-typedef struct { pa_tilesm_fn fn; const char *name; } pa_tilesm_kernel;
-typedef struct { pa_tilep_fn fn; const char *name; } pa_tilep_kernel;
-typedef struct { pa_tileds_fn fn; const char *name; } pa_tileds_kernel;
-typedef struct { pa_softcap_fn fn; const char *name; } pa_softcap_kernel;
-typedef struct { pa_rowdot_fn dot[3]; pa_rowsm_fn sm; pa_rowpv_fn pv[3]; const char *name; } pa_decode_kernel;
-typedef struct { pa_widen_fn fn; const char *name; } pa_widen_kernel;
-typedef struct { pa_softmax_fn fn; const char *name; } pa_softmax_kernel;
+/* The FMA peak probe (benchmark): iters rounds of 12 independent float32
+ * FMA chains at the family's vector width; returns the flops done. */
+typedef double (*pa_fma_probe_fn)(long long iters, float *sink);
 
 /* gemm_bf16 (precision="bf16"): a pa_gemm_ukr whose A and B are bfloat16
  * pair panels -- A[(q*MR + i)*2 + t] and B[(q*NR + j)*2 + t] hold K element
@@ -134,37 +150,65 @@ typedef struct { pa_softmax_fn fn; const char *name; } pa_softmax_kernel;
  * bfloat16 subnormal inputs read as 0 and subnormal results flushed to a
  * zero of their sign; then C = acc or C += acc (IEEE). a_rs, a_cs, b_rs
  * are unused. The portable kernel (kernels/ref/ref.c) is the exact
- * emulation; kernels/x86/avx512bf16.c runs the instruction. */
+ * emulation; kernels/x86/avx512bf16.c runs the instruction. A family
+ * parameter, not a kind: a family picks one of those two. */
 
+/* One field per kernel kind (PA_KERNEL_KINDS), then the family's own
+ * parameters. A field's entries are {fn, name}; an index a family has no
+ * kernel for (f->rowdot[PA_BOOL], f->widen[PA_F32]) is {NULL, NULL}. */
+#define PA_KIND_FIELD(kind, shape, ret, params, ...) PA_REG_CAT(PA_KIND_FIELD_, shape)(kind)
+#define PA_KIND_FIELD_G(kind) pa_gemm_kernel kind[PA_NCOMPUTE];
+#define PA_KIND_FIELD_C(kind) pa_##kind##_kernel kind[PA_NCOMPUTE];
+#define PA_KIND_FIELD_S(kind) pa_##kind##_kernel kind[PA_NDTYPES];
+#define PA_KIND_FIELD_W(kind) pa_##kind##_kernel kind[PA_NDTYPES];
+#define PA_KIND_FIELD_F(kind) pa_##kind##_kernel kind;
 typedef struct pa_family {
-    const char *name;                       /* PYATTN_ISA's word, e.g. "avx2" */
-    int isa;                                /* PA_ISA_* */
-    pa_gemm_kernel gemm[PA_NCOMPUTE];
+    int isa;                                /* PA_ISA_*: its row of PA_FAMILIES */
+    PA_KERNEL_KINDS(PA_KIND_FIELD, _)
     pa_gemm_kernel gemm_bf16;               /* bfloat16 products, float32 C */
-    pa_tilesm_kernel tilesm[PA_NCOMPUTE];
-    pa_tilep_kernel tilep[PA_NCOMPUTE];
-    pa_tileds_kernel tileds[PA_NCOMPUTE];
-    pa_softmax_kernel softmax[PA_NCOMPUTE];
-    pa_decode_kernel decode[PA_NCOMPUTE];
-    pa_softcap_kernel softcap[PA_NCOMPUTE];
     int attn_bq[PA_NCOMPUTE];               /* flash query block: a multiple of
                                                lcm(MR, NR) of the gemm kernel */
-    const char *attn_name[PA_NCOMPUTE];
-    pa_widen_kernel widen[2];               /* [0] float16, [1] bfloat16 */
     pa_fma_probe_fn fma_probe;              /* NULL: no SIMD probe */
     pa_fma_probe_fn bf16_probe;             /* vdpbf16ps chains (64 flops each), or NULL */
     int fma_lanes;                          /* float32 lanes of the probe */
-    pa_read_probe_fn read_probe;
 } pa_family;
+#undef PA_KIND_FIELD
+#undef PA_KIND_FIELD_G
+#undef PA_KIND_FIELD_C
+#undef PA_KIND_FIELD_S
+#undef PA_KIND_FIELD_W
+#undef PA_KIND_FIELD_F
 
-/* The families (kernels/ref/family.c, kernels/x86/family.c, kernels/arm/family.c) */
-extern const pa_family pa_family_generic;
+/* The kernel fields of family <isa>'s table, from PA_KERNEL_KINDS: its code
+ * and, for every kind, the symbols pa_<kind>_<sfx>_<isa> (pa_<kind>_<isa>
+ * for shape F) with their names; a G kind takes the tile PA_TILE_<kind>_<sfx>
+ * ("mr, nr, kc, mc, nc") that the family's file defines. Use:
+ *   const pa_family pa_family_avx2 = { PA_FAMILY_KERNELS(avx2), .attn_bq = ... }; */
+#define PA_FAMILY_KERNELS(fam) .isa = PA_ISA_OF_##fam PA_KERNEL_KINDS(PA_INIT_KIND, fam)
+#define PA_INIT_KIND(kind, shape, ret, params, fam) , .kind = { PA_REG_CAT(PA_INIT_, shape)(kind, fam) }
+#define PA_INIT_G(kind, fam) PA_DTYPES(PA_INIT_DT_G, kind, fam)
+#define PA_INIT_C(kind, fam) PA_DTYPES(PA_INIT_DT_C, kind, fam)
+#define PA_INIT_S(kind, fam) PA_DTYPES(PA_INIT_DT_S, kind, fam)
+#define PA_INIT_W(kind, fam) PA_DTYPES(PA_INIT_DT_W, kind, fam)
+#define PA_INIT_F(kind, fam) PA_NAMED(pa_##kind##_##fam)
+#define PA_INIT_DT_G(CODE, sfx, name, size, compute, c, s, w, kind, fam) \
+    PA_WHEN(c)([PA_##CODE] = {PA_NAMED(pa_##kind##_##sfx##_##fam), PA_TILE_##kind##_##sfx},)
+#define PA_INIT_DT_C(CODE, sfx, name, size, compute, c, s, w, kind, fam) \
+    PA_WHEN(c)([PA_##CODE] = {PA_NAMED(pa_##kind##_##sfx##_##fam)},)
+#define PA_INIT_DT_S(CODE, sfx, name, size, compute, c, s, w, kind, fam) \
+    PA_WHEN(s)([PA_##CODE] = {PA_NAMED(pa_##kind##_##sfx##_##fam)},)
+#define PA_INIT_DT_W(CODE, sfx, name, size, compute, c, s, w, kind, fam) \
+    PA_WHEN(w)([PA_##CODE] = {PA_NAMED(pa_##kind##_##sfx##_##fam)},)
+/* a kernel and its name: the symbol, stringised (never typed twice) */
+#define PA_NAMED(sym) sym, PA_REG_STR(sym)
+
+/* The families' tables (one per row of PA_FAMILIES, each in its family's
+ * kernel file; only those of this build's architecture exist). */
+#define PA_FAMILY_EXTERN(CODE, word, isa, arch, ...) extern const pa_family pa_family_##word;
+PA_FAMILIES(PA_FAMILY_EXTERN, _)
+#undef PA_FAMILY_EXTERN
 #ifdef PA_HAVE_X86_KERNELS
-extern const pa_family pa_family_avx2, pa_family_avx512, pa_family_avx512emu;
 extern const pa_family pa_family_avx512bf16;   /* avx512 with AVX512_BF16's bfloat16 products */
-#endif
-#ifdef PA_HAVE_NEON_KERNELS
-extern const pa_family pa_family_neon;
 #endif
 
 #endif

@@ -37,8 +37,8 @@
 #include "threads.h"
 #include "cpu.h"
 #include "ops/ops.h"
+#include "kernel_check.h"
 
-#define PA_BOOL 100 /* view dtype code for bool masks (beyond the pa_dtypes codes) */
 #define PA_ALLOW_BOOL 1
 #define PA_ALLOW_16 2 /* float16 arrays, and uint16 arrays holding bfloat16 bits */
 
@@ -59,7 +59,7 @@ static const pa_family *family = NULL;
 
 static const char *dtype_name(int d)
 {
-    return d == PA_BOOL ? "bool" : pa_dtypes[d].name;
+    return pa_dtypes[d].name;
 }
 
 /* Validate obj as an ndarray the kernels can read (or write) in place. */
@@ -1050,6 +1050,47 @@ static PyObject *py_select_isa(PyObject *self, PyObject *arg)
     return PyLong_FromLong(family->isa);
 }
 
+/* The names of every kernel of family f, in the order of PA_KERNEL_KINDS
+ * (registry.h) and of the dtype codes, then its bfloat16 GEMM: each name is
+ * the kernel's C symbol. */
+static int add_name(PyObject *list, const char *name)
+{
+    if (!name) return 0;
+    PyObject *s = PyUnicode_FromString(name);
+    if (!s) return -1;
+    const int rc = PyList_Append(list, s);
+    Py_DECREF(s);
+    return rc;
+}
+
+static PyObject *kernel_names(const pa_family *f)
+{
+    PyObject *l = PyList_New(0);
+    if (!l) return NULL;
+#define PA_NAMES_KIND(kind, shape, ret, params, ...) PA_REG_CAT(PA_NAMES_, shape)(kind)
+#define PA_NAMES_N(kind, n)                                                   \
+    for (int d = 0; d < (n); d++)                                             \
+        if (add_name(l, f->kind[d].name) < 0) goto fail;
+#define PA_NAMES_G(kind) PA_NAMES_N(kind, PA_NCOMPUTE)
+#define PA_NAMES_C(kind) PA_NAMES_N(kind, PA_NCOMPUTE)
+#define PA_NAMES_S(kind) PA_NAMES_N(kind, PA_NDTYPES)
+#define PA_NAMES_W(kind) PA_NAMES_N(kind, PA_NDTYPES)
+#define PA_NAMES_F(kind) if (add_name(l, f->kind.name) < 0) goto fail;
+    PA_KERNEL_KINDS(PA_NAMES_KIND, _)
+#undef PA_NAMES_KIND
+#undef PA_NAMES_N
+#undef PA_NAMES_G
+#undef PA_NAMES_C
+#undef PA_NAMES_S
+#undef PA_NAMES_W
+#undef PA_NAMES_F
+    if (add_name(l, f->gemm_bf16.name) < 0) goto fail;
+    return l;
+fail:
+    Py_DECREF(l);
+    return NULL;
+}
+
 static PyObject *py_config(PyObject *self, PyObject *unused)
 {
     const pa_family *f = family;
@@ -1065,12 +1106,17 @@ static PyObject *py_config(PyObject *self, PyObject *unused)
     size_t l1d, l2, l3;
     pa_cache_sizes(&l1d, &l2, &l3);
     const pa_gemm_kernel *g32 = &f->gemm[PA_F32], *g64 = &f->gemm[PA_F64];
+    char attn32[64], attn64[64];
+    snprintf(attn32, sizeof attn32, "pyattn_attn_f32_flash_%dx%d", f->attn_bq[PA_F32], PA_FLASH_BK);
+    snprintf(attn64, sizeof attn64, "pyattn_attn_f64_flash_%dx%d", f->attn_bq[PA_F64], PA_FLASH_BK);
+    PyObject *kernels = kernel_names(f);
+    if (!kernels) return NULL;
     return Py_BuildValue(
         "{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:i,s:i,s:n,s:n,s:n,"
-        "s:(iiiii),s:(iiiii),s:(ii),s:(ii)}",
-        "isa", f->name, "isa_machine", pa_isa_name(pa_isa_machine()),
+        "s:(iiiii),s:(iiiii),s:(ii),s:(ii),s:N}",
+        "isa", pa_isa_name(f->isa), "isa_machine", pa_isa_name(pa_isa_machine()),
         "gemm_f32", g32->name, "gemm_f64", g64->name, "gemm_bf16", f->gemm_bf16.name,
-        "attn_f32", f->attn_name[PA_F32], "attn_f64", f->attn_name[PA_F64],
+        "attn_f32", attn32, "attn_f64", attn64,
         "tilesm_f32", f->tilesm[PA_F32].name, "tilesm_f64", f->tilesm[PA_F64].name,
         "backward_f32", f->tilep[PA_F32].name, "backward_ds_f32", f->tileds[PA_F32].name,
         "softmax_f32", f->softmax[PA_F32].name, "softmax_f64", f->softmax[PA_F64].name,
@@ -1079,7 +1125,27 @@ static PyObject *py_config(PyObject *self, PyObject *unused)
         "gemm_f32_blocking", g32->mr, g32->nr, g32->kc, g32->mc, g32->nc,
         "gemm_f64_blocking", g64->mr, g64->nr, g64->kc, g64->mc, g64->nc,
         "attn_f32_tile", f->attn_bq[PA_F32], PA_FLASH_BK,
-        "attn_f64_tile", f->attn_bq[PA_F64], PA_FLASH_BK);
+        "attn_f64_tile", f->attn_bq[PA_F64], PA_FLASH_BK,
+        "kernels", kernels);
+}
+
+/* families() -> ((word, code, built), ...): the rows of PA_FAMILIES
+ * (registry.h) in code order; built: this build has the family (its
+ * architecture's). pyattn reads PYATTN_ISA's words from it, CI the
+ * families it runs the tests on. */
+static PyObject *py_families(PyObject *self, PyObject *unused)
+{
+    PyObject *t = PyTuple_New(PA_ISA_COUNT);
+    if (!t) return NULL;
+    for (int i = 0; i < PA_ISA_COUNT; i++) {
+        PyObject *row = Py_BuildValue("(siO)", pa_isa_name(i), i, pa_isa_built(i) ? Py_True : Py_False);
+        if (!row) {
+            Py_DECREF(t);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(t, i, row);
+    }
+    return t;
 }
 
 /* fma_probe(iters) -> flops: the benchmark's peak probe (time it around), at
@@ -1207,6 +1273,8 @@ static PyMethodDef methods[] = {
     {"select_isa", py_select_isa, METH_O,
      "select_isa(code) -> code chosen (-1: best); calls already running keep their family"},
     {"config", py_config, METH_NOARGS, "config() -> dict of the kernels in use"},
+    {"families", py_families, METH_NOARGS,
+     "families() -> ((word, code, built), ...): the kernel families in code order"},
     {"fma_probe", py_fma_probe, METH_O,
      "fma_probe(iters) -> float32 flops done at the family's vector width (None: generic)"},
     {"bf16_probe", py_bf16_probe, METH_O,
@@ -1217,6 +1285,7 @@ static PyMethodDef methods[] = {
      "gemm_probe(dtype, kc, iters) -> flops done by the GEMM micro-kernel on L1-resident panels"},
     {"_alloc_hook", py_alloc_hook, METH_O,
      "_alloc_hook(n) -> (pending, live): tests only; the n-th allocation from now fails (0: off)"},
+    {"_kernel_check", pa_py_kernel_check, METH_VARARGS, pa_kernel_check_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <math.h>
 #include <stdint.h>
+#include "registry.h"
 
 /* ptrdiff_t is Py_ssize_t on every platform CPython supports; the C layers
  * below the binding use it so that they never include Python.h. */
@@ -30,20 +31,28 @@ typedef ptrdiff_t pa_ssize;
 #define PA_CAT(a, b) PA_CAT_(a, b)
 
 /* ---- element types ------------------------------------------------------
- * One descriptor per dtype: the type an operand is stored in, the type its
- * arithmetic runs in, and the stored size. The 16-bit storage types
- * (float16, bfloat16) compute in PA_F32: the frame widens them where it
- * packs or reads operands (a tile at a time, never a copy of the array). */
-enum { PA_F32 = 0, PA_F64 = 1, PA_NCOMPUTE = 2,      /* compute dtypes: index families */
-       PA_F16 = 2, PA_BF16 = 3, PA_NDTYPES = 4 };    /* + storage-only dtypes */
+ * One code space, one descriptor per dtype (the rows of PA_DTYPES,
+ * registry.h): the type an operand is stored in, the type its arithmetic
+ * runs in, and the stored size. The compute dtypes (PA_F32, PA_F64) come
+ * first: PA_NCOMPUTE of them index the kernels of a compute dtype. The
+ * 16-bit storage types (float16, bfloat16) compute in PA_F32: the frame
+ * widens them where it packs or reads operands (a tile at a time, never a
+ * copy of the array), and the kernels that read stored operands (widen,
+ * rowdot, rowpv) are indexed by the storage code itself. PA_BOOL: masks. */
+#define PA_DTYPE_CODE(CODE, sfx, name, size, compute, c, s, w, ...) PA_##CODE,
+#define PA_DTYPE_NCOMPUTE(CODE, sfx, name, size, compute, c, s, w, ...) + c
+enum { PA_DTYPES(PA_DTYPE_CODE, _) PA_NDTYPES };
+enum { PA_NCOMPUTE = 0 PA_DTYPES(PA_DTYPE_NCOMPUTE, _) };
+#undef PA_DTYPE_CODE
+#undef PA_DTYPE_NCOMPUTE
 
 typedef struct {
     const char *name;       /* NumPy's name: "float32" */
     size_t size;            /* bytes of one stored element */
-    int compute;            /* the dtype its arithmetic runs in (PA_F32 / PA_F64) */
+    int compute;            /* the dtype its arithmetic runs in (PA_F32 / PA_F64; -1: bool) */
 } pa_dtype_info;
 
-extern const pa_dtype_info pa_dtypes[PA_NDTYPES];   /* ops/common.c */
+extern const pa_dtype_info pa_dtypes[PA_NDTYPES];   /* ops/common.c, from PA_DTYPES */
 
 static inline size_t pa_elsize(int dtype) { return pa_dtypes[dtype].size; }
 

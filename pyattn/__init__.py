@@ -37,10 +37,11 @@ __all__ = [
     "set_num_threads", "get_num_threads", "show_config", "nn", "__version__",
 ]
 
-# The kernel families (csrc/family.h). "avx512emu" is for tests: the AVX-512
+# The kernel families, PYATTN_ISA's word -> code, as the C extension lists
+# them (csrc/registry.h, PA_FAMILIES). "avx512emu" is for tests: the AVX-512
 # kernels built over pairs of AVX2 registers, so a CPU without AVX-512 can
 # check them (slow; needs AVX2). "neon" is aarch64's.
-_ISA_CODES = {"generic": 0, "avx2": 1, "avx512": 2, "avx512emu": 3, "neon": 4}
+_ISA_CODES = {word: code for word, code, _built in _C.families()}
 
 
 def set_num_threads(n: int) -> None:

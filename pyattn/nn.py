@@ -51,7 +51,7 @@ def _to_numpy(x, key):
 class _Attention:
     """Shared machinery: parameters, modes, state dicts, the forward call."""
 
-    def __init__(self, d_in, d_out, num_heads, context_length, dropout, qkv_bias, causal,
+    def __init__(self, d_in, d_out, num_heads, context_length, dropout, *, qkv_bias, causal,
                  out_proj, out_bias, rng):
         self.d_in = index_value(d_in, "d_in")
         self.d_out = index_value(d_out, "d_out")
@@ -378,7 +378,8 @@ class SelfAttention(_Attention):
     """
 
     def __init__(self, d_in, d_out, qkv_bias=False, *, rng=None):
-        super().__init__(d_in, d_out, 1, None, 0.0, qkv_bias, False, False, False, rng)
+        super().__init__(d_in, d_out, 1, None, 0.0, qkv_bias=qkv_bias, causal=False,
+                         out_proj=False, out_bias=False, rng=rng)
 
 
 class CausalAttention(_Attention):
@@ -395,7 +396,8 @@ class CausalAttention(_Attention):
     """
 
     def __init__(self, d_in, d_out, context_length, dropout=0.0, qkv_bias=False, *, rng=None):
-        super().__init__(d_in, d_out, 1, context_length, dropout, qkv_bias, True, False, False, rng)
+        super().__init__(d_in, d_out, 1, context_length, dropout, qkv_bias=qkv_bias, causal=True,
+                         out_proj=False, out_bias=False, rng=rng)
 
 
 class MultiHeadAttention(_Attention):
@@ -415,8 +417,8 @@ class MultiHeadAttention(_Attention):
 
     def __init__(self, d_in, d_out, num_heads, context_length=None, dropout=0.0,
                  qkv_bias=False, *, causal=True, out_bias=True, rng=None):
-        super().__init__(d_in, d_out, num_heads, context_length, dropout, qkv_bias,
-                         bool(causal), True, out_bias, rng)
+        super().__init__(d_in, d_out, num_heads, context_length, dropout, qkv_bias=qkv_bias,
+                         causal=bool(causal), out_proj=True, out_bias=out_bias, rng=rng)
 
 
 def __dir__():

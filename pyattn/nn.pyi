@@ -12,7 +12,7 @@ __all__ = ["SelfAttention", "CausalAttention", "MultiHeadAttention"]
 
 class _Attention:
     def __init__(self, d_in: int, d_out: int, num_heads: int, context_length: Optional[int],
-                 dropout: float, qkv_bias: bool, causal: bool, out_proj: bool, out_bias: bool,
+                 dropout: float, *, qkv_bias: bool, causal: bool, out_proj: bool, out_bias: bool,
                  rng: Union[None, int, np.random.Generator]) -> None: ...
     d_in: int
     d_out: int

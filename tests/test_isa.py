@@ -11,7 +11,8 @@ import pyattn._C as C
 from pyattn import _reference as R
 from conftest import DTYPES, check, mag_attention, mag_matmul
 
-GENERIC, AVX2, AVX512, AVX512_EMU, NEON = 0, 1, 2, 3, 4
+GENERIC, AVX2, AVX512, AVX512_EMU, NEON = (pyattn._ISA_CODES[w] for w in
+                                           ("generic", "avx2", "avx512", "avx512emu", "neon"))
 MACHINE = C.config()["isa_machine"]
 
 
@@ -37,31 +38,33 @@ needs_wide = pytest.mark.skipif(WIDE is None, reason="no SIMD family on this CPU
 def test_emulated_family_is_installed(family):
     got, cfg = family(AVX512_EMU)
     assert got == AVX512_EMU and cfg["isa"] == "avx512emu"
-    assert cfg["gemm_f32"] == "pyattn_gemm_f32_avx512emu_12x32"
-    assert cfg["gemm_f64"] == "pyattn_gemm_f64_avx512emu_12x16"
+    assert cfg["gemm_f32"] == "pa_gemm_f32_avx512emu" and cfg["gemm_f32_blocking"][:2] == (12, 32)
+    assert cfg["gemm_f64"] == "pa_gemm_f64_avx512emu" and cfg["gemm_f64_blocking"][:2] == (12, 16)
     assert cfg["attn_f32"] == "pyattn_attn_f32_flash_96x60"
-    assert cfg["tilesm_f32"] == "pyattn_tilesm_f32_avx512emu"
-    assert cfg["tilesm_f64"] == "pyattn_tilesm_f64_avx512emu"
+    assert cfg["tilesm_f32"] == "pa_tilesm_f32_avx512emu"
+    assert cfg["tilesm_f64"] == "pa_tilesm_f64_avx512emu"
+    # every kernel of the family is its own (the registry's names are the symbols)
+    assert all(n.endswith("_avx512emu") for n in cfg["kernels"][:-1])
 
 
 @pytest.mark.skipif(MACHINE != "neon", reason="the neon family is aarch64's")
 def test_neon_family_is_chosen_on_aarch64(family):
     got, cfg = family(-1)
     assert got == NEON and cfg["isa"] == "neon"
-    assert cfg["gemm_f32"] == "pyattn_gemm_f32_neon_12x8"
-    assert cfg["gemm_f64"] == "pyattn_gemm_f64_neon_12x4"
-    assert cfg["tilesm_f32"] == "pyattn_tilesm_f32_neon"
-    assert cfg["softmax_f32"] == "pyattn_softmax_f32_neon"
+    assert cfg["gemm_f32"] == "pa_gemm_f32_neon" and cfg["gemm_f32_blocking"][:2] == (12, 8)
+    assert cfg["gemm_f64"] == "pa_gemm_f64_neon" and cfg["gemm_f64_blocking"][:2] == (12, 4)
+    assert cfg["tilesm_f32"] == "pa_tilesm_f32_neon"
+    assert cfg["softmax_f32"] == "pa_softmax_f32_neon"
     for code in (AVX2, AVX512, AVX512_EMU):              # x86 families: not here
         assert family(code)[0] == NEON
-    assert family(GENERIC)[1]["gemm_f32"] == "pyattn_gemm_f32_ref_4x16"
+    assert family(GENERIC)[1]["gemm_f32"] == "pa_gemm_f32_ref"
 
 
 def test_avx512_request_is_capped_by_the_machine(family):
     got, cfg = family(AVX512)
     if MACHINE == "avx512":
-        assert cfg["gemm_f32"] == "pyattn_gemm_f32_avx512_12x32"
-        assert cfg["tilesm_f32"] == "pyattn_tilesm_f32_avx512"
+        assert cfg["gemm_f32"] == "pa_gemm_f32_avx512" and cfg["gemm_f32_blocking"][:2] == (12, 32)
+        assert cfg["tilesm_f32"] == "pa_tilesm_f32_avx512"
     else:
         assert cfg["isa"] == MACHINE and "avx512" not in cfg["gemm_f32"]
 
@@ -222,7 +225,7 @@ def test_gemm_probe_counts_the_kernels_flops(family, code, dtype):
     if code == AVX512_EMU and MACHINE == "generic":
         pytest.skip("the AVX-512 emulation needs AVX2")
     _, cfg = family(code)
-    mr, nr = map(int, cfg["gemm_f" + dtype[-2:]].rsplit("_", 1)[1].split("x"))   # ..._6x16
+    mr, nr = cfg["gemm_f" + dtype[-2:] + "_blocking"][:2]
     for kc in (1, 5, 64, 256):
         assert C.gemm_probe(dtype, kc, 3) == 2 * mr * nr * kc * 3
     assert C.gemm_probe(dtype, 7, 0) == 0
@@ -258,7 +261,7 @@ def test_fma_probe_width_follows_the_family(family):
 # avx2 family): every SIMD family on every machine must give them, because
 # the kernel contract fixes each element's arithmetic. This ties the real
 # AVX-512 and NEON kernels, which only some machines can run, to the AVX2 ones.
-@pytest.mark.parametrize("name", ["avx2", "avx512", "avx512emu", "neon"])
+@pytest.mark.parametrize("name", [w for w, _, _ in C.families() if w != "generic"])   # csrc/registry.h
 def test_simd_family_gives_the_recorded_bits(family, name):
     import json
     import family_cases
@@ -300,9 +303,33 @@ def test_config_names_caches_and_blocking(family):
             assert isinstance(cfg[key], int) and cfg[key] >= 0
         for dt in ("f32", "f64"):
             mr, nr, kc, mc, nc = cfg[f"gemm_{dt}_blocking"]
-            assert cfg[f"gemm_{dt}"].endswith(f"_{mr}x{nr}")
+            assert cfg[f"gemm_{dt}"] == f"pa_gemm_{dt}_" + ("ref" if cfg["isa"] == "generic" else cfg["isa"])
+            assert cfg[f"gemm_{dt}"] in cfg["kernels"]
             assert kc == 256                       # the contract's K panel, every family
             assert mc % mr == 0 and nc % nr == 0
             bq, bk = cfg[f"attn_{dt}_tile"]
             assert bk == 60 and bq % mr == 0 and bq % nr == 0
             assert cfg[f"attn_{dt}"].endswith(f"_{bq}x{bk}")
+
+
+def test_registry_lists_every_kernel_of_every_family(family):
+    # csrc/registry.h: the families and kernel kinds are listed once; every
+    # family's table holds one kernel per kind and index, named by its symbol
+    rows = C.families()
+    assert [code for _, code, _ in rows] == list(range(len(rows)))
+    assert pyattn._ISA_CODES == {word: code for word, code, _ in rows}
+    assert {w for w, _, built in rows if built} >= {"generic"}
+    lists = {}
+    for word, code, built in rows:
+        got, cfg = family(code)
+        if not built or cfg["isa"] != word:
+            continue
+        sym = "ref" if word == "generic" else word
+        names = cfg["kernels"]
+        assert len(set(names)) == len(names)
+        assert all(n.startswith("pa_") and n.endswith("_" + sym) for n in names[:-1]), names
+        assert names[-1].startswith("pa_gemm_bf16_")            # the family's bfloat16 products
+        lists[word] = [n[:-len(sym)] for n in names[:-1]]
+    assert len(lists) >= 2, lists.keys()
+    first = next(iter(lists.values()))
+    assert all(v == first for v in lists.values())               # the same kinds, in list order

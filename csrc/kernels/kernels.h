@@ -1,90 +1,55 @@
 /*
- * kernels.h -- the symbols of every leaf kernel, by family. Their contract
- * (what each kind receives and computes) is in family.h and README.md;
- * each family.c puts a family's kernels into its pa_family.
- *
- *   pa_gemm_<dt>_<isa>     GEMM micro-kernel (pa_gemm_ukr)
- *   pa_tilesm_<dt>_<isa>   online-softmax tile step (pa_tilesm_fn)
- *   pa_tilep_<dt>_<isa>    the backward's probability step (pa_tilep_fn)
- *   pa_tileds_<dt>_<isa>   the backward's dS step (pa_tileds_fn)
- *   pa_softmax_<dt>_<isa>  one softmax row (pa_softmax_fn)
- *   pa_row{dot,sm,pv}_<dt>_<isa>  the decode kernels (pa_decode_kernel)
- *   pa_softcap_<dt>_<isa>  the logit softcap (pa_softcap_fn)
- *   pa_fma_probe_<isa>     the benchmark's FMA peak probe (pa_fma_probe_fn)
- *   pa_read_probe_<isa>    its read-bandwidth probe (pa_read_probe_fn)
- *   pa_widen_{f16,bf16}_f32_<isa>  16-bit storage to float32 (pa_widen_fn)
- *   pa_gemm_bf16_{ref,avx512bf16}  bfloat16 products (gemm_bf16): the exact
- *                          emulation, and AVX512_BF16's vdpbf16ps
+ * kernels.h -- the symbols of every leaf kernel, by family, generated from
+ * registry.h: for each family row <isa> and each kernel kind,
+ *   pa_<kind>_<sfx>_<isa>   for each dtype the kind's shape is indexed by
+ *                           (sfx: f32, f64; f16_f32, bf16_f32 for 16-bit
+ *                           storage read as float32), e.g. pa_gemm_f32_avx2,
+ *                           pa_rowdot_bf16_f32_neon, pa_widen_f16_f32_ref
+ *   pa_<kind>_<isa>         for a kind of shape F, e.g. pa_read_probe_avx512
+ * (the generic family's word in symbols is `ref`). Their contract is in
+ * family.h and csrc/README.md; each family's file puts them into its table
+ * (PA_FAMILY_KERNELS). Declared for every family; only the families of the
+ * build's architecture define theirs. Below the list: the kernels a family
+ * picks as parameters (bfloat16 products, peak probes).
  */
 #ifndef PYATTN_KERNELS_H
 #define PYATTN_KERNELS_H
 
 #include "family.h"
 
-#define PA_KERNELS_OF(ISA, DT)                                                                    \
-    void pa_gemm_##DT##_##ISA(pa_ssize kc, const void *A, pa_ssize a_rs, pa_ssize a_cs,         \
-                              const void *B, pa_ssize b_rs, void *C, pa_ssize rs, pa_ssize cs,  \
-                              int m, int n, int accumulate);                                     \
-    void pa_tilesm_##DT##_##ISA(void *St, pa_ssize nj, pa_ssize ncols, pa_ssize ld,              \
-                                void *m, void *l, void *alpha);                                  \
-    void pa_tilep_##DT##_##ISA(void *St, pa_ssize nj, pa_ssize ncols, pa_ssize ld,               \
-                               const void *lse);                                                 \
-    void pa_tileds_##DT##_##ISA(const void *P, void *dP, pa_ssize nj, pa_ssize ncols, pa_ssize ld,   \
-                                const void *D, double scale);                                    \
-    void pa_softmax_##DT##_##ISA(const pa_softmax_row *r);                                      \
-    void pa_rowdot_##DT##_##ISA(const void *Q, pa_ssize qrs, pa_ssize R, const void *K,          \
-                                pa_ssize krs, pa_ssize nj, pa_ssize E, void *s, pa_ssize ss);    \
-    void pa_rowsm_##DT##_##ISA(void *s, pa_ssize nj, void *m, void *l, void *alpha);            \
-    void pa_softcap_##DT##_##ISA(void *x, pa_ssize n, double cap);                              \
-    void pa_rowpv_##DT##_##ISA(const void *P, pa_ssize ps, pa_ssize R, const void *V,            \
-                               pa_ssize vrs, pa_ssize nj, pa_ssize Ev, void *acc, pa_ssize ald);
-#define PA_WIDEN_OF(ISA)                                                                          \
-    void pa_widen_f16_f32_##ISA(float *dst, const uint16_t *src, pa_ssize n);                    \
-    void pa_widen_bf16_f32_##ISA(float *dst, const uint16_t *src, pa_ssize n);                   \
-    PA_DECODE16_OF(ISA, f16)                                                                      \
-    PA_DECODE16_OF(ISA, bf16)
-#define PA_DECODE16_OF(ISA, H)                                                                    \
-    void pa_rowdot_##H##_f32_##ISA(const void *Q, pa_ssize qrs, pa_ssize R, const void *K,       \
-                                   pa_ssize krs, pa_ssize nj, pa_ssize E, void *s, pa_ssize ss); \
-    void pa_rowpv_##H##_f32_##ISA(const void *P, pa_ssize ps, pa_ssize R, const void *V,         \
-                                  pa_ssize vrs, pa_ssize nj, pa_ssize Ev, void *acc, pa_ssize ald);
+#define PA_DECL_FAMILY(CODE, word, isa, arch, ...) PA_KERNEL_KINDS(PA_DECL_KIND, isa)
+#define PA_DECL_KIND(kind, shape, ret, params, isa) PA_REG_CAT(PA_DECL_, shape)(kind, isa)
+#define PA_DECL_G(kind, isa) PA_DTYPES(PA_DECL_DT_C, kind, isa)
+#define PA_DECL_C(kind, isa) PA_DTYPES(PA_DECL_DT_C, kind, isa)
+#define PA_DECL_S(kind, isa) PA_DTYPES(PA_DECL_DT_S, kind, isa)
+#define PA_DECL_W(kind, isa) PA_DTYPES(PA_DECL_DT_W, kind, isa)
+#define PA_DECL_F(kind, isa) pa_##kind##_sig pa_##kind##_##isa;
+#define PA_DECL_DT_C(CODE, sfx, name, size, compute, c, s, w, kind, isa) \
+    PA_WHEN(c)(pa_##kind##_sig pa_##kind##_##sfx##_##isa;)
+#define PA_DECL_DT_S(CODE, sfx, name, size, compute, c, s, w, kind, isa) \
+    PA_WHEN(s)(pa_##kind##_sig pa_##kind##_##sfx##_##isa;)
+#define PA_DECL_DT_W(CODE, sfx, name, size, compute, c, s, w, kind, isa) \
+    PA_WHEN(w)(pa_##kind##_sig pa_##kind##_##sfx##_##isa;)
+PA_FAMILIES(PA_DECL_FAMILY, _)
+#undef PA_DECL_FAMILY
+#undef PA_DECL_KIND
+#undef PA_DECL_G
+#undef PA_DECL_C
+#undef PA_DECL_S
+#undef PA_DECL_W
+#undef PA_DECL_F
+#undef PA_DECL_DT_C
+#undef PA_DECL_DT_S
+#undef PA_DECL_DT_W
 
-PA_KERNELS_OF(ref, f32)
-PA_KERNELS_OF(ref, f64)
-PA_WIDEN_OF(ref)
-float pa_read_probe_ref(const float *p, size_t n);
-void pa_gemm_bf16_ref(pa_ssize kc, const void *A, pa_ssize a_rs, pa_ssize a_cs, const void *B,
-                      pa_ssize b_rs, void *C, pa_ssize rs, pa_ssize cs, int m, int n, int accumulate);
+/* bfloat16 products (gemm_bf16): the exact emulation, and AVX512_BF16's vdpbf16ps */
+pa_gemm_sig pa_gemm_bf16_ref;
 #ifdef PA_HAVE_X86_KERNELS
-PA_KERNELS_OF(avx2, f32)
-PA_KERNELS_OF(avx2, f64)
-PA_WIDEN_OF(avx2)
-PA_WIDEN_OF(avx512)
-PA_WIDEN_OF(avx512emu)
-PA_KERNELS_OF(avx512, f32)
-PA_KERNELS_OF(avx512, f64)
-PA_KERNELS_OF(avx512emu, f32)
-PA_KERNELS_OF(avx512emu, f64)
-double pa_fma_probe_avx2(long long iters, float *sink);
-double pa_fma_probe_avx512(long long iters, float *sink);
-double pa_fma_probe_avx512emu(long long iters, float *sink);
-float pa_read_probe_avx2(const float *p, size_t n);
-float pa_read_probe_avx512(const float *p, size_t n);
-float pa_read_probe_avx512emu(const float *p, size_t n);
+pa_gemm_sig pa_gemm_bf16_avx512bf16;
 double pa_bf16_probe_avx512bf16(long long iters, float *sink);
-void pa_gemm_bf16_avx512bf16(pa_ssize kc, const void *A, pa_ssize a_rs, pa_ssize a_cs, const void *B,
-                             pa_ssize b_rs, void *C, pa_ssize rs, pa_ssize cs, int m, int n,
-                             int accumulate);
+/* the FMA peak probe of the avx2 family (kernels/vec/probe_vec.inc), which
+ * avx512emu borrows */
+double pa_fma_probe_avx2(long long iters, float *sink);
 #endif
-#ifdef PA_HAVE_NEON_KERNELS
-PA_KERNELS_OF(neon, f32)
-PA_KERNELS_OF(neon, f64)
-PA_WIDEN_OF(neon)
-double pa_fma_probe_neon(long long iters, float *sink);
-float pa_read_probe_neon(const float *p, size_t n);
-#endif
-#undef PA_KERNELS_OF
-#undef PA_WIDEN_OF
-#undef PA_DECODE16_OF
 
 #endif

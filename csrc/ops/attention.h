@@ -1,7 +1,11 @@
 /*
- * attention.h -- the attention frame's own pieces, shared by attention.c
- * (tasks, threads), attn_flash.c (the tiled forward on a family's kernels)
- * and attention_ref.c (the exact portable path). Not seen by kernels.
+ * attention.h -- the attention frame's own pieces, shared by the two ops,
+ * attention.c (the forward: tasks, threads) and attn_backward.c (the
+ * backward), and what they call, below them: attn_args.c (one head's
+ * pa_attn_args), attn_flash.c (the tiled forward and backward on a
+ * family's kernels) and attention_ref.c (the exact portable path). Calls
+ * go down only: ops -> attn_args.c, attn_flash.c -> attention_ref.c. Not
+ * seen by kernels.
  *
  * Shapes per head (one flattened batch index): q (L, E), k (S, E),
  * v (S, Ev), mask (L, S), out (L, Ev), w (L, S); strides in elements.
@@ -156,7 +160,7 @@ void pa_flash_run(const pa_family *f, int dtype, const pa_attn_args *a, pa_ssize
 void pa_flash_merge(int dtype, const pa_attn_args *a, pa_ssize i, const void *partials,
                     pa_ssize nchunks, pa_ssize chunk_stride, void *ws);
 
-/* The pa_attn_args of flat batch index b of an attention call (attention.c):
+/* The pa_attn_args of flat batch index b of an attention call (attn_args.c):
  * operands, the key rule, per-head options; res (the output) and w may be
  * NULL. */
 void pa_attn_setup(pa_attn_args *a, const pa_family *fam, int dtype, const pa_batch *bt, pa_ssize b,

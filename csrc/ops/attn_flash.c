@@ -14,7 +14,7 @@ static void widen_rows(const pa_family *f, int sd, const void *p, pa_ssize rs, p
 {
     const uint16_t *h = (const uint16_t *)p;
     if (cs == 1) {
-        const pa_widen_fn w = f->widen[sd == PA_BF16].fn;
+        const pa_widen_fn w = f->widen[sd].fn;
         for (pa_ssize r = 0; r < n; r++) w(dst + r * ld, h + r * rs, cols);
     } else {
         for (pa_ssize r = 0; r < n; r++)

@@ -3,12 +3,10 @@
 #include <stdlib.h>
 #include "ops.h"
 
-const pa_dtype_info pa_dtypes[PA_NDTYPES] = {
-    [PA_F32] = {"float32", sizeof(float), PA_F32},
-    [PA_F64] = {"float64", sizeof(double), PA_F64},
-    [PA_F16] = {"float16", 2, PA_F32},
-    [PA_BF16] = {"bfloat16", 2, PA_F32},
-};
+#define PA_DTYPE_ROW(CODE, sfx, name, size, compute, c, s, w, ...) [PA_##CODE] = {name, size, compute},
+const pa_dtype_info pa_dtypes[PA_NDTYPES] = {PA_DTYPES(PA_DTYPE_ROW, _)};
+#undef PA_DTYPE_ROW
+_Static_assert(sizeof(float) == 4 && sizeof(double) == 8, "IEEE binary32 / binary64");
 
 static atomic_long fail_countdown = 0;  /* > 0: allocations until one fails */
 static atomic_long live_blocks = 0;     /* pa_alloc64 blocks not yet freed */

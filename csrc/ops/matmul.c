@@ -72,8 +72,8 @@ static void pack_b_w16(const void *B, pa_ssize rs, pa_ssize cs, pa_ssize kc, pa_
 /* Packing for bfloat16 products (precision "bf16"): pair panels
  * (family.h, gemm_bf16), each element rounded to bfloat16 (nearest even) as
  * it is copied; K is padded to even with zeros. */
-static void pack_a_bf16(const void *A, pa_ssize rs, pa_ssize cs, pa_ssize mc, pa_ssize kc, int MR,
-                        uint16_t *dst, int sd)
+static void pack_a_pairs(const void *A, pa_ssize rs, pa_ssize cs, pa_ssize mc, pa_ssize kc, int MR,
+                         uint16_t *dst, int sd)
 {
     const pa_ssize nq = (kc + 1) / 2;
     for (pa_ssize i0 = 0; i0 < mc; i0 += MR) {
@@ -87,8 +87,8 @@ static void pack_a_bf16(const void *A, pa_ssize rs, pa_ssize cs, pa_ssize mc, pa
     }
 }
 
-static void pack_b_bf16(const void *B, pa_ssize rs, pa_ssize cs, pa_ssize kc, pa_ssize nc, int NR,
-                        uint16_t *dst, int sd)
+static void pack_b_pairs(const void *B, pa_ssize rs, pa_ssize cs, pa_ssize kc, pa_ssize nc, int NR,
+                         uint16_t *dst, int sd)
 {
     const pa_ssize nq = (kc + 1) / 2;
     for (pa_ssize j0 = 0; j0 < nc; j0 += NR) {
@@ -105,30 +105,54 @@ static void pack_b_bf16(const void *B, pa_ssize rs, pa_ssize cs, pa_ssize kc, pa
 /* K elements of a packed panel: kc, or kc rounded up to even (bfloat16 pairs) */
 static inline pa_ssize packed_k(const gemm_ctx *c, pa_ssize kc) { return c->bf16 ? (kc + 1) / 2 * 2 : kc; }
 
+/* The packers of an operand, by the dtype code it is stored in (as ggml's
+ * type_traits): the compute dtypes copy (pack.inc), the 16-bit ones widen
+ * to float32 as they copy. A storage type (int8, int4 + scales) is one
+ * more row. pack_a: A block (mc, kc) -> MR-row panels; pack_b: B block
+ * (kc, nc) -> NR-column panels. */
+typedef void (*pa_pack_fn)(const void *src, pa_ssize rs, pa_ssize cs, pa_ssize m, pa_ssize n, int R,
+                           void *dst);
+#define PA_PACKERS(dt, a, b)                                                                      \
+    static void pack_a_##dt(const void *A, pa_ssize rs, pa_ssize cs, pa_ssize mc, pa_ssize kc,   \
+                            int MR, void *dst)                                                    \
+    {                                                                                             \
+        a;                                                                                        \
+    }                                                                                             \
+    static void pack_b_##dt(const void *B, pa_ssize rs, pa_ssize cs, pa_ssize kc, pa_ssize nc,   \
+                            int NR, void *dst)                                                    \
+    {                                                                                             \
+        b;                                                                                        \
+    }
+PA_PACKERS(as_f32, pack_a_f32((const float *)A, rs, cs, mc, kc, MR, (float *)dst),
+           pack_b_f32((const float *)B, rs, cs, kc, nc, NR, (float *)dst))
+PA_PACKERS(as_f64, pack_a_f64((const double *)A, rs, cs, mc, kc, MR, (double *)dst),
+           pack_b_f64((const double *)B, rs, cs, kc, nc, NR, (double *)dst))
+PA_PACKERS(f16, pack_a_w16(A, rs, cs, mc, kc, MR, (float *)dst, PA_F16),
+           pack_b_w16(B, rs, cs, kc, nc, NR, (float *)dst, PA_F16))
+PA_PACKERS(bf16, pack_a_w16(A, rs, cs, mc, kc, MR, (float *)dst, PA_BF16),
+           pack_b_w16(B, rs, cs, kc, nc, NR, (float *)dst, PA_BF16))
+#undef PA_PACKERS
+static const struct { pa_pack_fn a, b; } pa_packers[PA_NDTYPES] = {
+    [PA_F32] = {pack_a_as_f32, pack_b_as_f32},
+    [PA_F64] = {pack_a_as_f64, pack_b_as_f64},
+    [PA_F16] = {pack_a_f16, pack_b_f16},
+    [PA_BF16] = {pack_a_bf16, pack_b_bf16},
+};
+
 static void pack_a(const gemm_ctx *c, const char *Ablk, pa_ssize mc, pa_ssize kc, char *Ap)
 {
-    const int MR = c->g.mr;
     if (c->bf16)
-        pack_a_bf16(Ablk, c->A->rs, c->A->cs, mc, kc, MR, (uint16_t *)Ap, c->a_dt);
-    else if (c->a_dt != c->dtype)
-        pack_a_w16(Ablk, c->A->rs, c->A->cs, mc, kc, MR, (float *)Ap, c->a_dt);
-    else if (c->dtype == PA_F32)
-        pack_a_f32((const float *)Ablk, c->A->rs, c->A->cs, mc, kc, MR, (float *)Ap);
+        pack_a_pairs(Ablk, c->A->rs, c->A->cs, mc, kc, c->g.mr, (uint16_t *)Ap, c->a_dt);
     else
-        pack_a_f64((const double *)Ablk, c->A->rs, c->A->cs, mc, kc, MR, (double *)Ap);
+        pa_packers[c->a_dt].a(Ablk, c->A->rs, c->A->cs, mc, kc, c->g.mr, Ap);
 }
 
 static void pack_b(const gemm_ctx *c, const char *Bblk, pa_ssize kc, pa_ssize nc, char *Bp)
 {
-    const int NR = c->g.nr;
     if (c->bf16)
-        pack_b_bf16(Bblk, c->B->rs, c->B->cs, kc, nc, NR, (uint16_t *)Bp, c->b_dt);
-    else if (c->b_dt != c->dtype)
-        pack_b_w16(Bblk, c->B->rs, c->B->cs, kc, nc, NR, (float *)Bp, c->b_dt);
-    else if (c->dtype == PA_F32)
-        pack_b_f32((const float *)Bblk, c->B->rs, c->B->cs, kc, nc, NR, (float *)Bp);
+        pack_b_pairs(Bblk, c->B->rs, c->B->cs, kc, nc, c->g.nr, (uint16_t *)Bp, c->b_dt);
     else
-        pack_b_f64((const double *)Bblk, c->B->rs, c->B->cs, kc, nc, NR, (double *)Bp);
+        pa_packers[c->b_dt].b(Bblk, c->B->rs, c->B->cs, kc, nc, c->g.nr, Bp);
 }
 
 /* C block (mc x nc at Cblk) =/+= A block (mc x kc at Ablk, strided) @ the

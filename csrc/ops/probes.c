@@ -46,7 +46,7 @@ static void read_task(void *ctx_, pa_ssize t, int tid)
 int pa_read_probe(const pa_family *fam, const float *p, size_t n, int nthreads, double *sum)
 {
     read_ctx c;
-    c.fn = fam->read_probe;
+    c.fn = fam->read_probe.fn;
     c.p = p;
     c.n = n;
     c.chunk = (size_t)1 << 20;                      /* 4 MB per task */

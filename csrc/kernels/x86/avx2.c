@@ -1,8 +1,13 @@
 /*
- * avx2.c -- the avx2 family's SIMD kernels (AVX2+FMA, 8 floats / 4 doubles
- * per vector): the width-generic bodies of kernels/vec over simd_avx2.h --
- * GEMM 6x16 / 6x8, the tile step, softmax rows, the peak probe. Exports
- * pa_{gemm,tilesm,softmax}_{f32,f64}_avx2 and pa_fma_probe_avx2.
+ * avx2.c -- the avx2 family (AVX2+FMA+F16C, 8 floats / 4 doubles per
+ * vector): the width-generic bodies of kernels/vec over simd_avx2.h, which
+ * define every kernel kind of PA_KERNEL_KINDS (registry.h) as
+ * pa_<kind>_<sfx>_avx2 -- GEMM 6x16 / 6x8, the tile steps, softmax rows,
+ * the softcap, the decode rows, widening, the read probe -- plus the FMA
+ * peak probe pa_fma_probe_avx2; and the family's table, pa_family_avx2.
+ * Blocking: KC = PA_GEMM_KC (the contract); MC and NC from the L1/L2 of the
+ * CPUs it targets. The flash query block is the smallest multiple of
+ * lcm(MR, NR) >= 48.
  */
 #include "kernels/kernels.h"
 
@@ -23,4 +28,15 @@
 #undef PA_VFN
 #undef PA_MR
 #undef PA_WITH_SOFTMAX
+
+#define PA_TILE_gemm_f32 6, 16, PA_GEMM_KC, 96, 2048
+#define PA_TILE_gemm_f64 6, 8, PA_GEMM_KC, 72, 1024
+const pa_family pa_family_avx2 = {
+    PA_FAMILY_KERNELS(avx2),
+    .gemm_bf16 = {PA_NAMED(pa_gemm_bf16_ref), 4, 16, PA_GEMM_KC_BF16, 64, 2048},
+    .attn_bq = {48, 48},
+    .fma_probe = pa_fma_probe_avx2, .fma_lanes = 8,
+};
+#undef PA_TILE_gemm_f32
+#undef PA_TILE_gemm_f64
 #endif

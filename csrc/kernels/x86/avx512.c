@@ -1,9 +1,15 @@
 /*
- * avx512.c -- the avx512 family's SIMD kernels (AVX-512F, 16 floats /
- * 8 doubles per vector): the width-generic bodies of kernels/vec over
- * simd_avx512.h -- GEMM 12x32 / 12x16, the tile step, softmax rows (two
- * 32-byte pieces per vector), the peak probe. Exports
- * pa_{gemm,tilesm,softmax}_{f32,f64}_avx512 and pa_fma_probe_avx512.
+ * avx512.c -- the avx512 family (AVX-512F, 16 floats / 8 doubles per
+ * vector): the width-generic bodies of kernels/vec over simd_avx512.h, which
+ * define every kernel kind of PA_KERNEL_KINDS (registry.h) as
+ * pa_<kind>_<sfx>_avx512 -- GEMM 12x32 / 12x16, the tile steps, softmax
+ * rows (two 32-byte pieces per vector), the softcap, the decode rows,
+ * widening, the read probe -- plus the FMA peak probe pa_fma_probe_avx512;
+ * and the family's two tables: pa_family_avx512, and pa_family_avx512bf16
+ * with AVX512_BF16's bfloat16 products (avx512bf16.c) where the CPU has them
+ * (dispatch.c). Blocking: KC = PA_GEMM_KC (the contract); MC and NC sized
+ * for Xeons and Zen 4/5. The flash query block is the smallest multiple of
+ * lcm(MR, NR) >= 48 (96 for float32).
  */
 #include "kernels/kernels.h"
 
@@ -24,4 +30,24 @@
 #undef PA_VFN
 #undef PA_MR
 #undef PA_WITH_SOFTMAX
+
+#define PA_TILE_gemm_f32 12, 32, PA_GEMM_KC, 96, 2048
+#define PA_TILE_gemm_f64 12, 16, PA_GEMM_KC, 96, 1024
+const pa_family pa_family_avx512 = {
+    PA_FAMILY_KERNELS(avx512),
+    .gemm_bf16 = {PA_NAMED(pa_gemm_bf16_ref), 4, 16, PA_GEMM_KC_BF16, 64, 2048},
+    .attn_bq = {96, 48},
+    .fma_probe = pa_fma_probe_avx512, .fma_lanes = 16,
+};
+
+/* where the CPU has AVX512_BF16 (dispatch.c): vdpbf16ps, the same bits */
+const pa_family pa_family_avx512bf16 = {
+    PA_FAMILY_KERNELS(avx512),
+    .gemm_bf16 = {PA_NAMED(pa_gemm_bf16_avx512bf16), 12, 32, PA_GEMM_KC_BF16, 96, 2048},
+    .attn_bq = {96, 48},
+    .fma_probe = pa_fma_probe_avx512, .fma_lanes = 16,
+    .bf16_probe = pa_bf16_probe_avx512bf16,
+};
+#undef PA_TILE_gemm_f32
+#undef PA_TILE_gemm_f64
 #endif

@@ -2,8 +2,10 @@
  * avx512emu.c -- the avx512 family's bodies at its widths (16 floats /
  * 8 doubles) over pairs of AVX2 registers (simd_avx512emu.h): bit for bit
  * the arithmetic of avx512.c, so CPUs without AVX-512 test it
- * (PYATTN_ISA=avx512emu; slow). Exports pa_{gemm,tilesm}_{f32,f64}_avx512emu
- * and pa_fma_probe_avx512emu.
+ * (PYATTN_ISA=avx512emu; slow). Defines every kernel kind of
+ * PA_KERNEL_KINDS (registry.h) as pa_<kind>_<sfx>_avx512emu, and the
+ * family's table, pa_family_avx512emu, with avx512's tiles; its FMA probe
+ * is avx2's (the emulation's own, pa_fma_probe_avx512emu, is not used).
  */
 #include "kernels/kernels.h"
 
@@ -24,4 +26,15 @@
 #undef PA_VFN
 #undef PA_MR
 #undef PA_WITH_SOFTMAX
+
+#define PA_TILE_gemm_f32 12, 32, PA_GEMM_KC, 96, 2048
+#define PA_TILE_gemm_f64 12, 16, PA_GEMM_KC, 96, 1024
+const pa_family pa_family_avx512emu = {
+    PA_FAMILY_KERNELS(avx512emu),
+    .gemm_bf16 = {PA_NAMED(pa_gemm_bf16_ref), 4, 16, PA_GEMM_KC_BF16, 64, 2048},
+    .attn_bq = {96, 48},
+    .fma_probe = pa_fma_probe_avx2, .fma_lanes = 8,
+};
+#undef PA_TILE_gemm_f32
+#undef PA_TILE_gemm_f64
 #endif

@@ -1,0 +1,39 @@
+/*
+ * kernel_check.h -- every kernel of a family checked on its own against its
+ * portable twin (kernel_check.c): the contract of csrc/README.md written as
+ * scalar C, case by case (edge tiles, ragged widths, special values), bit
+ * for bit where the contract fixes the bits. A test entry point
+ * (pyattn._C._kernel_check, tests/test_kernels.py), not used by any op.
+ */
+#ifndef PYATTN_KERNEL_CHECK_H
+#define PYATTN_KERNEL_CHECK_H
+
+#include "family.h"
+
+#define PA_KC_LINE 360        /* bytes of one failure line */
+#define PA_KC_MAXLINES 12     /* failure lines kept per kind (the rest counted) */
+
+typedef struct {
+    long long cases;          /* cases checked; -1: the kind does not apply to this family */
+    long long failures;       /* cases that failed (one line each, the first PA_KC_MAXLINES kept) */
+    int nlines;
+    char lines[PA_KC_MAXLINES][PA_KC_LINE];   /* "<family> <kernel>: <case>: <what differs>" */
+    int nused;
+    const char *used[8];      /* the kernels it ran (their symbols, from the family's table) */
+} pa_kc_result;
+
+/* The kinds checked, in order: pa_kc_nkinds() of them, named by pa_kc_kind_name. */
+int pa_kc_nkinds(void);
+const char *pa_kc_kind_name(int kind);
+
+/* Checks kind `kind` (0 <= kind < pa_kc_nkinds()) of family f into *res.
+ * Returns 0, or -1 when out of memory. Reads no global state; runs no threads. */
+int pa_kernel_check(const pa_family *f, int kind, pa_kc_result *res);
+
+#ifdef Py_PYTHON_H
+/* pyattn._C._kernel_check (kernel_check_py.c): the binding, for module.c's method table */
+PyObject *pa_py_kernel_check(PyObject *self, PyObject *args);
+extern const char pa_kernel_check_doc[];
+#endif
+
+#endif
