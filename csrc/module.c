@@ -419,11 +419,13 @@ static PyObject *py_matmul(PyObject *self, PyObject *args, PyObject *kw)
     operand_of(&a, nb, &A);
     operand_of(&b, nb, &B);
     operand_of(&o, nb, &C);
+    const pa_matmul_call mm = {.dtype = cd, .a_dt = a.dtype, .b_dt = b.dtype, .bt = &bt, .M = M, .N = N,
+                               .K = K, .A = &A, .B = &B, .C = &C, .bias = bias_p, .bias_s = bias_s,
+                               .bf16 = bf16};
     int rc, nt = call_threads(req_threads);
     const pa_family *fam = family;
     PA_STOPPABLE_CALL((double)bt.count * (double)M * (double)N * (double)K,
-                      rc = pa_matmul(fam, cd, a.dtype, b.dtype, &bt, M, N, K, &A, &B, &C, bias_p,
-                                     bias_s, bf16, nt), (void)0);
+                      rc = pa_matmul(fam, &mm, nt), (void)0);
     if (rc < 0) { PyErr_NoMemory(); goto fail; }
     return (PyObject *)res;
 fail:
@@ -490,11 +492,13 @@ static PyObject *py_softmax(PyObject *self, PyObject *args, PyObject *kw)
     operand_of(&x, x.nd - 1, &X);
     operand_of(&o, x.nd - 1, &O);
     if (kind) operand_of(&m, x.nd - 1, &Mk);
+    const pa_softmax_call sm = {.dtype = x.dtype, .bt = &bt, .S = x.shape[x.nd - 1], .x = &X,
+                                .mask = kind ? &Mk : NULL, .out = &O, .mask_kind = kind,
+                                .causal = causal, .scale = scale};
     int rc, nt = pa_get_num_threads();
     const pa_family *fam = family;
     PA_STOPPABLE_CALL(16.0 * (double)bt.count * (double)x.shape[x.nd - 1],
-                      rc = pa_softmax(fam, x.dtype, &bt, x.shape[x.nd - 1], &X, kind ? &Mk : NULL, kind,
-                                      causal, scale, &O, nt), (void)0);
+                      rc = pa_softmax(fam, &sm, nt), (void)0);
     if (rc < 0) { PyErr_NoMemory(); goto fail; }
     return (PyObject *)res;
 fail:
@@ -1039,9 +1043,12 @@ static PyObject *py_merge(PyObject *self, PyObject *args, PyObject *kw)
     operand_of(&ls1, nb, &Ls);
     operand_of(&o, nb, &O);
     operand_of(&l, nb, &Lo);
+    const pa_merge_call mg = {.dtype = os.dtype, .bt = &bt, .P = P, .L = L, .Ev = Ev, .outs = &Os,
+                              .lses = &Ls, .out = &O, .lse = &Lo, .outs_ps = os.st[0],
+                              .lses_ps = ls.st[0]};
     int nt = call_threads(req_threads);
     Py_BEGIN_ALLOW_THREADS
-    pa_merge(os.dtype, &bt, P, L, Ev, &Os, os.st[0], &Ls, ls.st[0], &O, &Lo, nt);
+    pa_merge(&mg, nt);
     Py_END_ALLOW_THREADS
     return Py_BuildValue("(NN)", res, lres);
 fail:

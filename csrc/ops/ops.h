@@ -78,16 +78,28 @@ int pa_alloc_fails(void);
  * PA_F32 (widened as they are packed). bf16 (float32 only; -1 otherwise):
  * precision "bf16" -- A and B rounded to bfloat16 as they are packed, the
  * family's gemm_bf16 products (float32 accumulation). */
-int pa_matmul(const pa_family *fam, int dtype, int a_dt, int b_dt, const pa_batch *bt,
-              pa_ssize M, pa_ssize N, pa_ssize K,
-              const pa_operand *A, const pa_operand *B, const pa_operand *C,
-              const void *bias, pa_ssize bias_s, int bf16, int nthreads);
+typedef struct {
+    int dtype, a_dt, b_dt;
+    const pa_batch *bt;
+    pa_ssize M, N, K;
+    const pa_operand *A, *B, *C;
+    const void *bias;
+    pa_ssize bias_s;
+    int bf16;
+} pa_matmul_call;
+int pa_matmul(const pa_family *fam, const pa_matmul_call *mm, int nthreads);
 
 /* Rows of x (bt = all axes but the last, the last of them being L when
  * causal), each of length S. x, mask, out share bt; mask may be NULL. */
-int pa_softmax(const pa_family *fam, int dtype, const pa_batch *bt, pa_ssize S,
-               const pa_operand *x, const pa_operand *mask, int mask_kind,
-               int causal, double scale, const pa_operand *out, int nthreads);
+typedef struct {
+    int dtype;
+    const pa_batch *bt;
+    pa_ssize S;
+    const pa_operand *x, *mask, *out;
+    int mask_kind, causal;
+    double scale;
+} pa_softmax_call;
+int pa_softmax(const pa_family *fam, const pa_softmax_call *sm, int nthreads);
 
 /* The softmax backward over rows of length S: out = scale * y * (gy -
  * sum(gy * y)), 0 where y is 0. gy, y, out share bt. */
@@ -166,9 +178,14 @@ int pa_attention_backward(const pa_family *fam, const pa_attn_call *c, const pa_
  * (L, Ev) and log-sum-exps (L,) over disjoint key sets, part p at element
  * offset p * outs_ps / p * lses_ps from part 0 -- combined in the order of
  * p into out (L, Ev) and lse (L,) (lse operands: element stride cs). */
-int pa_merge(int dtype, const pa_batch *bt, pa_ssize P, pa_ssize L, pa_ssize Ev,
-             const pa_operand *outs, pa_ssize outs_ps, const pa_operand *lses, pa_ssize lses_ps,
-             const pa_operand *out, const pa_operand *lse, int nthreads);
+typedef struct {
+    int dtype;
+    const pa_batch *bt;
+    pa_ssize P, L, Ev;
+    const pa_operand *outs, *lses, *out, *lse;
+    pa_ssize outs_ps, lses_ps;
+} pa_merge_call;
+int pa_merge(const pa_merge_call *mg, int nthreads);
 
 /* Benchmark probe: the family's GEMM micro-kernel alone, on packed panels
  * that stay in L1 (A: MR x kc, B: kc x NR), accumulating into one MR x NR
