@@ -20,7 +20,8 @@ import numpy as np
 import copy
 
 from ._api import _linear, matmul, multi_head_attention, scaled_dot_product_attention
-from ._checks import as_array, check_numeric, compute_dtype, index_value, is16, to_dtype
+from ._checks import (as_array, check_numeric, compute_dtype, index_value, is16, to_dtype,
+                      torch_bf16_hint)
 from ._grad import scaled_dot_product_attention_backward
 from ._kvcache import KVCache
 
@@ -35,12 +36,13 @@ def _to_numpy(x, key):
         x = x.detach()
     if hasattr(x, "cpu"):
         x = x.cpu()
-    if hasattr(x, "numpy") and not isinstance(x, np.ndarray):
-        x = x.numpy()   # torch.Tensor: avoids the copy=False __array__ path
     try:
+        if hasattr(x, "numpy") and not isinstance(x, np.ndarray):
+            x = x.numpy()   # torch.Tensor: avoids the copy=False __array__ path
         a = np.array(x, copy=True)
     except Exception as exc:
-        raise ValueError(f"state dict entry {key!r} could not be converted to an array: {exc}") from exc
+        raise ValueError(f"state dict entry {key!r} could not be converted to an array: {exc}"
+                         f"{torch_bf16_hint(x)}") from exc
     try:
         check_numeric(a, repr(key))
     except TypeError as exc:
