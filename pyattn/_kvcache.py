@@ -67,18 +67,21 @@ class KVCache:
         """Rows each sequence can hold."""
         return self.k.shape[2]
 
-    def attend(self, query, key, value, **kw):
+    def attend(self, query, key, value, *, is_causal=True, scale=None, window=None, alibi_slopes=None,
+               softcap=None, sinks=None, return_lse=False, out=None, precision=None):
         """Write ``key``/``value (B, Hkv, T, E/Ev)`` at rows ``[lengths, lengths + T)``,
         attend ``query (B, Hq, T, E)`` over the filled rows, advance ``lengths`` by T.
 
-        Keyword arguments go to :func:`pyattn.attention_with_kvcache`
-        (``is_causal``, ``scale``, ``window``, ``alibi_slopes``, ``softcap``,
-        ``sinks``, ``return_lse``, ``out``). Raises ``ValueError`` (nothing
-        written, lengths unchanged) when the new rows do not fit.
+        The keyword arguments are :func:`pyattn.attention_with_kvcache`'s
+        (the lengths come from the cache: no ``cache_seqlens``). Returns
+        ``out (B, Hq, T, Ev)``, or ``(out, lse)`` with ``return_lse=True``.
+        Raises ``ValueError`` (nothing written, lengths unchanged) when the
+        new rows do not fit.
         """
-        if "cache_seqlens" in kw:
-            raise TypeError("KVCache.attend takes its lengths from the cache; do not pass cache_seqlens")
-        res = attention_with_kvcache(query, self.k, self.v, key, value, cache_seqlens=self.lengths, **kw)
+        res = attention_with_kvcache(query, self.k, self.v, key, value, cache_seqlens=self.lengths,
+                                     is_causal=is_causal, scale=scale, window=window,
+                                     alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks,
+                                     return_lse=return_lse, out=out, precision=precision)
         self.lengths += np.shape(key)[2]
         return res
 
