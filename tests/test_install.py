@@ -198,3 +198,55 @@ def test_editable_install_wins_in_the_clones_parent_folder(tmp_path):
     r = run([py, "-c", "import pyattn; print(pyattn.EDITED_IN_CLONE)"], env={"PYTHONPATH": str(deps)},
             cwd=tmp_path)
     assert r.returncode == 0 and r.stdout.strip() == "1", r.stderr
+
+
+def _unguarded_imports(tree):
+    """Top-level module names imported outside `try: ... except ImportError`."""
+    import ast
+    names, guarded = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try) and any(
+                isinstance(h.type, ast.Name) and h.type.id in ("ImportError", "ModuleNotFoundError")
+                for h in node.handlers):
+            for inner in node.body:
+                for n in ast.walk(inner):
+                    guarded.add(id(n))
+    for node in ast.walk(tree):
+        if id(node) in guarded:
+            continue
+        if isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+@needs_clone
+def test_notebooks_extra_installs_what_the_notebooks_import():
+    # `pip install -e ".[notebooks]"` then every notebook runs: each module a
+    # notebook imports unconditionally comes with the extra (or NumPy)
+    import ast
+    import glob
+    import json
+    import re
+    try:
+        import tomllib
+    except ImportError:                                  # Python 3.10
+        tomllib = pytest.importorskip("tomli")
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)["project"]
+    dists = {re.split(r"[\[<>=!~ ;]", d)[0].lower()
+             for d in project["optional-dependencies"]["notebooks"] + project["dependencies"]}
+    provides = {"numpy": "numpy", "matplotlib": "matplotlib", "dask": "dask", "distributed": "distributed",
+                "IPython": "ipykernel", "threadpoolctl": "threadpoolctl", "nbformat": "nbformat",
+                "nbclient": "nbclient"}
+    paths = sorted(glob.glob(os.path.join(ROOT, "notebooks", "*.ipynb")))
+    assert paths
+    for path in paths:
+        with open(path) as f:
+            cells = [c for c in json.load(f)["cells"] if c["cell_type"] == "code"]
+        src = "\n".join("".join(c["source"]) for c in cells)
+        for name in sorted(_unguarded_imports(ast.parse(src)) - set(sys.stdlib_module_names) - {"pyattn"}):
+            assert name in provides, f"{os.path.basename(path)} imports {name}: which distribution provides it?"
+            assert provides[name] in dists, (f"{os.path.basename(path)} imports {name}, but the notebooks "
+                                             f"extra does not install {provides[name]}")
