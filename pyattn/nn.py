@@ -534,7 +534,8 @@ class _Attention:
     def __repr__(self):
         extra = f", context_length={self.context_length}" if self.context_length is not None else ""
         return (f"{type(self).__name__}(d_in={self.d_in}, d_out={self.d_out}, num_heads={self.num_heads}"
-                f"{extra}, dropout={self.dropout}, qkv_bias={self.qkv_bias}, causal={self.causal!r})")
+                f"{extra}, dropout={self.dropout}, qkv_bias={self.qkv_bias}, causal={self.causal!r}"
+                f"{'' if self.batch_first else ', batch_first=False'})")
 
 
 class SelfAttention(_Attention):
