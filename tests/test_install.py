@@ -154,12 +154,18 @@ def _deps_dir(tmp_path):
     setuptools = pytest.importorskip("setuptools", minversion="77")   # pyproject's license field
     deps = tmp_path / "deps"
     deps.mkdir()
-    for mod in (numpy, setuptools):
-        d = os.path.dirname(mod.__file__)
+    import importlib.util
+    hack = importlib.util.find_spec("_distutils_hack")        # setuptools' companion module
+    import glob
+    dirs = [os.path.dirname(m.__file__) for m in (numpy, setuptools)]
+    for d in dirs + ([os.path.dirname(hack.origin)] if hack else []):
         os.symlink(d, deps / os.path.basename(d))
         libs = d + ".libs"                  # numpy wheels' bundled OpenBLAS
         if os.path.isdir(libs):
             os.symlink(libs, deps / os.path.basename(libs))
+    for d, m in zip(dirs, (numpy, setuptools)):   # their metadata: setuptools' commands are entry points
+        for info in glob.glob(os.path.join(os.path.dirname(d), f"{m.__name__}-{m.__version__}.dist-info")):
+            os.symlink(info, deps / os.path.basename(info))
     return deps
 
 
