@@ -93,8 +93,10 @@ def show_config() -> None:
     print(f"  CPU supports      : {c['isa_machine']}")
     print(f"  caches (OS)       : L1d {size(c['l1d_bytes'])}, L2 {size(c['l2_bytes'])}, "
           f"L3 {size(c['l3_bytes'])}")
+    asked = _os.environ.get("PYATTN_ISA", "").strip().lower() if _env_isa_code(warn=False) >= 0 else ""
     print(f"  kernel family     : {c['isa']}"
-          + ("  (PYATTN_ISA)" if _env_isa_code(warn=False) >= 0 else ""))
+          + ("" if not asked else "  (PYATTN_ISA)" if asked == c["isa"]
+             else f"  (PYATTN_ISA={asked!r} cannot run on this CPU)"))
     print(f"  GEMM micro-kernels: {c['gemm_f32']}, {c['gemm_f64']}")
     print(f"  GEMM blocking     : float32 {blocking(c['gemm_f32_blocking'])}; "
           f"float64 {blocking(c['gemm_f64_blocking'])}")
