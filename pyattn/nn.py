@@ -5,7 +5,10 @@ the README's section "The seed notebooks").
 Weights use ``torch.nn.Linear``'s layout ``(d_out, d_in)``; ``load_state_dict``
 takes the seed classes' keys (``W_query.weight``, ..., ``out_proj.weight``)
 and ``torch.nn.MultiheadAttention``'s (``in_proj_weight``, ...), as NumPy
-arrays or tensors. Layers start in training mode, as in PyTorch.
+arrays or tensors; ``Layer.from_torch(module)`` builds the layer that matches a
+PyTorch module (``torch.nn.MultiheadAttention`` or a seed class) and loads its
+weights. Layers are called as ``layer(x, attn_mask=..., return_weights=...)``
+(keywords after ``x``). Layers start in training mode, as in PyTorch.
 
 >>> import numpy as np
 >>> from pyattn.nn import MultiHeadAttention
