@@ -28,7 +28,7 @@ from ._checks import (
 __all__ = ["AttnSpec", "attn_spec"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)   # holds arrays: compared by identity
 class AttnSpec:
     """An attention call, checked and normalised (see the module docstring)."""
     query: np.ndarray            # the operands as given (as arrays; 16-bit kept)
