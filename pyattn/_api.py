@@ -371,7 +371,12 @@ def _sdpa(spec, out=None, *, nthreads=0, append=None):
         extra["append"] = append
     if nthreads:
         extra["nthreads"] = int(nthreads)
-    extra["dropout_key"] = dropout_key(spec.rng) if spec.dropout_p > 0 else 0
+    if spec.dropout_p > 0:
+        extra["dropout_key"] = dropout_key(spec.rng)
+    if spec.return_weights:
+        extra["want_weights"] = True
+    if spec.return_lse:
+        extra["want_lse"] = True
     kout = None
     if out is not None:
         check_out(out, shape, dt, spec.narrow)
@@ -379,8 +384,7 @@ def _sdpa(spec, out=None, *, nthreads=0, append=None):
             kout = split_axis(out, -3, hkv, groups) if groups > 1 else out
             if stack:
                 kout = kout[..., 0, :]
-    res, w, lse = _C.sdpa(q, k, v, kout, mask, want_weights=spec.return_weights,
-                          want_lse=spec.return_lse, **extra)
+    res, w, lse = _C.sdpa(q, k, v, kout, mask, **extra)
     if groups > 1:
         res = res.reshape(shape) if kout is None else out
         if w is not None:

@@ -2,7 +2,7 @@
 
 ``attn_spec`` checks and normalises the arguments of an attention call once
 -- for ``scaled_dot_product_attention``, its backward and vjp,
-``attention_with_kvcache`` and ``pyattn.dask`` -- into one frozen
+``attention_with_kvcache`` and ``pyattn.dask`` -- into one immutable
 ``AttnSpec``; ``_api._sdpa`` runs a spec (forward), ``_grad`` differentiates
 one. The binding (csrc/module.c) converts what ``AttnSpec.c_kwargs`` gives
 into one C struct, ``pa_attn_call``. Adding an option: a field here, its
@@ -15,8 +15,7 @@ result.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
@@ -28,9 +27,10 @@ from ._checks import (
 __all__ = ["AttnSpec", "attn_spec"]
 
 
-@dataclass(frozen=True, slots=True, eq=False)   # holds arrays: compared by identity
-class AttnSpec:
-    """An attention call, checked and normalised (see the module docstring)."""
+class AttnSpec(NamedTuple):
+    """An attention call, checked and normalised (see the module docstring).
+    Immutable (a NamedTuple: cheaper to build than a frozen dataclass,
+    0.5 us against 4 us for its 34 fields, and built on every call)."""
     query: np.ndarray            # the operands as given (as arrays; 16-bit kept)
     key: np.ndarray
     value: np.ndarray
@@ -73,9 +73,17 @@ class AttnSpec:
 
     def c_kwargs(self) -> dict:
         """The options as _C.sdpa / _C.sdpa_backward take them (keywords of
-        one converter in module.c: pa_attn_call)."""
-        kw = {"causal": self.causal, "scale": self.scale, "dropout_p": self.dropout_p,
-              "left": self.window[0], "right": self.window[1], "softcap": self.softcap}
+        one converter in module.c: pa_attn_call); those at their C default
+        are left out (each keyword costs the C parser a search)."""
+        kw: dict[str, Any] = {"scale": self.scale}
+        if self.causal:
+            kw["causal"] = self.causal
+        if self.dropout_p:
+            kw["dropout_p"] = self.dropout_p
+        if self.window != (-1, -1):
+            kw["left"], kw["right"] = self.window
+        if self.softcap:
+            kw["softcap"] = self.softcap
         if self.slopes is not None:
             kw["slopes"] = self.slopes
         if self.sinks is not None:
