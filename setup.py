@@ -6,15 +6,29 @@ file builds for the baseline of the platform and the wheel runs on any CPU of
 that architecture. Extra flags (e.g. CFLAGS=-Werror in CI) come from the
 environment as usual.
 """
+import hashlib
 import os
+import shutil
 import sys
+import sysconfig
 from glob import glob
+
+if sys.version_info < (3, 10):    # pip says so from requires-python; setup.py run directly too
+    sys.exit(f"pyattn needs Python 3.10 or newer (its C extension uses the 3.10 C API, and "
+             f"NumPy >= 2.1 no longer supports 3.9); this is Python {sys.version.split()[0]}")
 
 import numpy as np
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.errors import PlatformError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# Built extensions, kept by the hash of everything that goes into them (see
+# BuildExt.build_extension): the README's installs (demo, tests, notebooks)
+# and every `pip install [-e] .` after the first reuse the binary instead of
+# compiling for a minute each time; delete the folder to drop them.
+CACHE = os.path.join(HERE, "build", "pyattn-ext-cache")
+CACHE_KEEP = 8
 SOURCES = sorted(
     os.path.relpath(p, HERE)
     for p in glob(os.path.join(HERE, "csrc", "**", "*.c"), recursive=True)
@@ -28,7 +42,63 @@ DEPENDS = sorted(
 )
 
 
+def _no_compiler_message(what):
+    return (f"pyattn's C extension cannot be built: {what}. pyattn needs a C compiler and the "
+            "Python headers: on Debian/Ubuntu `sudo apt install gcc python3-dev`, on Fedora "
+            "`sudo dnf install gcc python3-devel`, on macOS `xcode-select --install`, on "
+            "Windows the \"Desktop development with C++\" workload of Visual Studio Build "
+            "Tools; conda users: `conda install -c conda-forge c-compiler`. Then run the "
+            "install again.")
+
+
 class BuildExt(build_ext):
+    def _check_toolchain(self):
+        """A clear message, before the first compile, where the compiler or
+        Python.h is missing (instead of setuptools' generic failure)."""
+        if self.compiler.compiler_type == "msvc":
+            return                   # setuptools' own message names Build Tools there
+        cc = self.compiler.compiler_so[0]
+        if shutil.which(cc) is None:
+            raise PlatformError(_no_compiler_message(f"the C compiler {cc!r} was not found"))
+        inc = sysconfig.get_paths()["include"]
+        if not os.path.isfile(os.path.join(inc, "Python.h")):
+            raise PlatformError(_no_compiler_message(f"the Python headers (Python.h) are not in {inc}"))
+
+    def _cache_key(self, ext):
+        """Hash of the sources, headers, this script, the compiler command and
+        flags (CFLAGS etc. included), NumPy's version and the interpreter."""
+        h = hashlib.sha256()
+        for p in sorted(set(ext.sources) | set(ext.depends)) + [os.path.basename(__file__)]:
+            with open(os.path.join(HERE, p), "rb") as f:
+                h.update(p.encode() + b"\0" + f.read() + b"\0")
+        for part in (self.compiler.compiler_type, getattr(self.compiler, "compiler_so", None),
+                     getattr(self.compiler, "linker_so", None), ext.extra_compile_args,
+                     ext.extra_link_args, ext.define_macros, self.debug, np.__version__,
+                     sys.version, sys.platform, sysconfig.get_config_var("EXT_SUFFIX"),
+                     [os.environ.get(v) for v in ("CC", "CFLAGS", "CPPFLAGS", "LDFLAGS", "LDSHARED")]):
+            h.update(repr(part).encode() + b"\0")
+        return h.hexdigest()[:24]
+
+    def build_extension(self, ext):
+        target = self.get_ext_fullpath(ext.name)
+        cached = os.path.join(CACHE, self._cache_key(ext) + "-" + os.path.basename(target))
+        if not self.force and os.path.isfile(cached):
+            print(f"pyattn: reusing the extension built before ({os.path.relpath(cached, HERE)})")
+            os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
+            shutil.copyfile(cached, target)
+            return
+        super().build_extension(ext)
+        try:                         # keep it (a read-only or full disk only costs the reuse)
+            os.makedirs(CACHE, exist_ok=True)
+            tmp = f"{cached}.{os.getpid()}.tmp"
+            shutil.copyfile(target, tmp)
+            os.replace(tmp, cached)
+            old = sorted(glob(os.path.join(CACHE, "*")), key=os.path.getmtime)[:-CACHE_KEEP]
+            for p in old:
+                os.remove(p)
+        except OSError:
+            pass
+
     def build_extensions(self):
         ctype = self.compiler.compiler_type
         for ext in self.extensions:
@@ -41,6 +111,7 @@ class BuildExt(build_ext):
                     "-fvisibility=hidden", "-pthread",
                 ]
                 ext.extra_link_args = ["-pthread"]
+        self._check_toolchain()
         super().build_extensions()
 
 

@@ -1,13 +1,17 @@
 """pyattn benchmark: pyattn vs NumPy vs PyTorch, side by side in one run.
 
-    python benchmarks/bench.py            # the full table (several minutes)
-    python benchmarks/bench.py --quick    # about a minute
+    python benchmarks/bench.py            # the full table (about 10 minutes on a 2-vCPU Zen 4)
+    python benchmarks/bench.py --quick    # a smaller set of cases (a few minutes there)
     python benchmarks/bench.py --plot gflops.png --md RESULTS.md
 
 Each thread count runs in its own worker process, started with the thread
 variables of every library set (PYATTN_NUM_THREADS, OMP_NUM_THREADS,
-OPENBLAS_NUM_THREADS, MKL_NUM_THREADS, torch.set_num_threads), so all three
-use the same number of cores. Inside a worker the implementations of a case
+OPENBLAS_NUM_THREADS, MKL_NUM_THREADS, torch.set_num_threads, and, when
+threadpoolctl is installed, threadpool_limits on every BLAS and OpenMP pool it
+finds), so all three use the same number of cores and none oversubscribes them.
+`--quick` leaves out the bfloat16 rows where the CPU has no AVX512_BF16 (their
+exact emulation is slow: most of a --quick run's time there); `--only bf16`
+runs them anyway. Inside a worker the implementations of a case
 run interleaved (round robin, `--repeat` rounds) and the table reports the
 median and the minimum; before each timed call the worker sleeps `--settle`
 seconds, so that the worker threads of the library timed just before (which
@@ -158,6 +162,12 @@ def worker(args):
     except ImportError:
         torch = None
     pyattn.set_num_threads(args.threads)
+    try:                              # every BLAS / OpenMP pool, whatever the env variables reached
+        from threadpoolctl import threadpool_limits
+        threadpool_limits(limits=args.threads, user_api="blas")
+        threadpool_limits(limits=args.threads, user_api="openmp")
+    except ImportError:
+        pass
     rng = np.random.default_rng(0)
     rows = []
     peak1 = _peak(pyattn)
@@ -290,8 +300,12 @@ def worker(args):
         generation(args, rng, run, torch, read_side)
     if want("training"):
         training(args, rng, run, torch)
-    if want("bf16"):
-        from pyattn import _C
+    from pyattn import _C
+    bf16_emulated = "emul" in _C.config()["gemm_bf16"]
+    if want("bf16") and args.quick and bf16_emulated and not args.only:
+        print("bench: --quick leaves out the bfloat16 rows: this CPU has no AVX512_BF16, and their "
+              "exact emulation is slow (--only bf16 runs them)", file=sys.stderr, flush=True)
+    elif want("bf16"):
         t = time.perf_counter()
         fl = _C.bf16_probe(5_000_000)
         emit({"kind": "bf16peak", "threads": args.threads,
@@ -765,7 +779,8 @@ def _cpu_name():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="small set of cases, about a minute")
+    ap.add_argument("--quick", action="store_true",
+                    help="small set of cases, no bfloat16 rows where they are emulated (a few minutes)")
     ap.add_argument("--threads", default=None, help="comma-separated thread counts (default: 1 and all)")
     ap.add_argument("--repeat", type=int, default=None, help="interleaved rounds per case")
     ap.add_argument("--settle", type=float, default=0.2, help="seconds of rest before each timed call")

@@ -8,6 +8,9 @@
  */
 #include "dispatch.h"
 
+#include <stdlib.h>
+#include <string.h>
+
 #ifdef PA_HAVE_X86_KERNELS
 #include <cpuid.h>
 
@@ -63,7 +66,14 @@ int pa_cpu_has_avx512bf16(void)
 int pa_isa_machine(void)
 {
     static int machine = -1;     /* first set under the GIL, at import */
-    if (machine < 0) machine = pa_detect_isa();
+    if (machine < 0) {
+        machine = pa_detect_isa();
+        /* testing hook: PYATTN_TEST_CPU=avx2|generic lowers what the CPU is
+           taken to support (tests of PYATTN_ISA's fallback warnings) */
+        const char *cap = getenv("PYATTN_TEST_CPU");
+        if (cap && !strcmp(cap, "generic")) machine = PA_ISA_GENERIC;
+        else if (cap && !strcmp(cap, "avx2") && machine == PA_ISA_AVX512) machine = PA_ISA_AVX2;
+    }
     return machine;
 }
 

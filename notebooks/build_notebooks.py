@@ -25,6 +25,11 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 import pyattn
 np.set_printoptions(precision=4, suppress=True)
+try:                                       # thread pools that do not fight over the cores:
+    from threadpoolctl import threadpool_limits  # NumPy's BLAS (OpenBLAS, MKL) on one thread
+    threadpool_limits(limits=1, user_api="blas")  # (pyattn keeps its pool; torch: one thread
+except ImportError:                        # where a notebook uses it), so the BLAS's spinning
+    pass                                   # workers do not slow pyattn's next call
 MASKED = "lightgrey"                       # the colour of masked-out (-inf) cells
 
 def heatmap(ax, m, rows=None, cols=None, title="", fmt="{:.2f}", cmap="viridis",
@@ -776,6 +781,7 @@ Built from the **same initial weights** (the attention layers' state dicts load 
 ("code", """try:
     import torch
     F = torch.nn.functional
+    torch.set_num_threads(1)        # PyTorch's pool beside pyattn's: one thread, no oversubscription
 except ImportError:
     torch = None
     print("PyTorch is not installed: the pyattn model trains alone")
@@ -1498,14 +1504,34 @@ print("client and cluster closed")"""),
 ]
 
 
-def build(run=True, names=None):
+def sync_sources(name, cells, path):
+    """Put this script's cell sources into the committed notebook, keeping its
+    outputs (for edits that change no output); any change of the cells' kinds
+    or number needs a full run instead."""
+    nb = nbformat.read(path, as_version=4)
+    kinds = ["markdown" if kind == "md" else "code" for kind, _ in cells]
+    if [c.cell_type for c in nb.cells] != kinds:
+        sys.exit(f"{name}: the cells differ in number or kind from the committed notebook; "
+                 f"run `python build_notebooks.py {name}` instead")
+    changed = 0
+    for cell, (_, src) in zip(nb.cells, cells):
+        changed += cell.source != src
+        cell.source = src
+    nbformat.write(nb, path)
+    print(f"synced {changed} cell source(s) of {path}; outputs kept")
+
+
+def build(run=True, names=None, sources_only=False):
     for name, cells in NB.items():
         if names and name not in names:
+            continue
+        path = os.path.join(HERE, name + ".ipynb")
+        if sources_only:
+            sync_sources(name, cells, path)
             continue
         nb = new_notebook()
         nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
         nb.cells = [new_markdown_cell(src) if kind == "md" else new_code_cell(src) for kind, src in cells]
-        path = os.path.join(HERE, name + ".ipynb")
         if run:
             from nbclient import NotebookClient
             NotebookClient(nb, timeout=600, kernel_name="python3",
@@ -1517,6 +1543,8 @@ def build(run=True, names=None):
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--no-run", action="store_true")
+    ap.add_argument("--sources-only", action="store_true",
+                    help="update the committed notebooks' cell sources, keep their outputs")
     ap.add_argument("names", nargs="*")
     a = ap.parse_args()
-    build(not a.no_run, a.names)
+    build(not a.no_run, a.names, a.sources_only)

@@ -15,7 +15,9 @@ import warnings as _warnings
 try:
     from . import _C
 except ImportError:
-    if any(f.startswith("_C.") for f in _os.listdir(_os.path.dirname(__file__))):
+    import importlib.machinery as _machinery
+    if any(_os.path.isfile(_os.path.join(_os.path.dirname(__file__), "_C" + _sfx))
+           for _sfx in _machinery.EXTENSION_SUFFIXES):
         raise                    # built, yet it does not load: the original error says why
     raise ImportError(           # the source tree, without its extension built in place
         f"pyattn's C extension (pyattn._C) is not built next to {__file__}: Python is importing "
@@ -92,8 +94,10 @@ def show_config() -> None:
     print(f"  CPU supports      : {c['isa_machine']}")
     print(f"  caches (OS)       : L1d {size(c['l1d_bytes'])}, L2 {size(c['l2_bytes'])}, "
           f"L3 {size(c['l3_bytes'])}")
+    asked = _os.environ.get("PYATTN_ISA", "").strip().lower() if _env_isa_code(warn=False) >= 0 else ""
     print(f"  kernel family     : {c['isa']}"
-          + ("  (PYATTN_ISA)" if _os.environ.get("PYATTN_ISA") else ""))
+          + ("" if not asked else "  (PYATTN_ISA)" if asked == c["isa"]
+             else f"  (PYATTN_ISA={asked!r} cannot run on this CPU)"))
     print(f"  GEMM micro-kernels: {c['gemm_f32']}, {c['gemm_f64']}")
     print(f"  GEMM blocking     : float32 {blocking(c['gemm_f32_blocking'])}; "
           f"float64 {blocking(c['gemm_f64_blocking'])}")
@@ -147,12 +151,13 @@ def _init() -> None:
             pass
     want = _env_isa_code()
     got = _C.select_isa(want)
-    if want > 0 and got != want and not (want == 2 and got == 1):
-        # a family this CPU cannot run at all (avx2 and avx512 are levels:
-        # asking for more than the CPU has quietly gives what it has)
+    if want > 0 and got != want:
+        # a family this CPU cannot run (asking for avx512 on an AVX2-only CPU
+        # included): say what runs instead, never fall back silently
         names = {v: k for k, v in _ISA_CODES.items()}
-        _warnings.warn(f"PYATTN_ISA={names[want]!r} cannot run on this CPU; "
-                       f"using the {names[got]!r} kernel family", RuntimeWarning, stacklevel=2)
+        _warnings.warn(f"PYATTN_ISA={names[want]!r} cannot run on this CPU (it supports "
+                       f"{_C.config()['isa_machine']!r}); using the {names[got]!r} kernel family",
+                       RuntimeWarning, stacklevel=2)
     _C.set_num_threads(min(_default_threads(), 1024))
 
 

@@ -15,9 +15,10 @@ __all__ = [
 
 _Causal = Union[bool, Literal["top_left", "bottom_right"]]
 _Rng = Union[None, int, np.random.Generator]
+_Precision = Optional[Literal["highest", "bf16"]]
 
 def matmul(a: ArrayLike, b: ArrayLike, /, *, out: Optional[NDArray[Any]] = ...,
-           precision: Optional[Literal["highest", "bf16"]] = ...) -> NDArray[np.floating[Any]]: ...
+           precision: _Precision = ...) -> NDArray[np.floating[Any]]: ...
 def softmax(
     x: ArrayLike, /, axis: int = ..., *, dim: Optional[int] = ..., attn_mask: Optional[ArrayLike] = ...,
     is_causal: _Causal = ..., scale: Optional[float] = ..., out: Optional[NDArray[Any]] = ...,
@@ -31,7 +32,7 @@ def scaled_dot_product_attention(
     dropout_p: float = ..., is_causal: _Causal = ..., scale: Optional[float] = ...,
     enable_gqa: bool = ..., *, rng: _Rng = ..., return_weights: Literal[False] = ...,
     out: Optional[NDArray[Any]] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
-    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: Optional[str] = ..., return_lse: Literal[False] = ...,
+    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: Literal[False] = ...,
 ) -> _F: ...
 @overload
 def scaled_dot_product_attention(
@@ -39,7 +40,7 @@ def scaled_dot_product_attention(
     dropout_p: float = ..., is_causal: _Causal = ..., scale: Optional[float] = ...,
     enable_gqa: bool = ..., *, rng: _Rng = ..., return_weights: Literal[True],
     out: Optional[NDArray[Any]] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
-    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: Optional[str] = ..., return_lse: Literal[False] = ...,
+    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: Literal[False] = ...,
 ) -> Tuple[_F, _F]: ...
 @overload
 def scaled_dot_product_attention(
@@ -47,7 +48,7 @@ def scaled_dot_product_attention(
     dropout_p: float = ..., is_causal: _Causal = ..., scale: Optional[float] = ...,
     enable_gqa: bool = ..., *, rng: _Rng = ..., return_weights: Literal[False] = ...,
     out: Optional[NDArray[Any]] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
-    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: Optional[str] = ..., return_lse: Literal[True],
+    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: Literal[True],
 ) -> Tuple[_F, _F]: ...
 @overload
 def scaled_dot_product_attention(
@@ -55,15 +56,23 @@ def scaled_dot_product_attention(
     dropout_p: float = ..., is_causal: _Causal = ..., scale: Optional[float] = ...,
     enable_gqa: bool = ..., *, rng: _Rng = ..., return_weights: Literal[True],
     out: Optional[NDArray[Any]] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
-    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: Optional[str] = ..., return_lse: Literal[True],
+    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: Literal[True],
 ) -> Tuple[_F, _F, _F]: ...
+@overload
+def scaled_dot_product_attention(
+    query: ArrayLike, key: ArrayLike, value: ArrayLike, attn_mask: Optional[ArrayLike] = ...,
+    dropout_p: float = ..., is_causal: _Causal = ..., scale: Optional[float] = ...,
+    enable_gqa: bool = ..., *, rng: _Rng = ..., return_weights: bool = ...,
+    out: Optional[NDArray[Any]] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
+    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: bool = ...,
+) -> Union[_F, Tuple[_F, _F], Tuple[_F, _F, _F]]: ...
 def merge_attention(outputs: Union[ArrayLike, Sequence[ArrayLike]], lses: Union[ArrayLike, Sequence[ArrayLike]], /) -> Tuple[_F, _F]: ...
 @overload
 def attention_with_kvcache(
     query: ArrayLike, k_cache: NDArray[Any], v_cache: NDArray[Any], key: Optional[ArrayLike] = ...,
     value: Optional[ArrayLike] = ..., *, cache_seqlens: Union[int, ArrayLike], is_causal: bool = ...,
     scale: Optional[float] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
-    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: Optional[str] = ..., return_lse: Literal[False] = ...,
+    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: Literal[False] = ...,
     out: Optional[NDArray[Any]] = ...,
 ) -> _F: ...
 @overload
@@ -71,9 +80,17 @@ def attention_with_kvcache(
     query: ArrayLike, k_cache: NDArray[Any], v_cache: NDArray[Any], key: Optional[ArrayLike] = ...,
     value: Optional[ArrayLike] = ..., *, cache_seqlens: Union[int, ArrayLike], is_causal: bool = ...,
     scale: Optional[float] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
-    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: Optional[str] = ..., return_lse: Literal[True],
+    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: Literal[True],
     out: Optional[NDArray[Any]] = ...,
 ) -> Tuple[_F, _F]: ...
+@overload
+def attention_with_kvcache(
+    query: ArrayLike, k_cache: NDArray[Any], v_cache: NDArray[Any], key: Optional[ArrayLike] = ...,
+    value: Optional[ArrayLike] = ..., *, cache_seqlens: Union[int, ArrayLike], is_causal: bool = ...,
+    scale: Optional[float] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
+    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: bool,
+    out: Optional[NDArray[Any]] = ...,
+) -> Union[_F, Tuple[_F, _F]]: ...
 
 class KVCache:
     k: NDArray[Any]
@@ -83,7 +100,21 @@ class KVCache:
                  value_dim: Optional[int] = ..., dtype: DTypeLike = ...) -> None: ...
     @property
     def max_len(self) -> int: ...
-    def attend(self, query: ArrayLike, key: ArrayLike, value: ArrayLike, **kw: Any) -> Any: ...
+    @overload
+    def attend(self, query: ArrayLike, key: ArrayLike, value: ArrayLike, *, is_causal: bool = ...,
+               scale: Optional[float] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
+               softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., return_lse: Literal[False] = ...,
+               out: Optional[NDArray[Any]] = ..., precision: _Precision = ...) -> _F: ...
+    @overload
+    def attend(self, query: ArrayLike, key: ArrayLike, value: ArrayLike, *, is_causal: bool = ...,
+               scale: Optional[float] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
+               softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., return_lse: Literal[True],
+               out: Optional[NDArray[Any]] = ..., precision: _Precision = ...) -> Tuple[_F, _F]: ...
+    @overload
+    def attend(self, query: ArrayLike, key: ArrayLike, value: ArrayLike, *, is_causal: bool = ...,
+               scale: Optional[float] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
+               softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., return_lse: bool,
+               out: Optional[NDArray[Any]] = ..., precision: _Precision = ...) -> Union[_F, Tuple[_F, _F]]: ...
     def reset(self) -> None: ...
 
 def multi_head_attention(

@@ -26,7 +26,22 @@ def _table(m, rows, cols):
     return "\n".join(out)
 
 
-def main():
+def main(argv=None):
+    import argparse
+    parser = argparse.ArgumentParser(
+        prog="python -m pyattn",
+        description="pyattn's demo: the seed example \"Your journey starts with one step\" (six "
+                    "3-d word embeddings attend to each other: scores, softmax weights, context "
+                    "vectors, computed by pyattn), then show_config(): the version, compiler, "
+                    "kernel family and threads.",
+        epilog="Environment: PYATTN_ISA=generic|avx2|avx512|avx512emu|neon caps the kernel "
+               "family; PYATTN_NUM_THREADS sets the threads.")
+    parser.add_argument("--config", action="store_true",
+                        help="print only show_config(), not the demo")
+    args = parser.parse_args(argv)
+    if args.config:
+        pyattn.show_config()
+        return
     print('pyattn: "Your journey starts with one step"\n')
     print("Inputs (one 3-d embedding per word):")
     print(_table(INPUTS, WORDS, ["x1", "x2", "x3"]), "\n")

@@ -24,7 +24,18 @@ def as_array(x, name):
     try:
         return np.asarray(x)
     except Exception as exc:  # objects whose __array__ raises, ragged lists
-        raise TypeError(f"{name} could not be converted to a numpy array: {exc}") from exc
+        raise TypeError(f"{name} could not be converted to a numpy array: {exc}"
+                        f"{torch_bf16_hint(x)}") from exc
+
+
+def torch_bf16_hint(x):
+    """The fix for a PyTorch bfloat16 tensor (NumPy has no bfloat16 of its own,
+    so tensor.numpy() fails with "unsupported ScalarType BFloat16"), else ''."""
+    if type(x).__module__.split(".")[0] != "torch" or "bfloat16" not in str(getattr(x, "dtype", "")):
+        return ""
+    return ("; it is a PyTorch bfloat16 tensor, which NumPy cannot hold: pass t.float() "
+            "(float32, exact), or the same bits without a copy as ml_dtypes' bfloat16: "
+            "t.view(torch.int16).numpy().view(ml_dtypes.bfloat16) (pip install \"pyattn[bf16]\")")
 
 
 def is16(dt):

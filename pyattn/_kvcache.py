@@ -73,25 +73,27 @@ class KVCache:
         """Rows each sequence can hold."""
         return self.k.shape[2]
 
-    def attend(self, query, key, value, **kw):
+    def attend(self, query, key, value, *, is_causal=True, scale=None, window=None, alibi_slopes=None,
+               softcap=None, sinks=None, return_lse=False, out=None, precision=None):
         """Write ``key``/``value (B, Hkv, T, E/Ev)`` at rows ``[lengths, lengths + T)``,
         attend ``query (B, Hq, T, E)`` over the filled rows, advance ``lengths`` by T.
 
-        Keyword arguments go to :func:`pyattn.attention_with_kvcache`
-        (``is_causal``, ``scale``, ``window``, ``alibi_slopes``, ``softcap``,
-        ``sinks``, ``return_lse``, ``out``). Raises ``ValueError`` when the
-        new rows do not fit, ``TypeError`` when ``key`` or ``value`` is
-        None; any error (``MemoryError`` included) writes nothing and leaves
-        ``lengths`` unchanged.
+        The keyword arguments are :func:`pyattn.attention_with_kvcache`'s
+        (the lengths come from the cache: no ``cache_seqlens``). Returns
+        ``out (B, Hq, T, Ev)``, or ``(out, lse)`` with ``return_lse=True``.
+        Raises ``ValueError`` when the new rows do not fit, ``TypeError`` when
+        ``key`` or ``value`` is None; any error (``MemoryError`` included)
+        writes nothing and leaves ``lengths`` unchanged.
         """
-        if "cache_seqlens" in kw:
-            raise TypeError("KVCache.attend takes its lengths from the cache; do not pass cache_seqlens")
         for x, name in ((key, "key"), (value, "value")):
             if x is None:
                 raise TypeError(f"KVCache.attend writes new rows: {name} is None (to attend without "
                                 "writing, call pyattn.attention_with_kvcache(query, cache.k, cache.v, "
                                 "cache_seqlens=cache.lengths))")
-        res = attention_with_kvcache(query, self.k, self.v, key, value, cache_seqlens=self.lengths, **kw)
+        res = attention_with_kvcache(query, self.k, self.v, key, value, cache_seqlens=self.lengths,
+                                     is_causal=is_causal, scale=scale, window=window,
+                                     alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks,
+                                     return_lse=return_lse, out=out, precision=precision)
         self.lengths += np.shape(key)[2]
         return res
 

@@ -119,13 +119,17 @@ def _merge2(a, b, threads):
                     nthreads=_task_threads(threads))
 
 
-def _empty(shape, dt):
-    """A query block with no key block to see: output 0 (API: no admissible key)."""
-    return np.zeros(shape, dt)
+def _empty_pair(shape, dt):
+    """A query block with no key block to see: output 0, lse -inf (API: no admissible key)."""
+    return np.zeros(shape, dt), np.full(shape[:-1], -np.inf, dt)
 
 
 def _first(pair):
     return pair[0]
+
+
+def _second(pair):
+    return pair[1]
 
 
 def _wrap(x, name):
@@ -161,15 +165,21 @@ def _key_range(i, S, g, causal, left, right):
     return lo, max(lo, hi)
 
 
-def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=False, scale=None,
-                                 enable_gqa=False, *, dropout_p=0.0, window=None, alibi_slopes=None,
-                                 softcap=None, sinks=None):
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                                 scale=None, enable_gqa=False, *, window=None, alibi_slopes=None,
+                                 softcap=None, sinks=None, return_lse=False):
     """Lazy :func:`pyattn.scaled_dot_product_attention` on Dask arrays.
 
-    Shapes, conventions and errors are the local function's (it validates the
-    arguments, on stand-ins without memory, before any graph is built):
-    ``query (..., L, E)``, ``key (..., S, E)``, ``value (..., S, Ev)`` ->
-    ``(..., L, Ev)``; ``attn_mask`` (dask or NumPy) broadcasts to ``(..., L, S)``.
+    The local function's positional order (``query, key, value, attn_mask,
+    dropout_p, is_causal, scale, enable_gqa``, then keywords), so a call
+    written for one runs on the other. Shapes, conventions and errors are the
+    local function's (it validates the arguments, on stand-ins without
+    memory, before any graph is built): ``query (..., L, E)``, ``key (..., S,
+    E)``, ``value (..., S, Ev)`` -> ``(..., L, Ev)``; ``attn_mask`` (dask or
+    NumPy) broadcasts to ``(..., L, S)``. ``return_lse=True`` also returns the
+    rows' log-sum-exp ``(..., L)`` (a dask array, chunks as the output's
+    leading axes; ``-inf`` for rows with no admissible key), as the local
+    function: ``(out, lse)``.
 
     Chunking: the result's chunks follow the query's (its last axis in one
     chunk). Chunks of ``key`` along ``S`` are attended separately and merged
@@ -195,9 +205,14 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
     >>> out.chunks[:3]
     ((2, 2, 2, 2), (4,), (128, 128))
     """
+    if not isinstance(dropout_p, (int, float, np.integer, np.floating)) or isinstance(dropout_p, bool):
+        raise TypeError(f"dropout_p must be a number (0.0: dropout is not offered on Dask), got "
+                        f"{type(dropout_p).__name__}; the positional order is the local function's: "
+                        "(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)")
     if dropout_p:
         raise ValueError("dropout is not offered by pyattn.dask (dropout_p must be 0): use local "
                          "pyattn.scaled_dot_product_attention for training")
+    return_lse = bool(return_lse)       # as the local function
     q, k, v = _wrap(query, "query"), _wrap(key, "key"), _wrap(value, "value")
     m = None if attn_mask is None else _wrap(attn_mask, "attn_mask")
     for x, n in ((q, "query"), (k, "key"), (v, "value")):
@@ -261,6 +276,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
         return blocks_[tuple(idx)]
 
     blocks = np.empty(tuple(len(b) for b in lead_bounds) + (len(l_bounds),), dtype=object)
+    lse_blocks = np.empty(blocks.shape, dtype=object)
     for lead_idx in itertools.product(*[range(len(b)) for b in lead_bounds]):
         lead = [slice(*lead_bounds[d][i]) for d, i in enumerate(lead_idx)]
         if groups > 1:
@@ -287,8 +303,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
                     qb, kb, vb, mb, bool(causal), sc, groups > 1, window, sl, softcap, sk,
                     l0 + g - s0, threads, dask_key_name=name))
             if not parts:
-                out = dask.delayed(_empty)(bshape, dt, dask_key_name=f"pyattn-empty-{token}-"
-                                           f"{'-'.join(map(str, lead_idx))}-{li}")
+                pair = dask.delayed(_empty_pair)(bshape, dt, dask_key_name=f"pyattn-empty-{token}-"
+                                                 f"{'-'.join(map(str, lead_idx))}-{li}")
             else:
                 level = 0
                 while len(parts) > 1:             # the merge tree: neighbours, in key order
@@ -301,10 +317,18 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
                         nxt.append(parts[-1])
                     parts = nxt
                     level += 1
-                out = dask.delayed(_first)(parts[0], dask_key_name=f"pyattn-out-{token}-"
-                                           f"{'-'.join(map(str, lead_idx))}-{li}")
+                pair = parts[0]
+            tag = f"{token}-{'-'.join(map(str, lead_idx))}-{li}"
+            out = dask.delayed(_first)(pair, dask_key_name=f"pyattn-out-{tag}")
             blocks[lead_idx + (li,)] = [da.from_delayed(out, shape=bshape, dtype=dt)]   # (, Ev)
-    return da.block(blocks.tolist()) if blocks.size else da.zeros(shape, dtype=dt)
+            if return_lse:
+                lse = dask.delayed(_second)(pair, dask_key_name=f"pyattn-lse-{tag}")
+                lse_blocks[lead_idx + (li,)] = da.from_delayed(lse, shape=bshape[:-1], dtype=dt)
+    out = da.block(blocks.tolist()) if blocks.size else da.zeros(shape, dtype=dt)
+    if not return_lse:
+        return out
+    lse = da.block(lse_blocks.tolist()) if lse_blocks.size else da.full(shape[:-1], -np.inf, dtype=dt)
+    return out, lse
 
 
 def multi_head_attention(query, key, value, num_heads, w_q, w_k, w_v, w_o=None, b_q=None, b_k=None,
@@ -348,7 +372,7 @@ def multi_head_attention(query, key, value, num_heads, w_q, w_k, w_v, w_o=None, 
         return t.reshape(B, T, h, d // h).transpose(0, 2, 1, 3)
 
     qh, kh, vh = heads(proj(xq, wq, bq)), heads(proj(xk, wk, bk)), heads(proj(xv, wv, bv))
-    o = scaled_dot_product_attention(qh, kh, vh, attn_mask, is_causal, scale)
+    o = scaled_dot_product_attention(qh, kh, vh, attn_mask, is_causal=is_causal, scale=scale)
     o = o.transpose(0, 2, 1, 3)
     o = o.reshape(o.shape[0], o.shape[1], d_vo)
     if wo is not None:

@@ -5,7 +5,10 @@ the README's section "The seed notebooks").
 Weights use ``torch.nn.Linear``'s layout ``(d_out, d_in)``; ``load_state_dict``
 takes the seed classes' keys (``W_query.weight``, ..., ``out_proj.weight``)
 and ``torch.nn.MultiheadAttention``'s (``in_proj_weight``, ...), as NumPy
-arrays or tensors. Layers start in training mode, as in PyTorch.
+arrays or tensors; ``Layer.from_torch(module)`` builds the layer that matches a
+PyTorch module (``torch.nn.MultiheadAttention`` or a seed class) and loads its
+weights. Layers are called as ``layer(x, attn_mask=None, return_weights=False)``
+(a second input array where the mask belongs, ``m(x, x)``, is a ``TypeError``). Layers start in training mode, as in PyTorch.
 
 >>> import numpy as np
 >>> from pyattn.nn import MultiHeadAttention
@@ -15,12 +18,13 @@ arrays or tensors. Layers start in training mode, as in PyTorch.
 """
 from __future__ import annotations
 
-import numpy as np
-
 import copy
 
+import numpy as np
+
 from ._api import _linear, matmul, multi_head_attention, scaled_dot_product_attention
-from ._checks import as_array, check_numeric, compute_dtype, index_value, is16, number, to_dtype
+from ._checks import (as_array, check_numeric, compute_dtype, index_value, is16, number, to_dtype,
+                      torch_bf16_hint)
 from ._grad import scaled_dot_product_attention_backward
 from ._kvcache import KVCache
 
@@ -35,17 +39,30 @@ def _to_numpy(x, key):
         x = x.detach()
     if hasattr(x, "cpu"):
         x = x.cpu()
-    if hasattr(x, "numpy") and not isinstance(x, np.ndarray):
-        x = x.numpy()   # torch.Tensor: avoids the copy=False __array__ path
     try:
+        if hasattr(x, "numpy") and not isinstance(x, np.ndarray):
+            x = x.numpy()   # torch.Tensor: avoids the copy=False __array__ path
         a = np.array(x, copy=True)
     except Exception as exc:
-        raise ValueError(f"state dict entry {key!r} could not be converted to an array: {exc}") from exc
+        raise ValueError(f"state dict entry {key!r} could not be converted to an array: {exc}"
+                         f"{torch_bf16_hint(x)}") from exc
     try:
         check_numeric(a, repr(key))
     except TypeError as exc:
         raise ValueError(str(exc)) from None
     return a.astype(compute_dtype((a, key)), copy=False)
+
+
+def _input_not_mask(a, x):
+    """True when a layer call's mask (or flag) slot holds the input itself or
+    an array of its shape that cannot be a (T, T) mask (d_in != T): the
+    PyTorch habit m(x, x), not a mask."""
+    if a is None or isinstance(a, (bool, np.bool_)):
+        return False
+    if a is x:
+        return True
+    shape = np.shape(a)
+    return x.ndim >= 2 and shape == x.shape and x.shape[-1] != x.shape[-2]
 
 
 class _Attention:
@@ -70,6 +87,7 @@ class _Attention:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         self.qkv_bias = bool(qkv_bias)
         self.causal = causal
+        self.batch_first = True
         self.training = True
         self._rng = np.random.default_rng(rng)
         bound = 1.0 / np.sqrt(self.d_in)
@@ -136,8 +154,12 @@ class _Attention:
         ``mask`` buffer is ignored) and ``torch.nn.MultiheadAttention``'s
         (``in_proj_weight``, ``in_proj_bias`` or ``q_proj_weight``,
         ``k_proj_weight``, ``v_proj_weight``; ``out_proj.*``). Missing,
-        unexpected or misshapen keys raise ``ValueError`` naming the key.
-        Returns the layer.
+        unexpected or misshapen keys raise ``ValueError`` naming the key and
+        the constructor argument to change (``qkv_bias``, ``out_bias``,
+        ``d_in``/``d_out``). A state dict holds no causality: a
+        ``torch.nn.MultiheadAttention`` attends to every key unless called with
+        a mask, so its weights match a layer built with ``causal=False``, which
+        is what :meth:`from_torch` builds. Returns the layer.
         """
         d = {str(k): v for k, v in dict(state_dict).items()}
         d.pop("mask", None)
@@ -148,8 +170,10 @@ class _Attention:
         if "in_proj_weight" in d:
             w = _to_numpy(d.pop("in_proj_weight"), "in_proj_weight")
             if w.shape != (3 * self.d_out, self.d_in):
+                hint = (f": construct the layer with d_in={w.shape[1]}, d_out={w.shape[0] // 3}"
+                        if w.ndim == 2 and w.shape[0] % 3 == 0 else "")
                 raise ValueError(f"state dict entry 'in_proj_weight' has shape {w.shape}, "
-                                 f"expected {(3 * self.d_out, self.d_in)}")
+                                 f"expected {(3 * self.d_out, self.d_in)}{hint}")
             for i, n in enumerate(names):
                 d[f"{n}.weight"] = w[i * self.d_out:(i + 1) * self.d_out]
         for n, t in zip(names, ("q", "k", "v")):
@@ -166,20 +190,150 @@ class _Attention:
         for k in d:
             if k not in expected:
                 raise ValueError(f"unexpected key {k!r} in state dict (this layer holds: "
-                                 f"{', '.join(expected)})")
+                                 f"{', '.join(expected)}){self._fix_hint(k, present=True)}")
         new = {}
         for k, (attr, shape) in expected.items():
             if k not in d:
-                raise ValueError(f"missing key {k!r} in state dict")
+                raise ValueError(f"missing key {k!r} in state dict{self._fix_hint(k, present=False)}")
             a = _to_numpy(d[k], k)
             if a.shape != shape:
-                raise ValueError(f"state dict entry {k!r} has shape {a.shape}, expected {shape}")
+                raise ValueError(f"state dict entry {k!r} has shape {a.shape}, expected {shape}"
+                                 f"{self._shape_hint(k, a.shape)}")
             new[attr] = a
         for attr, a in new.items():
             setattr(self, attr, a)
         self.zero_grad()
         self._tape = None
         return self
+
+    def _fix_hint(self, key, present):
+        """Which constructor argument makes a layer that holds (present=True)
+        or lacks key."""
+        cls = type(self).__name__
+        if key.endswith(".bias") and key.split(".")[0] in ("W_query", "W_key", "W_value"):
+            return (f": construct the layer with qkv_bias={present} "
+                    f"({cls}(..., qkv_bias={present}), or {cls}.from_torch(module))")
+        if key == "out_proj.bias" and self._has_out:
+            return (f": construct the layer with out_bias={present} "
+                    f"({cls}(..., out_bias={present}), or {cls}.from_torch(module))")
+        if key.startswith("out_proj.") and present and not self._has_out:
+            return f": {cls} has no output projection; MultiHeadAttention (num_heads=1 for one head) has"
+        return ""
+
+    def _shape_hint(self, key, shape):
+        """Which constructor arguments give a parameter of this shape."""
+        if key.endswith(".weight") and len(shape) == 2 and key != "out_proj.weight":
+            return f": construct the layer with d_in={shape[1]}, d_out={shape[0]}"
+        if key == "out_proj.weight" and len(shape) == 2:
+            return f": construct the layer with d_out={shape[0]}"
+        return ""
+
+    # -- from PyTorch ------------------------------------------------------------
+    @classmethod
+    def from_torch(cls, module, *, rng=None):
+        """The layer matching a PyTorch module, its weights copied (as NumPy arrays).
+
+        ``MultiHeadAttention.from_torch`` takes a ``torch.nn.MultiheadAttention``
+        (self-attention: ``kdim = vdim = embed_dim``, no ``add_bias_kv`` or
+        ``add_zero_attn``), giving ``causal=False``, its biases, dropout and
+        ``batch_first``, so that ``layer(x)`` equals ``module(x, x, x)[0]``
+        (eval mode; with a causal ``attn_mask`` there: build with
+        ``causal=True``), or a seed notebook's ``MultiHeadAttention`` /
+        ``MultiHeadAttentionOneModule`` (``W_query``, ``W_key``, ``W_value``,
+        ``out_proj`` or ``projection`` as ``torch.nn.Linear``, ``num_heads``;
+        causal). ``CausalAttention.from_torch`` takes the seeds'
+        ``CausalAttention``; ``SelfAttention.from_torch`` their
+        ``SelfAttentionV2`` / ``SelfAttentionLinear`` (``W_query`` or ``W_q``
+        as ``torch.nn.Linear``) or ``SelfAttentionParameter`` (``W_q``, ``W_k``,
+        ``W_v`` as ``(d_in, d_out)`` parameters). The layer's mode (training
+        or eval) is the module's. Other modules are a ``TypeError`` naming
+        what is accepted; settings pyattn does not have are a ``ValueError``.
+
+        >>> import torch                                    # doctest: +SKIP
+        >>> from pyattn.nn import MultiHeadAttention        # doctest: +SKIP
+        >>> t = torch.nn.MultiheadAttention(64, 4, batch_first=True).eval()  # doctest: +SKIP
+        >>> layer = MultiHeadAttention.from_torch(t)        # doctest: +SKIP
+        >>> layer.causal, layer.qkv_bias, layer.batch_first  # doctest: +SKIP
+        (False, True, True)
+        """
+        name = type(module).__name__
+        sd = dict(module.state_dict()) if hasattr(module, "state_dict") else None
+        if sd is None:
+            raise TypeError(f"from_torch takes a torch.nn.Module, got {name}")
+        training = bool(getattr(module, "training", True))
+
+        def linear(*names):
+            for n in names:
+                lin = getattr(module, n, None)
+                if lin is not None and hasattr(lin, "weight"):
+                    return n, lin
+            return None, None
+
+        def dropout_p():
+            d = getattr(module, "dropout", 0.0)
+            return float(getattr(d, "p", d))
+
+        if cls is MultiHeadAttention and hasattr(module, "in_proj_bias") and hasattr(module, "embed_dim"):
+            # torch.nn.MultiheadAttention
+            if not getattr(module, "_qkv_same_embed_dim", True):
+                raise ValueError("from_torch: the module's kdim/vdim differ from embed_dim "
+                                 f"({module.kdim}, {module.vdim} vs {module.embed_dim}); pyattn's "
+                                 "MultiHeadAttention is self-attention (q, k, v from one x)")
+            if getattr(module, "bias_k", None) is not None or getattr(module, "add_zero_attn", False):
+                raise ValueError("from_torch: add_bias_kv and add_zero_attn have no pyattn equivalent")
+            E = int(module.embed_dim)
+            layer = cls(E, E, int(module.num_heads), None, dropout_p(), module.in_proj_bias is not None,
+                        causal=False, out_bias=module.out_proj.bias is not None,
+                        batch_first=bool(getattr(module, "batch_first", False)), rng=rng)
+            return layer.load_state_dict(sd).train(training)
+        qn, q = linear("W_query", "W_q", "query")
+        kn, k = linear("W_key", "W_k", "key")
+        vn, v = linear("W_value", "W_v", "value")
+        out_name, out = linear("out_proj", "projection")
+        transposed = False
+        if q is None and cls is SelfAttention and all(
+                getattr(getattr(module, n, None), "ndim", 0) == 2 for n in ("W_q", "W_k", "W_v")):
+            transposed = True             # seed 001 SelfAttentionParameter: x @ W_q, W (d_in, d_out)
+        elif q is None or k is None or v is None:
+            raise TypeError(f"{cls.__name__}.from_torch: {name} is not a module it knows: "
+                            + _FROM_TORCH_ACCEPTS[cls.__name__])
+        if transposed:
+            w = {n: _to_numpy(getattr(module, m), m).T
+                 for n, m in (("W_query", "W_q"), ("W_key", "W_k"), ("W_value", "W_v"))}
+            d_in, d_out = w["W_query"].shape[1], w["W_query"].shape[0]
+            state = {f"{n}.weight": a for n, a in w.items()}
+            qkv_bias = False
+        else:
+            d_out, d_in = (int(n) for n in q.weight.shape)
+            qkv_bias = q.bias is not None
+            state = {}
+            for new, lin in (("W_query", q), ("W_key", k), ("W_value", v)):
+                state[f"{new}.weight"] = lin.weight
+                if lin.bias is not None:
+                    state[f"{new}.bias"] = lin.bias
+        if cls is MultiHeadAttention:
+            if out is None or not hasattr(module, "num_heads"):
+                raise TypeError(f"MultiHeadAttention.from_torch: {name} has no output projection "
+                                "(out_proj or projection) or no num_heads: "
+                                + _FROM_TORCH_ACCEPTS[cls.__name__])
+            state["out_proj.weight"] = out.weight
+            if out.bias is not None:
+                state["out_proj.bias"] = out.bias
+            layer = cls(d_in, d_out, int(module.num_heads), _context_length(module), dropout_p(),
+                        qkv_bias, causal=True, out_bias=out.bias is not None, rng=rng)
+        else:
+            if out is not None:
+                raise TypeError(f"{cls.__name__}.from_torch: {name} has an output projection "
+                                f"({out_name}); use MultiHeadAttention.from_torch")
+            if cls is CausalAttention:
+                ctx = _context_length(module)
+                if ctx is None:
+                    raise TypeError("CausalAttention.from_torch: the module has no context_length "
+                                    "(or mask buffer) to take it from")
+                layer = cls(d_in, d_out, ctx, dropout_p(), qkv_bias, rng=rng)
+            else:
+                layer = cls(d_in, d_out, qkv_bias, rng=rng)
+        return layer.load_state_dict(state).train(training)
 
     # -- generation -----------------------------------------------------------
     def new_cache(self, batch, max_len, dtype=np.float32):
@@ -227,8 +381,17 @@ class _Attention:
                                   (self.W_value, self.b_value)))
 
     # -- forward --------------------------------------------------------------
-    def __call__(self, x, attn_mask=None, return_weights=False, *, cache=None):
+    def __call__(self, x, attn_mask=None, return_weights=False, *args, cache=None):
         """x (B, T, d_in) or (T, d_in) -> (B, T, d_out) [, weights (B, H, T, T)].
+
+        Self-attention: queries, keys and values all come from ``x``.
+        ``attn_mask`` (positional or keyword, as in API.md): bool (``True`` =
+        may attend) or float (added), broadcast to ``(B, H, T, T)``. A
+        PyTorch-style ``m(x, x, x)`` or ``m(x, x)`` -- a second array that is
+        ``x`` itself or has ``x``'s shape with ``d_in != T``, so it cannot be
+        a mask -- is a ``TypeError`` that says so, never ``x`` read as a mask. With
+        ``batch_first=False`` (layers from a ``torch.nn.MultiheadAttention``
+        made so) ``x`` and the output are ``(T, B, ...)``.
 
         With ``cache`` (from :meth:`new_cache`), ``x`` holds only the new
         tokens: their keys and values are appended to the cache and they
@@ -237,10 +400,35 @@ class _Attention:
         full-sequence call. Inference only (eval mode or no dropout), no
         ``attn_mask`` or weights; the result has the cache's compute dtype
         (float32 for 16-bit caches).
+
+        >>> import numpy as np
+        >>> from pyattn.nn import MultiHeadAttention
+        >>> m = MultiHeadAttention(8, 8, 2, rng=0).eval()
+        >>> x = np.ones((1, 3, 8), np.float32)
+        >>> m(x, attn_mask=np.tril(np.ones((3, 3), bool))).shape
+        (1, 3, 8)
         """
         x = np.asarray(x) if not isinstance(x, np.ndarray) else x
+        if args or _input_not_mask(attn_mask, x) or _input_not_mask(return_weights, x):
+            raise TypeError(
+                f"{type(self).__name__}(x, attn_mask=None, return_weights=False) got a second input "
+                "array where a mask belongs: the layer is self-attention (queries, keys and values all "
+                "from x), so a PyTorch-style m(x, x, x) or m(x, x) is m(x); a mask is bool or float, "
+                "broadcast to (B, H, T, T) (attn_mask=...)")
         if x.ndim not in (2, 3) or x.shape[-1] != self.d_in:
-            raise ValueError(f"x must have shape (B, T, {self.d_in}) or (T, {self.d_in}), got {x.shape}")
+            lead = "(B, T" if self.batch_first else "(T, B"
+            raise ValueError(f"x must have shape {lead}, {self.d_in}) or (T, {self.d_in}), got {x.shape}")
+        if self.batch_first or x.ndim == 2:
+            return self._forward(x, attn_mask, return_weights, cache)
+        res = self._forward(x.swapaxes(0, 1), attn_mask, return_weights, cache)   # (T, B, .)
+        if self._tape is not None:
+            self._tape["seq_first"] = True
+        if isinstance(res, tuple):
+            return (res[0].swapaxes(0, 1),) + tuple(res[1:])
+        return res.swapaxes(0, 1)
+
+    def _forward(self, x, attn_mask, return_weights, cache):
+        """The call on x (B, T, d_in) or (T, d_in)."""
         self._tape = None                  # backward goes back through this call only
         if cache is not None:
             return self._call_cached(x, cache, attn_mask, return_weights)
@@ -318,10 +506,13 @@ class _Attention:
         dt, x3, ctx = t["dt"], t["x"], t["ctx"]
         B, T = x3.shape[:2]
         H, hd = self.num_heads, self.d_out // self.num_heads
-        oshape = (T, self.d_out) if t["unbatched"] else (B, T, self.d_out)
+        seq_first = t.get("seq_first", False)
+        oshape = (T, self.d_out) if t["unbatched"] else (T, B, self.d_out) if seq_first else (B, T, self.d_out)
         gy = as_array(grad_y, "grad_y")
         if gy.shape != oshape:
             raise ValueError(f"grad_y has shape {gy.shape}, but the layer's output has shape {oshape}")
+        if seq_first:
+            gy = gy.swapaxes(0, 1)
         if gy.dtype.kind != "f":
             raise TypeError(f"grad_y must be a float array, got dtype {gy.dtype}")
         gy = to_dtype(gy, dt).reshape(B * T, self.d_out)
@@ -355,12 +546,13 @@ class _Attention:
                 acc = self.grads[key_] = np.zeros_like(param)
             acc += g.astype(acc.dtype, copy=False)
         gx = gx.reshape(B, T, self.d_in)
-        return gx[0] if t["unbatched"] else gx
+        return gx[0] if t["unbatched"] else gx.swapaxes(0, 1) if seq_first else gx
 
     def __repr__(self):
         extra = f", context_length={self.context_length}" if self.context_length is not None else ""
         return (f"{type(self).__name__}(d_in={self.d_in}, d_out={self.d_out}, num_heads={self.num_heads}"
-                f"{extra}, dropout={self.dropout}, qkv_bias={self.qkv_bias}, causal={self.causal!r})")
+                f"{extra}, dropout={self.dropout}, qkv_bias={self.qkv_bias}, causal={self.causal!r}"
+                f"{'' if self.batch_first else ', batch_first=False'})")
 
 
 class SelfAttention(_Attention):
@@ -407,7 +599,11 @@ class MultiHeadAttention(_Attention):
     (``view(B, T, H, d_out/H).transpose(1, 2)``), attended (causally unless
     ``causal=False``), concatenated and projected by ``out_proj`` (with bias
     unless ``out_bias=False``). Input ``(B, T, d_in)`` or ``(T, d_in)``,
-    output ``(B, T, d_out)`` [, weights ``(B, H, T, T)``].
+    output ``(B, T, d_out)`` [, weights ``(B, H, T, T)``]; with
+    ``batch_first=False`` (PyTorch's ``nn.MultiheadAttention`` default) the
+    3-d input and output are ``(T, B, ...)``. ``from_torch(module)`` builds
+    the layer matching a ``torch.nn.MultiheadAttention`` (``causal=False``,
+    its biases, dropout, ``batch_first``) with its weights.
 
     >>> import numpy as np
     >>> from pyattn.nn import MultiHeadAttention
@@ -416,9 +612,30 @@ class MultiHeadAttention(_Attention):
     """
 
     def __init__(self, d_in, d_out, num_heads, context_length=None, dropout=0.0,
-                 qkv_bias=False, *, causal=True, out_bias=True, rng=None):
+                 qkv_bias=False, *, causal=True, out_bias=True, batch_first=True, rng=None):
         super().__init__(d_in, d_out, num_heads, context_length, dropout, qkv_bias=qkv_bias,
                          causal=bool(causal), out_proj=True, out_bias=out_bias, rng=rng)
+        self.batch_first = bool(batch_first)
+
+
+_FROM_TORCH_ACCEPTS = {
+    "MultiHeadAttention": "it takes torch.nn.MultiheadAttention, or a module with W_query, W_key, "
+                          "W_value and out_proj (or projection) as torch.nn.Linear and num_heads "
+                          "(the seeds' MultiHeadAttention, MultiHeadAttentionOneModule)",
+    "CausalAttention": "it takes a module with W_query, W_key, W_value as torch.nn.Linear and "
+                       "context_length (the seeds' CausalAttention)",
+    "SelfAttention": "it takes a module with W_query, W_key, W_value (or W_q, W_k, W_v) as "
+                     "torch.nn.Linear, or W_q, W_k, W_v as (d_in, d_out) parameters (the seeds' "
+                     "SelfAttentionV2, SelfAttentionLinear, SelfAttentionParameter)",
+}
+
+
+def _context_length(module):
+    """A seed module's context length: its attribute, else its mask buffer's size."""
+    n = getattr(module, "context_length", None)
+    if n is None and getattr(module, "mask", None) is not None:
+        n = module.mask.shape[-1]
+    return None if n is None else int(n)
 
 
 def __dir__():

@@ -243,3 +243,35 @@ def test_worker_killed_mid_computation(rng, cluster):
         return
     want = pyattn.scaled_dot_product_attention(q, q, q, is_causal=True)
     assert np.allclose(got, want, rtol=0, atol=1e-5)   # completed on the surviving worker
+
+
+def _lse_mag(q, k, scale=None):
+    """error scale of a row's log-sum-exp: its largest |score| (plus the log's 1)"""
+    s = np.abs(np.matmul(q, np.swapaxes(k, -1, -2))) * (scale or 1 / np.sqrt(q.shape[-1]))
+    return s.max(axis=-1) + 1
+
+
+def test_positional_order_and_return_lse_are_the_local_functions(rng):
+    # API.md: the same positional order as pyattn.scaled_dot_product_attention
+    # (query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa),
+    # and return_lse; a PyTorch-style positional call runs on both
+    q = rng.standard_normal((2, 4, 30, 8))
+    k = rng.standard_normal((2, 2, 26, 8))
+    args = (q, k, k, None, 0.0, "bottom_right", 0.3, True)
+    want, mag = _want(q, k, k, is_causal="bottom_right", scale=0.3, enable_gqa=True)
+    wo, wl = pyattn.scaled_dot_product_attention(*args, window=(5, 0), return_lse=True)
+    out = pdask.scaled_dot_product_attention(_parts(q, (1, 2, 10, 8)), _parts(k, (2, 2, 7, 8)), k, *args[3:])
+    check(out.compute(), want, mag * 4)
+    # L > S bottom-right with a window: query chunks with no key to see (lse -inf, output 0)
+    o, lse = pdask.scaled_dot_product_attention(_parts(q, (1, 2, 10, 8)), _parts(k, (2, 2, 7, 8)), k,
+                                                *args[3:], window=(5, 0), return_lse=True)
+    assert isinstance(lse, da.Array) and lse.shape == (2, 4, 30) and lse.chunks == o.chunks[:-1]
+    assert np.isinf(wl).any() and np.array_equal(np.isinf(lse.compute()), np.isinf(wl))
+    _, mag = _want(q, k, k, is_causal="bottom_right", scale=0.3, enable_gqa=True, window=(5, 0))
+    check(o.compute(), wo, mag * 4)
+    check(lse.compute(), wl, 4 * _lse_mag(q, np.repeat(k, 2, -3), 0.3))
+    # the old order's habit (is_causal in 5th place) says what the order is
+    with pytest.raises(TypeError, match=r"positional order is the local function's"):
+        pdask.scaled_dot_product_attention(q, k, k, None, True)
+    with pytest.raises(ValueError, match="dropout is not offered"):
+        pdask.scaled_dot_product_attention(q, k, k, None, 0.1)

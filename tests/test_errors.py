@@ -278,25 +278,3 @@ def test_dir_shows_only_the_public_names():
     assert dir(pyattn.nn) == sorted(pyattn.nn.__all__)
     for name in ("annotations", "np", "check_numeric", "compute_dtype", "index_value"):
         assert name not in dir(pyattn) and name not in dir(pyattn.nn)
-
-
-def test_unbuilt_source_tree_says_how_to_build(tmp_path):
-    # `python -m pyattn` (or pytest) run next to pyattn's sources without the
-    # extension built there: an ImportError that says what to do, not a
-    # "partially initialized module" puzzle
-    import glob
-    import os
-    import shutil
-    import subprocess
-    import sys
-    src = os.path.dirname(pyattn.__file__)
-    dst = tmp_path / "pyattn"
-    dst.mkdir()
-    for f in glob.glob(os.path.join(src, "*.py")):
-        shutil.copy(f, dst)
-    # -S: no site-packages, so no installed (or editable) pyattn to fall back on
-    r = subprocess.run([sys.executable, "-S", "-c", "import pyattn"], cwd=tmp_path,
-                       capture_output=True, text=True)
-    assert r.returncode != 0
-    assert "not built next to" in r.stderr and "pip install -e ." in r.stderr
-    assert "partially initialized" not in r.stderr.splitlines()[-1]

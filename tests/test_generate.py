@@ -479,7 +479,7 @@ def test_layer_cache_errors(rng):
         m(x, cache=c)
     m.eval()
     with pytest.raises(ValueError, match="attn_mask"):
-        m(x, np.ones((3, 3), bool), cache=c)
+        m(x, attn_mask=np.ones((3, 3), bool), cache=c)
     with pytest.raises(TypeError, match="KVCache"):
         m(x, cache="cache")
     with pytest.raises(ValueError, match="does not fit"):

@@ -54,3 +54,39 @@ def gradients() -> None:
     for name, p in layer.parameters().items():
         p -= 0.1 * layer.grads[name]
     print(dq.shape, dk.shape, dv.shape, len(grads), gx.shape, g.shape)
+
+
+def first_hour(flag: bool) -> None:
+    """Issue 30's stub items: a plain bool as return_lse, KVCache.attend's
+    and pyattn.dask's return types, precision as a Literal, from_torch."""
+    q = np.ones((1, 2, 4, 8), np.float32)
+    r = pyattn.scaled_dot_product_attention(q, q, q, return_lse=flag)     # a bool variable
+    out = r[0] if isinstance(r, tuple) else r
+    r2 = pyattn.attention_with_kvcache(q, q, q, cache_seqlens=4, return_lse=flag)
+    cache = pyattn.KVCache(1, 2, 16, 8)
+    a: NDArray[np.floating] = cache.attend(q, q, q, is_causal=True, precision="bf16")
+    b, lse = cache.attend(q[:, :, :1], q[:, :, :1], q[:, :, :1], return_lse=True)
+    c = cache.attend(q[:, :, :1], q[:, :, :1], q[:, :, :1], return_lse=flag)
+    m = pyattn.matmul(q, np.swapaxes(q, -1, -2), precision="highest")
+    mha = MultiHeadAttention(8, 8, 2, causal=False, batch_first=False)
+    y = mha(np.ones((4, 1, 8), np.float32), attn_mask=np.ones((4, 4), bool))
+    y2 = mha(np.ones((4, 1, 8), np.float32), return_weights=flag)
+    print(out.shape, type(r2), a.shape, b.shape, lse.shape, type(c), m.shape, y.shape, type(y2))
+
+
+def first_hour_dask() -> None:
+    import dask.array as da
+    import pyattn.dask
+    x = da.ones((2, 4, 64, 16), chunks=(1, 4, 32, 16))
+    o: da.Array = pyattn.dask.scaled_dot_product_attention(x, x, x, None, 0.0, True)
+    o2, lse = pyattn.dask.scaled_dot_product_attention(x, x, x, is_causal=True, return_lse=True)
+    h = da.ones((2, 8, 4), chunks=(1, 8, 4))
+    z: da.Array = pyattn.dask.multi_head_attention(h, h, h, 2, np.eye(4), np.eye(4), np.eye(4))
+    print(o.shape, o2.shape, lse.shape, z.shape)
+
+
+def rejected_by_the_stubs(x: NDArray[np.float32]) -> None:
+    """What mypy must refuse (--strict warns about an unused ignore, so each
+    line fails the check if the stubs stop rejecting it). Never called."""
+    pyattn.matmul(x, x, precision="tf32")  # type: ignore[arg-type]
+    pyattn.scaled_dot_product_attention(x, x, x, precision="fp8")  # type: ignore[call-overload]
