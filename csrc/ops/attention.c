@@ -52,7 +52,7 @@ static void attn_task(void *ctx_, pa_ssize t, int tid)
     const pa_ssize b = t / c->nblk;
     const pa_ssize blk = c->nblk - 1 - t % c->nblk;
     const pa_ssize i0 = blk * c->bq;
-    const pa_ssize i1 = i0 + c->bq < c->L ? i0 + c->bq : c->L;
+    const pa_ssize i1 = pa_min(i0 + c->bq, c->L);
     pa_attn_args a;
     attn_args(c, b, &a);
     if (c->kvp) {
@@ -71,11 +71,11 @@ static void kvpack_task(void *ctx_, pa_ssize t, int tid)
     pa_attn_args a;
     attn_args(c, b, &a);
     const pa_ssize j0 = tile * PA_FLASH_BK;
-    const pa_ssize nj = c->S - j0 < PA_FLASH_BK ? c->S - j0 : PA_FLASH_BK;
+    const pa_ssize nj = pa_min(c->S - j0, PA_FLASH_BK);
     uint16_t *Kp = c->kvp + (size_t)t * (size_t)c->kvp_tile;
     const pa_ssize mr = c->fam->gemm_bf16.mr;
-    const pa_ssize e2 = (c->E > 0 ? c->E + 1 : 2) / 2 * 2;
-    pa_bf16_pack_kv(c->fam, &a, j0, nj, Kp, Kp + (PA_FLASH_BK + mr - 1) / mr * mr * e2);
+    const pa_ssize e2 = pa_round_up(c->E > 0 ? c->E : 1, 2);
+    pa_bf16_pack_kv(c->fam, &a, j0, nj, Kp, Kp + pa_round_up(PA_FLASH_BK, mr) * e2);
     (void)tid;
 }
 
@@ -88,7 +88,7 @@ static void chunk_task(void *ctx_, pa_ssize t, int tid)
     pa_attn_args a;
     attn_args(c, b, &a);
     a.key_begin = ch * PA_SPLIT_CHUNK;
-    a.key_end = a.key_begin + PA_SPLIT_CHUNK < c->S ? a.key_begin + PA_SPLIT_CHUNK : c->S;
+    a.key_end = pa_min(a.key_begin + PA_SPLIT_CHUNK, c->S);
     a.partial = c->partials + (t * c->L * (2 + c->Ev)) * es;
     pa_flash_run(c->fam, c->dtype, &a, 0, c->L, c->ws[tid]);
 }
