@@ -75,14 +75,19 @@ static inline float pa_f16_to_f32(uint16_t h)
     return sign ? -v : v;
 }
 
-/* float32 -> bfloat16 bits, rounded to nearest even (NaN stays a quiet NaN). */
+/* THE bfloat16 rounding: float32 bits u -> a word whose high 16 bits are u
+ * rounded to bfloat16, to nearest even (NaN stays a quiet NaN); the low 16
+ * bits are garbage. Integer operations only, so loops over it vectorise. */
+static inline uint32_t pa_bf16_round(uint32_t u)
+{
+    return (u & 0x7fffffffu) > 0x7f800000u ? (u | 0x400000u) : u + 0x7fffu + ((u >> 16) & 1u);
+}
+/* float32 -> bfloat16 bits (pa_bf16_round). */
 static inline uint16_t pa_f32_to_bf16(float f)
 {
     union { float f; uint32_t u; } c;
     c.f = f;
-    if ((c.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((c.u >> 16) | 0x40u);
-    c.u += 0x7fffu + ((c.u >> 16) & 1u);
-    return (uint16_t)(c.u >> 16);
+    return (uint16_t)(pa_bf16_round(c.u) >> 16);
 }
 
 /* Element idx of an operand stored as sd, as float (sd: PA_F32, PA_F16, PA_BF16). */
@@ -92,6 +97,13 @@ static inline float pa_load_f32(const void *p, pa_ssize idx, int sd)
     const uint16_t h = ((const uint16_t *)p)[idx];
     return sd == PA_BF16 ? pa_bf16_to_f32(h) : pa_f16_to_f32(h);
 }
+
+/* THE min, max and round-up of sizes and indices (never of values: the
+ * frame's float max keeps the NaN order of the kernels' vmax) */
+static inline pa_ssize pa_min(pa_ssize a, pa_ssize b) { return a < b ? a : b; }
+static inline pa_ssize pa_max(pa_ssize a, pa_ssize b) { return a > b ? a : b; }
+/* x rounded up to a multiple of m (x >= 0, m >= 1) */
+static inline pa_ssize pa_round_up(pa_ssize x, pa_ssize m) { return (x + m - 1) / m * m; }
 
 /* a*b for sizes; returns 0 (and leaves *r untouched) on overflow. */
 static inline int pa_mul_ok(size_t a, size_t b, size_t *r)
@@ -151,6 +163,20 @@ static inline void pa_key_range(const pa_keyrule *r, pa_ssize i, pa_ssize *lo, p
     if (a > r->S) a = b = r->S;
     *lo = a;
     *hi = b;
+}
+
+/* THE key range of a block of query rows [i0, i1) (i0 < i1): the keys some
+ * row of the block may see, the union of the rows' ranges. Both ends grow
+ * with the row and a row's range starts at or before the previous row's end,
+ * so the union is [lo(i0), hi(i1 - 1)); it is empty (*lo >= *hi) exactly
+ * when no row of the block sees a key -- also after both ends are clipped to
+ * keys [kb, ke) (checked against the row-by-row union on every rule with
+ * S <= 7, |qoff| <= 12, window sides <= 4, div <= 3). */
+static inline void pa_block_keys(const pa_keyrule *r, pa_ssize i0, pa_ssize i1, pa_ssize *lo, pa_ssize *hi)
+{
+    pa_ssize unused;
+    pa_key_range(r, i0, lo, &unused);
+    pa_key_range(r, i1 - 1, &unused, hi);
 }
 
 /* Number of keys query row i may see under the causal mode (keys 0..n-1):

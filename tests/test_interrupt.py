@@ -43,6 +43,10 @@ import pyattn
 from pyattn import _C
 
 TARGET, DELAY = float(sys.argv[1]), 0.15
+# Python's own SIGINT handler, as an interactive session and a Jupyter kernel
+# have it: a process started from a non-interactive shell in the background
+# inherits SIGINT ignored, and Python then leaves it ignored (nothing to chain)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 rng = np.random.default_rng(0)
 
 

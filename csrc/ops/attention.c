@@ -45,7 +45,7 @@ static void attn_task(void *ctx_, pa_ssize t, int tid)
     const pa_ssize b = t / c->nblk;
     const pa_ssize blk = c->nblk - 1 - t % c->nblk;
     const pa_ssize i0 = blk * c->bq;
-    const pa_ssize i1 = i0 + c->bq < c->call->L ? i0 + c->bq : c->call->L;
+    const pa_ssize i1 = pa_min(i0 + c->bq, c->call->L);
     pa_attn_args a;
     attn_args(c, b, &a);
     if (c->kvp) {
@@ -64,11 +64,11 @@ static void kvpack_task(void *ctx_, pa_ssize t, int tid)
     pa_attn_args a;
     attn_args(c, b, &a);
     const pa_ssize j0 = tile * PA_FLASH_BK;
-    const pa_ssize nj = c->call->S - j0 < PA_FLASH_BK ? c->call->S - j0 : PA_FLASH_BK;
+    const pa_ssize nj = pa_min(c->call->S - j0, PA_FLASH_BK);
     uint16_t *Kp = c->kvp + (size_t)t * (size_t)c->kvp_tile;
     const pa_ssize mr = c->fam->gemm_bf16.mr;
-    const pa_ssize e2 = (c->call->E > 0 ? c->call->E + 1 : 2) / 2 * 2;
-    pa_bf16_pack_kv(c->fam, &a, j0, nj, Kp, Kp + (PA_FLASH_BK + mr - 1) / mr * mr * e2);
+    const pa_ssize e2 = pa_round_up(c->call->E > 0 ? c->call->E : 1, 2);
+    pa_bf16_pack_kv(c->fam, &a, j0, nj, Kp, Kp + pa_round_up(PA_FLASH_BK, mr) * e2);
     (void)tid;
 }
 
@@ -82,7 +82,7 @@ static void chunk_task(void *ctx_, pa_ssize t, int tid)
     pa_attn_args a;
     attn_args(c, b, &a);
     a.key_begin = ch * PA_SPLIT_CHUNK;
-    a.key_end = a.key_begin + PA_SPLIT_CHUNK < k->S ? a.key_begin + PA_SPLIT_CHUNK : k->S;
+    a.key_end = pa_min(a.key_begin + PA_SPLIT_CHUNK, k->S);
     a.partial = c->partials + (t * k->L * (2 + k->Ev)) * es;
     pa_flash_run(c->fam, k->dtype, &a, 0, k->L, c->ws[tid]);
 }

@@ -127,6 +127,55 @@ static inline int pa_attn_tile_plain(const pa_attn_args *a, pa_ssize i0, pa_ssiz
     return a->softcap == 0 && a->slope == 0 && pa_attn_tile_inside(a, i0, i1, j0, j1);
 }
 
+/* query columns of a tile, padded so that both MR and NR tile them */
+static inline pa_ssize pa_attn_lcm(int mr, int nr)
+{
+    pa_ssize lcm = mr;
+    while (lcm % nr) lcm += mr;
+    return lcm;
+}
+
+/* THE dropout test: score (i, j) of the head is dropped when the uniform of
+ * its counter ctr_base + i*S + j is below p (pyattn/_reference.py draws the
+ * same); callers test p > 0 first. */
+static inline int pa_attn_dropped(const pa_attn_args *a, pa_ssize i, pa_ssize j)
+{
+    return pa_uniform(a->dropout_key, a->ctr_base + (uint64_t)(i * a->S + j)) < a->dropout_p;
+}
+
+/* The key tiles the tiled paths visit for query rows [i0, i1): those that
+ * meet the block's key range (pa_block_keys) within [key_begin, key_end),
+ * on the fixed grid key_begin + a multiple of PA_FLASH_BK -- so a row's tiles
+ * (and its bits) do not depend on the block it is in. Tiles start at *j0,
+ * keys end at *j1; none when *j0 >= *j1. */
+static inline void pa_attn_key_tiles(const pa_attn_args *a, pa_ssize i0, pa_ssize i1, pa_ssize *j0,
+                                     pa_ssize *j1)
+{
+    pa_ssize lo, hi;
+    pa_block_keys(&a->rule, i0, i1, &lo, &hi);
+    lo = pa_max(lo, a->key_begin);
+    hi = pa_min(hi, a->key_end);
+    *j0 = lo < hi ? a->key_begin + (lo - a->key_begin) / PA_FLASH_BK * PA_FLASH_BK : hi;
+    *j1 = hi;
+}
+
+/* THE sub-tile cut, for a tile some of whose keys lie outside some rows'
+ * key ranges (the causal diagonal, a window's edge): per group u of NR
+ * query columns of the block [i0, i0 + nq) (qc columns; padding columns
+ * take row nq - 1's range), the keys [lo[u], hi[u]) some of its rows see.
+ * A sub-tile of keys [ka, kb) outside them (pa_attn_cut_out) is left out:
+ * its scores are -inf, as the score rule would make them. */
+static inline void pa_attn_cut(const pa_attn_args *a, pa_ssize i0, pa_ssize nq, pa_ssize qc, int NR,
+                               pa_ssize *lo, pa_ssize *hi)
+{
+    for (pa_ssize c0 = 0, u = 0; c0 < qc; c0 += NR, u++)
+        pa_block_keys(&a->rule, i0 + pa_min(c0, nq - 1), i0 + pa_min(c0 + NR, nq), lo + u, hi + u);
+}
+static inline int pa_attn_cut_out(pa_ssize ka, pa_ssize kb, pa_ssize lo, pa_ssize hi)
+{
+    return ka >= hi || kb <= lo;
+}
+
 /* The end of a row: from its running max m and sum l (of exp(s - m) over the
  * admissible keys), the factor that turns the unnormalised output into the
  * result (keep = 1/(1-p) under dropout; a sink adds exp(sink) to the

@@ -43,7 +43,6 @@ static void widen_rows(const pa_family *f, int sd, const void *p, pa_ssize rs, p
  *   to the running max of the tiles so far, as PyTorch's and OpenVINO's
  *   bfloat16 flash kernels round them (pyattn/_reference.py models it).
  * No decode split, no weights path: the caller sends bf16 calls here. */
-#define BF_RUP(x, m) (((x) + (m) - 1) / (m) * (m))
 
 /* Keys [j0, j0 + nj) of K and V, rounded to bfloat16, as the pair panels
  * of gemm_bf16: K as A panels of MR keys (pairs along E: rup(BK, MR) x
@@ -54,9 +53,9 @@ void pa_bf16_pack_kv(const pa_family *f, const pa_attn_args *a, pa_ssize j0, pa_
 {
     const int MR = f->gemm_bf16.mr, NR = f->gemm_bf16.nr;
     const pa_ssize E = a->E, Ev = a->Ev;
-    const pa_ssize e2 = BF_RUP(E > 0 ? E : 1, 2), evp = BF_RUP(Ev > 0 ? Ev : 1, NR), nj2 = BF_RUP(nj, 2);
+    const pa_ssize e2 = pa_round_up(E > 0 ? E : 1, 2), evp = pa_round_up(Ev > 0 ? Ev : 1, NR), nj2 = pa_round_up(nj, 2);
     const int kf = a->k_dt == PA_F32 && a->k_cs == 1, vf = a->v_dt == PA_F32 && a->v_cs == 1;
-    for (pa_ssize r0 = 0; r0 < BF_RUP(nj, MR); r0 += MR)
+    for (pa_ssize r0 = 0; r0 < pa_round_up(nj, MR); r0 += MR)
         for (int i = 0; i < MR; i++) {
             const pa_ssize r = r0 + i;
             uint16_t *dst = Kp + r0 * e2 + 2 * i;
@@ -93,23 +92,143 @@ void pa_bf16_pack_kv(const pa_family *f, const pa_attn_args *a, pa_ssize j0, pa_
 /* elements of one key tile's packed K and V (pa_bf16_pack_kv) */
 pa_ssize pa_bf16_kv_tile(const pa_family *f, pa_ssize E, pa_ssize Ev)
 {
-    const pa_ssize e2 = BF_RUP(E > 0 ? E : 1, 2), evp = BF_RUP(Ev > 0 ? Ev : 1, f->gemm_bf16.nr);
-    return BF_RUP(PA_FLASH_BK, f->gemm_bf16.mr) * e2 + PA_FLASH_BK * evp;
+    const pa_ssize e2 = pa_round_up(E > 0 ? E : 1, 2), evp = pa_round_up(Ev > 0 ? Ev : 1, f->gemm_bf16.nr);
+    return pa_round_up(PA_FLASH_BK, f->gemm_bf16.mr) * e2 + PA_FLASH_BK * evp;
 }
 
 static size_t flash_bf16_ws(const pa_family *f, pa_ssize E, pa_ssize Ev)
 {
     const pa_gemm_kernel *g = &f->gemm_bf16;
     const pa_ssize BQ = f->attn_bq[PA_F32], BK = PA_FLASH_BK;
-    const pa_ssize e2 = BF_RUP(E > 0 ? E : 1, 2), evp = BF_RUP(Ev > 0 ? Ev : 1, g->nr);
-    pa_ssize lcm = g->mr;
-    while (lcm % g->nr) lcm += g->mr;
-    const pa_ssize qcmax = BF_RUP(BQ, lcm);
+    const pa_ssize e2 = pa_round_up(E > 0 ? E : 1, 2), evp = pa_round_up(Ev > 0 ? Ev : 1, g->nr);
+    const pa_ssize qcmax = pa_round_up(BQ, pa_attn_lcm(g->mr, g->nr));
     /* uint16: Qp (qcmax x e2) + Kp (rup(BK, MR) x e2) + Pp (qcmax x BK) + Vp (BK x evp);
      * float: St (BK x qcmax) + O (qcmax x evp) + m, l, alpha */
-    const size_t u16 = (size_t)(qcmax * e2 + BF_RUP(BK, g->mr) * e2 + qcmax * BK + BK * evp);
+    const size_t u16 = (size_t)(qcmax * e2 + pa_round_up(BK, g->mr) * e2 + qcmax * BK + BK * evp);
     const size_t f32 = (size_t)(BK * qcmax + qcmax * evp + 3 * qcmax);
-    return BF_RUP(u16 * sizeof(uint16_t), 64) + f32 * sizeof(float);
+    return (size_t)pa_round_up((pa_ssize)(u16 * sizeof(uint16_t)), 64) + f32 * sizeof(float);
+}
+
+/* One query block of the bfloat16 path and its workspace. */
+typedef struct {
+    const pa_gemm_kernel *g;
+    pa_ssize i0, nq, qc, ld, e2, evp;
+    uint16_t *Qp;           /* B panels: pairs along E, NR queries */
+    uint16_t *Kp;           /* A panels: pairs along E, MR keys */
+    uint16_t *Pp;           /* A panels: pairs along keys, MR queries */
+    uint16_t *Vp;           /* B panels: pairs along keys, NR columns */
+    float *St;              /* (BK, ld) */
+    float *O;               /* (qc, evp) */
+    float *m, *l, *alpha;
+    int fold;               /* the scale went into Q */
+} bf16_blk;
+
+static void bf16_init(const pa_family *f, const pa_attn_args *a, pa_ssize i0, pa_ssize i1, void *ws,
+                      bf16_blk *b)
+{
+    const pa_gemm_kernel *g = &f->gemm_bf16;
+    const int MR = g->mr, NR = g->nr;
+    const pa_ssize E = a->E, BK = PA_FLASH_BK, lcm = pa_attn_lcm(MR, NR);
+    const pa_ssize qcmax = pa_round_up(f->attn_bq[PA_F32], lcm);
+    b->g = g; b->i0 = i0; b->nq = i1 - i0;
+    b->qc = pa_round_up(b->nq, lcm);
+    b->ld = qcmax;
+    b->e2 = pa_round_up(E > 0 ? E : 1, 2);
+    b->evp = pa_round_up(a->Ev > 0 ? a->Ev : 1, NR);
+    b->Qp = (uint16_t *)ws;
+    b->Kp = b->Qp + qcmax * b->e2;
+    b->Pp = b->Kp + pa_round_up(BK, MR) * b->e2;
+    b->Vp = b->Pp + qcmax * BK;
+    const size_t u16 = (size_t)(qcmax * b->e2 + pa_round_up(BK, MR) * b->e2 + qcmax * BK + BK * b->evp);
+    b->St = (float *)((char *)ws + pa_round_up((pa_ssize)(u16 * sizeof(uint16_t)), 64));
+    b->O = b->St + BK * b->ld;
+    b->m = b->O + qcmax * b->evp; b->l = b->m + qcmax; b->alpha = b->l + qcmax;
+    /* a power-of-two scale (E = 16, 64, 256, ...) commutes with the rounding:
+     * it goes into Q as it is packed, and the pass over the scores is saved */
+    int sexp;
+    b->fold = frexp(a->scale, &sexp) == 0.5;
+    const float qs = b->fold ? (float)a->scale : 1.0f;
+    for (pa_ssize c0 = 0; c0 < b->qc; c0 += NR)       /* Q as pair panels */
+        for (pa_ssize q2 = 0; q2 < b->e2 / 2; q2++)
+            for (int j = 0; j < NR; j++)
+                for (int t = 0; t < 2; t++) {
+                    const pa_ssize r = c0 + j, e = 2 * q2 + t;
+                    b->Qp[c0 * b->e2 + (q2 * NR + j) * 2 + t] = (r < b->nq && e < E)
+                        ? pa_f32_to_bf16(pa_load_f32(a->q, (i0 + r) * a->q_rs + e * a->q_cs, a->q_dt) * qs) : 0;
+                }
+    for (pa_ssize r = 0; r < b->qc; r++) {
+        for (pa_ssize d = 0; d < b->evp; d++) b->O[r * b->evp + d] = 0;
+        b->m[r] = -INFINITY;
+        b->l[r] = 0;
+    }
+}
+
+/* P (St, nj keys) rounded to bfloat16, as pair panels (MR queries each):
+ * one 32-bit word per query and key pair, written with integer operations
+ * the compiler vectorises (pa_bf16_round) */
+static void bf16_round_p(bf16_blk *b, pa_ssize nj)
+{
+    const int MR = b->g->mr;
+    const pa_ssize ld = b->ld, nj2 = pa_round_up(nj, 2);
+    if (nj & 1)
+        for (pa_ssize c = 0; c < b->qc; c++) b->St[nj * ld + c] = 0;   /* the pad key */
+    for (pa_ssize r0 = 0; r0 < b->qc; r0 += MR)
+        for (pa_ssize q2 = 0; q2 < nj2 / 2; q2++) {
+            const uint32_t *ea = (const uint32_t *)(b->St + 2 * q2 * ld + r0);
+            const uint32_t *eb = (const uint32_t *)(b->St + (2 * q2 + 1) * ld + r0);
+            uint32_t *dst = (uint32_t *)(b->Pp + r0 * nj2) + q2 * MR;
+            for (int i = 0; i < MR; i++)
+                dst[i] = (pa_bf16_round(eb[i]) & 0xffff0000u) | (pa_bf16_round(ea[i]) >> 16);
+        }
+}
+
+/* clean: query 0's keys of weight 0 get V rows 0 (in Vp, packed here) */
+static void bf16_clean_v(bf16_blk *b, pa_ssize nj)
+{
+    const int MR = b->g->mr, NR = b->g->nr;
+    const pa_ssize nj2 = pa_round_up(nj, 2);
+    for (pa_ssize j = 0; j < nj; j++)
+        if ((b->Pp[(j >> 1) * MR * 2 + (j & 1)] & 0x7fffu) == 0)
+            for (pa_ssize c0 = 0; c0 < b->evp; c0 += NR)
+                for (int jj = 0; jj < NR; jj++) b->Vp[c0 * nj2 + (j >> 1) * NR * 2 + 2 * jj + (j & 1)] = 0;
+}
+
+/* One key tile [j0, j0 + nj): K and V as pair panels (packed once per head
+ * by the caller, a->kvp, or here), St = K_tile Q^T x scale, the score rule,
+ * the tile step, O rescaled, dropout, P rounded, O += P V_tile */
+static void bf16_tile(const pa_family *f, const pa_attn_args *a, bf16_blk *b, pa_ssize j0, pa_ssize nj,
+                      int clean)
+{
+    const pa_gemm_kernel *g = b->g;
+    const int MR = g->mr, NR = g->nr;
+    const pa_ssize BK = PA_FLASH_BK, ld = b->ld, e2 = b->e2, nj2 = pa_round_up(nj, 2);
+    const uint16_t *Kt = b->Kp, *Vt = b->Vp;
+    pa_ssize vs = nj2;                               /* V panel stride: pairs of the packed tile */
+    if (a->kvp && !clean) {                          /* packed whole: min(BK, S - j0) keys */
+        Kt = a->kvp + (j0 / BK) * a->kvp_tile;
+        Vt = Kt + pa_round_up(BK, MR) * e2;
+        vs = pa_round_up(pa_min(a->S - j0, BK), 2);
+    } else {
+        pa_bf16_pack_kv(f, a, j0, nj, b->Kp, b->Vp);
+    }
+    for (pa_ssize r0 = 0; r0 < nj; r0 += MR)
+        for (pa_ssize c0 = 0; c0 < b->qc; c0 += NR)
+            g->ukr(e2, Kt + r0 * e2, 1, MR, b->Qp + c0 * e2, NR, b->St + r0 * ld + c0, ld, 1,
+                   (int)pa_min(nj - r0, MR), NR, 0);
+    if (!b->fold) {
+        const float scale = (float)a->scale;
+        for (pa_ssize r = 0; r < nj; r++)
+            for (pa_ssize c = 0; c < b->qc; c++) b->St[r * ld + c] *= scale;
+    }
+    flash_scores_f32(f, a, b->i0, b->nq, j0, nj, b->St, ld);
+    f->tilesm[PA_F32].fn(b->St, nj, b->qc, ld, b->m, b->l, b->alpha);
+    flash_rescale_f32(b->nq, b->alpha, b->O, b->evp, a->Ev);
+    if (a->dropout_p > 0) flash_dropout_f32(a, b->i0, b->nq, j0, nj, b->St, ld);
+    bf16_round_p(b, nj);
+    if (clean) bf16_clean_v(b, nj);
+    for (pa_ssize r0 = 0; r0 < b->qc; r0 += MR)
+        for (pa_ssize c0 = 0; c0 < b->evp; c0 += NR)
+            g->ukr(nj2, b->Pp + r0 * nj2, 1, MR, Vt + c0 * vs, NR, b->O + r0 * b->evp + c0, b->evp, 1, MR, NR, 1);
 }
 
 /* clean (one row, i1 = i0 + 1): the redo of a row whose result holds NaN.
@@ -122,139 +241,23 @@ static size_t flash_bf16_ws(const pa_family *f, pa_ssize E, pa_ssize Ev)
 static void flash_bf16(const pa_family *f, const pa_attn_args *a, pa_ssize i0, pa_ssize i1, void *ws,
                        int clean)
 {
-    const pa_gemm_kernel *g = &f->gemm_bf16;
-    const int MR = g->mr, NR = g->nr;
-    const pa_ssize E = a->E, Ev = a->Ev, S = a->S, BK = PA_FLASH_BK;
-    const pa_ssize nq = i1 - i0;
-    pa_ssize lcm = MR;
-    while (lcm % NR) lcm += MR;
-    const pa_ssize qcmax = BF_RUP(f->attn_bq[PA_F32], lcm);
-    const pa_ssize qc = BF_RUP(nq, lcm), ld = qcmax;
-    const pa_ssize e2 = BF_RUP(E > 0 ? E : 1, 2), evp = BF_RUP(Ev > 0 ? Ev : 1, NR);
-    uint16_t *Qp = (uint16_t *)ws;                   /* B panels: pairs along E, NR queries */
-    uint16_t *Kp = Qp + qcmax * e2;                  /* A panels: pairs along E, MR keys */
-    uint16_t *Pp = Kp + BF_RUP(BK, MR) * e2;         /* A panels: pairs along keys, MR queries */
-    uint16_t *Vp = Pp + qcmax * BK;                  /* B panels: pairs along keys, NR columns */
-    const size_t u16 = (size_t)(qcmax * e2 + BF_RUP(BK, MR) * e2 + qcmax * BK + BK * evp);
-    float *St = (float *)((char *)ws + BF_RUP(u16 * sizeof(uint16_t), 64));   /* (BK, ld) */
-    float *O = St + BK * ld;                         /* (qc, evp) */
-    float *mcol = O + qcmax * evp, *lcol = mcol + qcmax, *alpha = lcol + qcmax;
-    const float scale = (float)a->scale;
-    const double p = a->dropout_p;
-    const pa_tilesm_fn tilesm = f->tilesm[PA_F32].fn;
-
-    /* a power-of-two scale (E = 16, 64, 256, ...) commutes with the rounding:
-     * it goes into Q as it is packed, and the pass over the scores is saved */
-    int sexp;
-    const int fold = frexp(a->scale, &sexp) == 0.5;
-    const float qs = fold ? scale : 1.0f;
-    for (pa_ssize c0 = 0; c0 < qc; c0 += NR)          /* Q as pair panels */
-        for (pa_ssize q2 = 0; q2 < e2 / 2; q2++)
-            for (int j = 0; j < NR; j++)
-                for (int t = 0; t < 2; t++) {
-                    const pa_ssize r = c0 + j, e = 2 * q2 + t;
-                    Qp[c0 * e2 + (q2 * NR + j) * 2 + t] = (r < nq && e < E)
-                        ? pa_f32_to_bf16(pa_load_f32(a->q, (i0 + r) * a->q_rs + e * a->q_cs, a->q_dt) * qs) : 0;
-                }
-    for (pa_ssize r = 0; r < qc; r++) {
-        for (pa_ssize d = 0; d < evp; d++) O[r * evp + d] = 0;
-        mcol[r] = -INFINITY;
-        lcol[r] = 0;
-    }
-    pa_ssize jmin = a->key_end, jmax = a->key_begin;
-    for (pa_ssize r = 0; r < nq; r++) {
-        pa_ssize lo, hi;
-        pa_key_range(&a->rule, i0 + r, &lo, &hi);
-        if (lo < a->key_begin) lo = a->key_begin;
-        if (hi > a->key_end) hi = a->key_end;
-        if (lo < hi) {
-            if (lo < jmin) jmin = lo;
-            if (hi > jmax) jmax = hi;
-        }
-    }
-    if (jmin < jmax) jmin = a->key_begin + (jmin - a->key_begin) / BK * BK;
+    bf16_blk b;
+    bf16_init(f, a, i0, i1, ws, &b);
+    pa_ssize j0, jend;
+    pa_attn_key_tiles(a, i0, i1, &j0, &jend);
     pa_stop_flag *const stop = pa_stop_get();
-    for (pa_ssize j0 = jmin; j0 < jmax && !pa_stopping(stop); j0 += BK) {
-        const pa_ssize nj = jmax - j0 < BK ? jmax - j0 : BK;
-        const pa_ssize nj2 = BF_RUP(nj, 2);
-        /* K tile as pair panels (MR keys each), V tile as pair panels (NR columns):
-         * packed once per head by the caller (a->kvp), or here */
-        const uint16_t *Kt = Kp, *Vt = Vp;
-        pa_ssize vs = nj2;                           /* V panel stride: pairs of the packed tile */
-        if (a->kvp && !clean) {                      /* packed whole: min(BK, S - j0) keys */
-            Kt = a->kvp + (j0 / BK) * a->kvp_tile;
-            Vt = Kt + BF_RUP(BK, MR) * e2;
-            vs = BF_RUP(S - j0 < BK ? S - j0 : BK, 2);
-        } else {
-            pa_bf16_pack_kv(f, a, j0, nj, Kp, Vp);
-        }
-        /* St = K_tile Q^T, then x scale */
-        for (pa_ssize r0 = 0; r0 < nj; r0 += MR) {
-            const int m = (int)(nj - r0 < MR ? nj - r0 : MR);
-            for (pa_ssize c0 = 0; c0 < qc; c0 += NR)
-                g->ukr(e2, Kt + r0 * e2, 1, MR, Qp + c0 * e2, NR, St + r0 * ld + c0, ld, 1, m, NR, 0);
-        }
-        if (!fold)
-            for (pa_ssize r = 0; r < nj; r++)
-                for (pa_ssize c = 0; c < qc; c++) St[r * ld + c] *= scale;
-        flash_scores_f32(f, a, i0, nq, j0, nj, St, ld);
-        tilesm(St, nj, qc, ld, mcol, lcol, alpha);
-        for (pa_ssize r = 0; r < nq; r++) {
-            if (alpha[r] != 1) {
-                float *orow = O + r * evp;
-                for (pa_ssize d = 0; d < Ev; d++) orow[d] *= alpha[r];
-            }
-            if (p > 0) {
-                const uint64_t base = a->ctr_base + (uint64_t)((i0 + r) * S + j0);
-                for (pa_ssize j = 0; j < nj; j++)
-                    if (pa_uniform(a->dropout_key, base + (uint64_t)j) < p) St[j * ld + r] = 0;
-            }
-        }
-        /* P rounded to bfloat16, as pair panels (MR queries each): one 32-bit
-         * word per query and key pair, written with integer operations the
-         * compiler vectorises (pa_f32_to_bf16's rounding); O += P V_tile */
-        if (nj & 1)
-            for (pa_ssize c = 0; c < qc; c++) St[nj * ld + c] = 0;     /* the pad key */
-        for (pa_ssize r0 = 0; r0 < qc; r0 += MR)
-            for (pa_ssize q2 = 0; q2 < nj2 / 2; q2++) {
-                const uint32_t *ea = (const uint32_t *)(St + 2 * q2 * ld + r0);
-                const uint32_t *eb = (const uint32_t *)(St + (2 * q2 + 1) * ld + r0);
-                uint32_t *dst = (uint32_t *)(Pp + r0 * nj2) + q2 * MR;
-                for (int i = 0; i < MR; i++) {
-                    const uint32_t ua = ea[i], ub = eb[i];
-                    const uint32_t ra = (ua & 0x7fffffffu) > 0x7f800000u ? (ua | 0x400000u)
-                                                                         : ua + 0x7fffu + ((ua >> 16) & 1u);
-                    const uint32_t rb = (ub & 0x7fffffffu) > 0x7f800000u ? (ub | 0x400000u)
-                                                                         : ub + 0x7fffu + ((ub >> 16) & 1u);
-                    dst[i] = (rb & 0xffff0000u) | (ra >> 16);
-                }
-            }
-        if (clean)                                   /* query 0's keys of weight 0: V rows 0 */
-            for (pa_ssize j = 0; j < nj; j++)
-                if ((Pp[(j >> 1) * MR * 2 + (j & 1)] & 0x7fffu) == 0)
-                    for (pa_ssize c0 = 0; c0 < evp; c0 += NR)
-                        for (int jj = 0; jj < NR; jj++) Vp[c0 * nj2 + (j >> 1) * NR * 2 + 2 * jj + (j & 1)] = 0;
-        for (pa_ssize r0 = 0; r0 < qc; r0 += MR)
-            for (pa_ssize c0 = 0; c0 < evp; c0 += NR)
-                g->ukr(nj2, Pp + r0 * nj2, 1, MR, Vt + c0 * vs, NR, O + r0 * evp + c0, evp, 1, MR, NR, 1);
-    }
-    const double keep = 1.0 / (1.0 - p);
-    for (pa_ssize r = 0; r < nq; r++) {
-        double lse;
-        const float inv = (float)pa_attn_finish(a, mcol[r], lcol[r], keep, &lse);
-        if (a->lse) ((float *)a->lse)[(i0 + r) * a->lse_s] = (float)lse;
-        float *orow = (float *)a->out + (i0 + r) * a->o_rs;
-        for (pa_ssize d = 0; d < Ev; d++) orow[d * a->o_cs] = O[r * evp + d] * inv;
-    }
+    for (; j0 < jend && !pa_stopping(stop); j0 += PA_FLASH_BK)
+        bf16_tile(f, a, &b, j0, pa_min(jend - j0, PA_FLASH_BK), clean);
+    for (pa_ssize r = 0; r < b.nq; r++)
+        (void)flash_put_row_f32(a, i0 + r, b.m[r], b.l[r], b.O + r * b.evp);
     if (clean) return;
-    for (pa_ssize r = 0; r < nq; r++) {              /* NaN rows: again, alone and clean */
+    for (pa_ssize r = 0; r < b.nq; r++) {            /* NaN rows: again, alone and clean */
         const float *orow = (const float *)a->out + (i0 + r) * a->o_rs;
         pa_ssize d = 0;
-        while (d < Ev && orow[d * a->o_cs] == orow[d * a->o_cs]) d++;
-        if (d < Ev) flash_bf16(f, a, i0 + r, i0 + r + 1, ws, 1);
+        while (d < a->Ev && orow[d * a->o_cs] == orow[d * a->o_cs]) d++;
+        if (d < a->Ev) flash_bf16(f, a, i0 + r, i0 + r + 1, ws, 1);
     }
 }
-#undef BF_RUP
 
 size_t pa_flash_ws(const pa_family *f, int dtype, pa_ssize E, pa_ssize Ev)
 {

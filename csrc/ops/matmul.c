@@ -43,7 +43,7 @@ static void pack_a_w16(const void *A, pa_ssize rs, pa_ssize cs, pa_ssize mc, pa_
                        float *dst, int sd)
 {
     for (pa_ssize i0 = 0; i0 < mc; i0 += MR) {
-        const pa_ssize m = mc - i0 < MR ? mc - i0 : MR;
+        const pa_ssize m = pa_min(mc - i0, MR);
         for (pa_ssize p = 0; p < kc; p++) {
             const pa_ssize base = i0 * rs + p * cs;
             pa_ssize i = 0;
@@ -58,7 +58,7 @@ static void pack_b_w16(const void *B, pa_ssize rs, pa_ssize cs, pa_ssize kc, pa_
                        float *dst, int sd)
 {
     for (pa_ssize j0 = 0; j0 < nc; j0 += NR) {
-        const pa_ssize n = nc - j0 < NR ? nc - j0 : NR;
+        const pa_ssize n = pa_min(nc - j0, NR);
         for (pa_ssize p = 0; p < kc; p++) {
             const pa_ssize base = p * rs + j0 * cs;
             pa_ssize j = 0;
@@ -77,7 +77,7 @@ static void pack_a_pairs(const void *A, pa_ssize rs, pa_ssize cs, pa_ssize mc, p
 {
     const pa_ssize nq = (kc + 1) / 2;
     for (pa_ssize i0 = 0; i0 < mc; i0 += MR) {
-        const pa_ssize m = mc - i0 < MR ? mc - i0 : MR;
+        const pa_ssize m = pa_min(mc - i0, MR);
         for (pa_ssize q = 0; q < nq; q++)
             for (int i = 0; i < MR; i++)
                 for (int t = 0; t < 2; t++) {
@@ -92,7 +92,7 @@ static void pack_b_pairs(const void *B, pa_ssize rs, pa_ssize cs, pa_ssize kc, p
 {
     const pa_ssize nq = (kc + 1) / 2;
     for (pa_ssize j0 = 0; j0 < nc; j0 += NR) {
-        const pa_ssize n = nc - j0 < NR ? nc - j0 : NR;
+        const pa_ssize n = pa_min(nc - j0, NR);
         for (pa_ssize q = 0; q < nq; q++)
             for (int j = 0; j < NR; j++)
                 for (int t = 0; t < 2; t++) {
@@ -103,7 +103,7 @@ static void pack_b_pairs(const void *B, pa_ssize rs, pa_ssize cs, pa_ssize kc, p
 }
 
 /* K elements of a packed panel: kc, or kc rounded up to even (bfloat16 pairs) */
-static inline pa_ssize packed_k(const gemm_ctx *c, pa_ssize kc) { return c->bf16 ? (kc + 1) / 2 * 2 : kc; }
+static inline pa_ssize packed_k(const gemm_ctx *c, pa_ssize kc) { return c->bf16 ? pa_round_up(kc, 2) : kc; }
 
 /* The packers of an operand, by the dtype code it is stored in (as ggml's
  * type_traits): the compute dtypes copy (pack.inc), the 16-bit ones widen
@@ -166,10 +166,10 @@ static void gemm_block(const gemm_ctx *c, const char *Ablk, pa_ssize mc, pa_ssiz
     const pa_ssize pk = packed_k(c, kc);
     pack_a(c, Ablk, mc, kc, Ap);
     for (pa_ssize jr = 0; jr < nc; jr += g->nr) {
-        const int n = (int)(nc - jr < g->nr ? nc - jr : g->nr);
+        const int n = (int)pa_min(nc - jr, g->nr);
         const char *bpan = Bp + (size_t)(jr * pk) * c->pes;
         for (pa_ssize ir = 0; ir < mc; ir += g->mr) {
-            const int m = (int)(mc - ir < g->mr ? mc - ir : g->mr);
+            const int m = (int)pa_min(mc - ir, g->mr);
             const char *apan = Ap + (size_t)(ir * pk) * c->pes;
             g->ukr(pk, apan, 1, g->mr, bpan, g->nr, Cblk + (ir * crs + jr * ccs) * (pa_ssize)es,
                    crs, ccs, m, n, accumulate);
@@ -186,8 +186,8 @@ static void gemm_task(void *ctx_, pa_ssize t, int tid)
     const pa_ssize b = t / (c->nblocks * c->mchunks);
     const size_t es = pa_elsize(c->dtype);
     const pa_ssize i0 = ib * c->mchunk, j0 = jb * g->nc;
-    const pa_ssize mt = c->M - i0 < c->mchunk ? c->M - i0 : c->mchunk;
-    const pa_ssize nc = c->N - j0 < g->nc ? c->N - j0 : g->nc;
+    const pa_ssize mt = pa_min(c->M - i0, c->mchunk);
+    const pa_ssize nc = pa_min(c->N - j0, g->nc);
     const char *A = (const char *)c->A->p + (pa_batch_offset(c->bt, c->A->bs, b) + i0 * c->A->rs) * c->esa;
     const char *B = (const char *)c->B->p + (pa_batch_offset(c->bt, c->B->bs, b) + j0 * c->B->cs) * c->esb;
     char *C = (char *)c->C->p + (pa_batch_offset(c->bt, c->C->bs, b) + i0 * c->C->rs + j0 * c->C->cs) * (pa_ssize)es;
@@ -202,11 +202,11 @@ static void gemm_task(void *ctx_, pa_ssize t, int tid)
     }
     pa_stop_flag *const stop = pa_stop_get();          /* Ctrl-C: between blocks */
     for (pa_ssize p0 = 0; p0 < c->K && !pa_stopping(stop); p0 += g->kc) {
-        const pa_ssize kc = c->K - p0 < g->kc ? c->K - p0 : g->kc;
+        const pa_ssize kc = pa_min(c->K - p0, g->kc);
         const int accumulate = (p0 > 0) || bias != NULL;
         pack_b(c, B + p0 * c->B->rs * c->esb, kc, nc, Bp);
         for (pa_ssize ic = 0; ic < mt && !pa_stopping(stop); ic += g->mc) {
-            const pa_ssize mc = mt - ic < g->mc ? mt - ic : g->mc;
+            const pa_ssize mc = pa_min(mt - ic, g->mc);
             gemm_block(c, A + (ic * c->A->rs + p0 * c->A->cs) * c->esa, mc, kc, Bp, nc,
                        C + ic * crs * (pa_ssize)es, accumulate, Ap);
         }
@@ -254,8 +254,8 @@ static pa_ssize shared_parts(pa_ssize M, pa_ssize mc, pa_ssize npanels, pa_ssize
             double fin[SIM] = {0.0}, total = 0.0, end = 0.0;
             for (pa_ssize i = 0; i < mblocks; i++)
                 for (pa_ssize j = 0; j < p && j * ppart < npanels; j++) {
-                    const pa_ssize rows = M - i * mc < mc ? M - i * mc : mc;
-                    const pa_ssize c0 = j * ppart * nr, cols = nc - c0 < ppart * nr ? nc - c0 : ppart * nr;
+                    const pa_ssize rows = pa_min(M - i * mc, mc);
+                    const pa_ssize c0 = j * ppart * nr, cols = pa_min(nc - c0, ppart * nr);
                     int f = 0;
                     for (int u = 1; u < nt; u++) if (fin[u] < fin[f]) f = u;
                     fin[f] += (double)rows * (double)cols;
@@ -275,9 +275,9 @@ static void shared_pack_task(void *ctx_, pa_ssize t, int tid)
     const shared_ctx *s = (const shared_ctx *)ctx_;
     const gemm_ctx *c = s->c;
     const size_t es = pa_elsize(c->dtype);
-    const pa_ssize p0 = t * s->per, p1 = p0 + s->per < s->npanels ? p0 + s->per : s->npanels;
+    const pa_ssize p0 = t * s->per, p1 = pa_min(p0 + s->per, s->npanels);
     const pa_ssize j0 = p0 * c->g.nr;
-    const pa_ssize j1 = p1 * c->g.nr < s->nc ? p1 * c->g.nr : s->nc;
+    const pa_ssize j1 = pa_min(p1 * c->g.nr, s->nc);
     pack_b(c, s->B + j0 * c->B->cs * c->esb, s->kc, j1 - j0, s->Bp + (size_t)(j0 * packed_k(c, s->kc)) * c->pes);
     (void)es;
 }
@@ -288,10 +288,10 @@ static void shared_compute_task(void *ctx_, pa_ssize t, int tid)
     const gemm_ctx *c = s->c;
     const size_t es = pa_elsize(c->dtype);
     const pa_ssize i0 = t / s->nparts * c->g.mc;
-    const pa_ssize mc = c->M - i0 < c->g.mc ? c->M - i0 : c->g.mc;
+    const pa_ssize mc = pa_min(c->M - i0, c->g.mc);
     const pa_ssize j0 = t % s->nparts * s->ppart * c->g.nr;       /* whole panels */
     if (j0 >= s->nc) return;
-    const pa_ssize nc = s->nc - j0 < s->ppart * c->g.nr ? s->nc - j0 : s->ppart * c->g.nr;
+    const pa_ssize nc = pa_min(s->nc - j0, s->ppart * c->g.nr);
     gemm_block(c, s->A + i0 * c->A->rs * c->esa, mc, s->kc,
                s->Bp + (size_t)(j0 * packed_k(c, s->kc)) * c->pes, nc,
                s->C + (i0 * c->C->rs + j0 * c->C->cs) * (pa_ssize)es, s->accumulate, (char *)c->ws[tid]);
@@ -301,8 +301,8 @@ static int gemm_shared(gemm_ctx *c, int nt)
 {
     const size_t es = pa_elsize(c->dtype);
     const pa_gemm_kernel *g = &c->g;
-    const pa_ssize ncp = ((c->N < g->nc ? c->N : g->nc) + g->nr - 1) / g->nr * g->nr;
-    const pa_ssize kcm = packed_k(c, c->K < g->kc ? (c->K > 0 ? c->K : 1) : g->kc);
+    const pa_ssize ncp = pa_round_up(pa_min(c->N, g->nc), g->nr);
+    const pa_ssize kcm = packed_k(c, pa_min(pa_max(c->K, 1), g->kc));
     char *Bp = (char *)pa_alloc64((size_t)(ncp * kcm) * c->pes);
     if (!Bp) return -1;
     const pa_ssize mblocks = (c->M + g->mc - 1) / g->mc;
@@ -314,7 +314,7 @@ static int gemm_shared(gemm_ctx *c, int nt)
             shared_ctx s;
             s.c = c;
             s.Bp = Bp;
-            s.nc = c->N - j0 < g->nc ? c->N - j0 : g->nc;
+            s.nc = pa_min(c->N - j0, g->nc);
             s.C = C + j0 * c->C->cs * (pa_ssize)es;
             const char *bias = c->bias ? (const char *)c->bias + j0 * c->bias_s * (pa_ssize)es : NULL;
             if (bias || c->K == 0) {
@@ -328,7 +328,7 @@ static int gemm_shared(gemm_ctx *c, int nt)
             s.nparts = shared_parts(c->M, g->mc, s.npanels, g->nr, s.nc, nt);
             s.ppart = (s.npanels + s.nparts - 1) / s.nparts;
             for (pa_ssize p0 = 0; p0 < c->K; p0 += g->kc) {
-                s.kc = c->K - p0 < g->kc ? c->K - p0 : g->kc;
+                s.kc = pa_min(c->K - p0, g->kc);
                 s.accumulate = (p0 > 0) || bias != NULL;
                 s.B = B + (p0 * c->B->rs + j0 * c->B->cs) * c->esb;
                 s.A = A + p0 * c->A->cs * c->esa;
@@ -386,9 +386,9 @@ int pa_matmul(const pa_family *fam, const pa_matmul_call *mm, int nthreads)
         c.mchunks = (M + c.mchunk - 1) / c.mchunk;
     }
     const size_t es = pa_elsize(dtype);
-    const pa_ssize kc = packed_k(&c, K < c.g.kc ? (K > 0 ? K : 1) : c.g.kc);
-    const pa_ssize mcp = ((M < c.g.mc ? M : c.g.mc) + c.g.mr - 1) / c.g.mr * c.g.mr;
-    const pa_ssize ncp = ((N < c.g.nc ? N : c.g.nc) + c.g.nr - 1) / c.g.nr * c.g.nr;
+    const pa_ssize kc = packed_k(&c, pa_min(pa_max(K, 1), c.g.kc));
+    const pa_ssize mcp = pa_round_up(pa_min(M, c.g.mc), c.g.mr);
+    const pa_ssize ncp = pa_round_up(pa_min(N, c.g.nc), c.g.nr);
     c.a_elems = (size_t)(mcp * kc);
     const size_t bytes = (c.a_elems + (size_t)(ncp * kc)) * c.pes;
     (void)es;
@@ -396,7 +396,7 @@ int pa_matmul(const pa_family *fam, const pa_matmul_call *mm, int nthreads)
     size_t ntasks;
     if (!pa_mul_ok((size_t)bt->count, (size_t)(c.mchunks * c.nblocks), &ntasks) || ntasks > (size_t)PTRDIFF_MAX)
         return -1;
-    int nt = nthreads < 1 ? 1 : nthreads;
+    int nt = (int)pa_max(nthreads, 1);
     if ((size_t)nt > ntasks) nt = (int)ntasks;
     void *wsv[PA_MAX_THREADS];
     int ok = 1;
@@ -404,8 +404,8 @@ int pa_matmul(const pa_family *fam, const pa_matmul_call *mm, int nthreads)
      * (MC block, column part) pairs give every thread two or more */
     const pa_ssize bpanels = (c.g.nc + c.g.nr - 1) / c.g.nr;
     const int shared = nt > 1 && bt->count * c.nblocks < nt &&
-                       (M + c.g.mc - 1) / c.g.mc * (bpanels < 8 ? bpanels : 8) >=
-                           2 * (pa_ssize)(nthreads < 1 ? 1 : nthreads);
+                       (M + c.g.mc - 1) / c.g.mc * pa_min(bpanels, 8) >=
+                           2 * pa_max(nthreads, 1);
     if (shared) {
         nt = nthreads;
         if (nt > PA_MAX_THREADS) nt = PA_MAX_THREADS;

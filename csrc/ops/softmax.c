@@ -25,7 +25,7 @@ static void softmax_task(void *ctx_, pa_ssize t, int tid)
     const softmax_ctx *c = (const softmax_ctx *)ctx_;
     const pa_ssize es = (pa_ssize)pa_elsize(c->dtype);
     const pa_ssize r0 = t * c->chunk;
-    const pa_ssize r1 = r0 + c->chunk < c->rows ? r0 + c->chunk : c->rows;
+    const pa_ssize r1 = pa_min(r0 + c->chunk, c->rows);
     for (pa_ssize r = r0; r < r1; r++) {
         pa_softmax_row row;
         row.S = c->S;
@@ -92,7 +92,7 @@ static void softmax_bwd_task(void *ctx_, pa_ssize t, int tid)
     const softmax_bwd_ctx *c = (const softmax_bwd_ctx *)ctx_;
     const pa_ssize es = (pa_ssize)pa_elsize(c->dtype);
     const pa_ssize r0 = t * c->chunk;
-    const pa_ssize r1 = r0 + c->chunk < c->rows ? r0 + c->chunk : c->rows;
+    const pa_ssize r1 = pa_min(r0 + c->chunk, c->rows);
     for (pa_ssize r = r0; r < r1; r++) {
         const char *gy = (const char *)c->gy->p + pa_batch_offset(c->bt, c->gy->bs, r) * es;
         const char *y = (const char *)c->y->p + pa_batch_offset(c->bt, c->y->bs, r) * es;
