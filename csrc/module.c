@@ -419,11 +419,13 @@ static PyObject *py_matmul(PyObject *self, PyObject *args, PyObject *kw)
     operand_of(&a, nb, &A);
     operand_of(&b, nb, &B);
     operand_of(&o, nb, &C);
+    const pa_matmul_call mm = {.dtype = cd, .a_dt = a.dtype, .b_dt = b.dtype, .bt = &bt, .M = M, .N = N,
+                               .K = K, .A = &A, .B = &B, .C = &C, .bias = bias_p, .bias_s = bias_s,
+                               .bf16 = bf16};
     int rc, nt = call_threads(req_threads);
     const pa_family *fam = family;
     PA_STOPPABLE_CALL((double)bt.count * (double)M * (double)N * (double)K,
-                      rc = pa_matmul(fam, cd, a.dtype, b.dtype, &bt, M, N, K, &A, &B, &C, bias_p,
-                                     bias_s, bf16, nt), (void)0);
+                      rc = pa_matmul(fam, &mm, nt), (void)0);
     if (rc < 0) { PyErr_NoMemory(); goto fail; }
     return (PyObject *)res;
 fail:
@@ -490,11 +492,13 @@ static PyObject *py_softmax(PyObject *self, PyObject *args, PyObject *kw)
     operand_of(&x, x.nd - 1, &X);
     operand_of(&o, x.nd - 1, &O);
     if (kind) operand_of(&m, x.nd - 1, &Mk);
+    const pa_softmax_call sm = {.dtype = x.dtype, .bt = &bt, .S = x.shape[x.nd - 1], .x = &X,
+                                .mask = kind ? &Mk : NULL, .out = &O, .mask_kind = kind,
+                                .causal = causal, .scale = scale};
     int rc, nt = pa_get_num_threads();
     const pa_family *fam = family;
     PA_STOPPABLE_CALL(16.0 * (double)bt.count * (double)x.shape[x.nd - 1],
-                      rc = pa_softmax(fam, x.dtype, &bt, x.shape[x.nd - 1], &X, kind ? &Mk : NULL, kind,
-                                      causal, scale, &O, nt), (void)0);
+                      rc = pa_softmax(fam, &sm, nt), (void)0);
     if (rc < 0) { PyErr_NoMemory(); goto fail; }
     return (PyObject *)res;
 fail:
@@ -660,6 +664,133 @@ static int get_append(PyObject *o, kv_append *ap)
     return 0;
 }
 
+/* An attention call as the entries' keywords give it (the forward's and
+ * the backward's share these: pyattn/_spec.py's AttnSpec.c_kwargs), before
+ * attn_call_of converts it. */
+typedef struct {
+    PyObject *q, *k, *v, *mask, *slopes, *sinks, *kv_len, *qoff;
+    int allow;                  /* get_view's allow for q, k, v */
+    int causal, bf16, want_w;
+    double scale, dropout_p, softcap;
+    unsigned long long key;
+    Py_ssize_t left, right, row_div;
+} call_args;
+
+static void call_args_init(call_args *a, int allow)
+{
+    memset(a, 0, sizeof *a);
+    a->mask = a->slopes = a->sinks = a->kv_len = a->qoff = Py_None;
+    a->allow = allow;
+    a->scale = 1.0;
+    a->left = a->right = -1;
+    a->row_div = 1;
+}
+
+/* The qoff of a call: row i at key position i + qoff (pyattn.dask's blocks). */
+static int get_qoff(const call_args *a, pa_attn_call *c)
+{
+    if (a->qoff == Py_None) return 0;
+    const Py_ssize_t qv = PyLong_AsSsize_t(a->qoff);
+    if (qv == -1 && PyErr_Occurred()) return -1;
+    if (a->kv_len != Py_None) {
+        PyErr_SetString(PyExc_ValueError, "qoff excludes kv_len");
+        return -1;
+    }
+    if (qv < -PA_POS_MAX || qv > PA_POS_MAX) {
+        PyErr_SetString(PyExc_ValueError, "qoff must be within +-2**62");
+        return -1;
+    }
+    c->has_qoff = 1;
+    c->qoff = (pa_ssize)qv;
+    return 0;
+}
+
+/* The scalar options of a call, checked. */
+static int check_scalars(const call_args *a, int cd)
+{
+    if (check_causal(a->causal) < 0) return -1;
+    if (!(a->dropout_p >= 0.0 && a->dropout_p < 1.0)) {
+        PyErr_SetString(PyExc_ValueError, "dropout_p must be in [0, 1)");
+        return -1;
+    }
+    if (!(a->softcap >= 0.0 && a->softcap < INFINITY)) {
+        PyErr_SetString(PyExc_ValueError, "softcap must be finite and > 0 (0: none)");
+        return -1;
+    }
+    if (a->bf16 && (cd != PA_F32 || a->want_w)) {
+        PyErr_SetString(PyExc_ValueError, "precision='bf16' needs float32 (or 16-bit) inputs and no weights");
+        return -1;
+    }
+    return 0;
+}
+
+/* The per-head arrays of a call (count = c->bt.count entries each). */
+static int get_perhead(const call_args *a, pa_attn_call *c)
+{
+    const void *pp;
+    if (get_perbatch(a->slopes, "alibi_slopes", NPY_FLOAT64, c->bt.count, &pp) < 0) return -1;
+    c->slopes = (const double *)pp;
+    if (get_perbatch(a->sinks, "sinks", NPY_FLOAT64, c->bt.count, &pp) < 0) return -1;
+    c->sinks = (const double *)pp;
+    if (get_perbatch(a->kv_len, "cache_seqlens", NPY_INT64, c->bt.count, &pp) < 0) return -1;
+    c->kv_len = (const int64_t *)pp;
+    for (pa_ssize b = 0; c->kv_len && b < c->bt.count; b++)
+        if (c->kv_len[b] < 0 || c->kv_len[b] > (int64_t)c->S) {
+            PyErr_Format(PyExc_ValueError, "cache_seqlens must be in [0, %zd]", (Py_ssize_t)c->S);
+            return -1;
+        }
+    return 0;
+}
+
+/* THE converter of an attention call, shared by the forward and the
+ * backward: checks q, k, v (views left in qkv[0..3) for the entry's own
+ * checks), the mask and every option, and fills *c but for the results
+ * and the entry's own operands. -1 with an exception set. */
+static int attn_call_of(const call_args *a, pa_attn_call *c, view *qkv)
+{
+    view *q = &qkv[0], *k = &qkv[1], *v = &qkv[2], m, scores;
+    memset(c, 0, sizeof *c);
+    if (get_view(a->q, "query", 2, a->allow, 0, q) < 0 || get_view(a->k, "key", 2, a->allow, 0, k) < 0 ||
+        get_view(a->v, "value", 2, a->allow, 0, v) < 0)
+        return -1;
+    const view *vs[3] = {q, k, v};
+    const int cd = compute_of(vs, 3, "query, key and value");
+    if (cd < 0 || check_scalars(a, cd) < 0) return -1;
+    const int nd = q->nd, nb = nd - 2;
+    if (same_batch(q, "query", k, "key", nb) < 0 || same_batch(q, "query", v, "value", nb) < 0) return -1;
+    const pa_ssize L = q->shape[nd - 2], E = q->shape[nd - 1];
+    if (a->row_div < 1 || L % a->row_div != 0 || (a->row_div > 1 && (a->want_w || a->mask != Py_None))) {
+        PyErr_SetString(PyExc_ValueError, "row_div must be >= 1 and divide L (and excludes masks "
+                                          "and weights)");
+        return -1;
+    }
+    const pa_ssize S = k->shape[nd - 2], Ev = v->shape[nd - 1];
+    if (k->shape[nd - 1] != E) return shape_error("key", k, "query", q);
+    if (v->shape[nd - 2] != S) return shape_error("value", v, "key", k);
+    scores = *q;
+    scores.shape[nd - 1] = S;
+    if (get_mask(a->mask, &scores, cd, &m, &c->mask_kind) < 0) return -1;
+    c->dtype = cd;
+    batch_of(q, nb, &c->bt);
+    c->L = L; c->S = S; c->E = E; c->Ev = Ev;
+    operand_of(q, nb, &c->q);
+    operand_of(k, nb, &c->k);
+    operand_of(v, nb, &c->v);
+    c->q_dt = q->dtype; c->k_dt = k->dtype; c->v_dt = v->dtype;
+    if (c->mask_kind) operand_of(&m, nb, &c->mask);
+    c->causal = a->causal;
+    c->scale = a->scale;
+    c->softcap = a->softcap;
+    c->dropout_p = a->dropout_p;
+    c->dropout_key = (uint64_t)a->key;
+    c->row_div = (pa_ssize)a->row_div;
+    c->bf16 = a->bf16;
+    if (get_qoff(a, c) < 0) return -1;
+    c->left = window_side(a->left, S, L, c->qoff);
+    c->right = window_side(a->right, S, L, c->qoff);
+    return get_perhead(a, c);
+}
+
 PyDoc_STRVAR(sdpa_doc,
 "sdpa(q, k, v, out=None, mask=None, causal=0, scale=1.0, dropout_p=0.0,\n"
 "     dropout_key=0, want_weights=False, want_lse=False, left=-1, right=-1,\n"
@@ -678,124 +809,50 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
                              "dropout_key", "want_weights", "want_lse", "left", "right",
                              "softcap", "slopes", "sinks", "kv_len", "row_div", "qoff", "nthreads",
                              "bf16", "append", NULL};
-    PyObject *qo, *ko, *vo, *outo = Py_None, *mo = Py_None;
-    PyObject *slo = Py_None, *sio = Py_None, *kvo = Py_None, *qoffo = Py_None, *appo = Py_None;
+    call_args a;
+    call_args_init(&a, PA_ALLOW_16);
+    PyObject *outo = Py_None, *appo = Py_None;
+    int req_threads = 0, want_lse = 0;
     kv_append ap;
-    int req_threads = 0, bf16 = 0;
-    int causal = 0, want_w = 0, want_lse = 0;
-    Py_ssize_t left = -1, right = -1, row_div = 1;
-    double scale = 1.0, dropout_p = 0.0, softcap = 0.0;
-    unsigned long long key = 0;
+    pa_attn_call c;
+    view qkv[3], o, w, lv;
     PyArrayObject *res = NULL, *wres = NULL, *lres = NULL;
-    view q, k, v, o, m, w, lv, scores;
-    int kind;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOiddKppnndOOOnOipO:sdpa", kwlist, &qo, &ko, &vo,
-                                     &outo, &mo, &causal, &scale, &dropout_p, &key, &want_w,
-                                     &want_lse, &left, &right, &softcap, &slo, &sio, &kvo, &row_div,
-                                     &qoffo, &req_threads, &bf16, &appo))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOiddKppnndOOOnOipO:sdpa", kwlist, &a.q, &a.k, &a.v,
+                                     &outo, &a.mask, &a.causal, &a.scale, &a.dropout_p, &a.key,
+                                     &a.want_w, &want_lse, &a.left, &a.right, &a.softcap, &a.slopes,
+                                     &a.sinks, &a.kv_len, &a.row_div, &a.qoff, &req_threads, &a.bf16,
+                                     &appo))
         return NULL;
-    if (get_view(qo, "query", 2, PA_ALLOW_16, 0, &q) < 0 ||
-        get_view(ko, "key", 2, PA_ALLOW_16, 0, &k) < 0 ||
-        get_view(vo, "value", 2, PA_ALLOW_16, 0, &v) < 0)
-        goto fail;
-    const view *qkv[3] = {&q, &k, &v};
-    const int cd = compute_of(qkv, 3, "query, key and value");
-    if (cd < 0) goto fail;
-    if (check_causal(causal) < 0) goto fail;
-    if (!(dropout_p >= 0.0 && dropout_p < 1.0)) {
-        PyErr_SetString(PyExc_ValueError, "dropout_p must be in [0, 1)");
-        goto fail;
-    }
-    if (!(softcap >= 0.0 && softcap < INFINITY)) {
-        PyErr_SetString(PyExc_ValueError, "softcap must be finite and > 0 (0: none)");
-        goto fail;
-    }
-    if (bf16 && (cd != PA_F32 || want_w)) {
-        PyErr_SetString(PyExc_ValueError, "precision='bf16' needs float32 (or 16-bit) inputs and no weights");
-        goto fail;
-    }
-    const int nd = q.nd, nb = nd - 2;
-    if (same_batch(&q, "query", &k, "key", nb) < 0 || same_batch(&q, "query", &v, "value", nb) < 0)
-        goto fail;
-    const pa_ssize L = q.shape[nd - 2], E = q.shape[nd - 1];
-    if (row_div < 1 || L % row_div != 0 || (row_div > 1 && (want_w || mo != Py_None))) {
-        PyErr_SetString(PyExc_ValueError, "row_div must be >= 1 and divide L (and excludes masks "
-                                          "and weights)");
-        goto fail;
-    }
-    const pa_ssize S = k.shape[nd - 2], Ev = v.shape[nd - 1];
-    if (k.shape[nd - 1] != E) { shape_error("key", &k, "query", &q); goto fail; }
-    if (v.shape[nd - 2] != S) { shape_error("value", &v, "key", &k); goto fail; }
-    scores = q;
-    scores.shape[nd - 1] = S;
-    if (get_mask(mo, &scores, cd, &m, &kind) < 0) goto fail;
-    pa_batch bt;
-    pa_operand Q, Kk, V, Mk, O, W, Lse;
-    batch_of(&q, nb, &bt);
-    pa_attn_opts opts = {causal, -1, -1, softcap, NULL, NULL, NULL, NULL, q.dtype, k.dtype, v.dtype,
-                         (pa_ssize)row_div, 0, 0, bf16, NULL, NULL};
-    if (qoffo != Py_None) {             /* row i at key position i + qoff (pyattn.dask's blocks) */
-        const Py_ssize_t qv = PyLong_AsSsize_t(qoffo);
-        if (qv == -1 && PyErr_Occurred()) goto fail;
-        if (kvo != Py_None) {
-            PyErr_SetString(PyExc_ValueError, "qoff excludes kv_len");
-            goto fail;
-        }
-        if (qv < -PA_POS_MAX || qv > PA_POS_MAX) {
-            PyErr_SetString(PyExc_ValueError, "qoff must be within +-2**62");
-            goto fail;
-        }
-        opts.has_qoff = 1;
-        opts.qoff = (pa_ssize)qv;
-    }
-    opts.left = window_side(left, S, L, opts.qoff);
-    opts.right = window_side(right, S, L, opts.qoff);
-    const void *pp;
-    if (get_perbatch(slo, "alibi_slopes", NPY_FLOAT64, bt.count, &pp) < 0) goto fail;
-    opts.slopes = (const double *)pp;
-    if (get_perbatch(sio, "sinks", NPY_FLOAT64, bt.count, &pp) < 0) goto fail;
-    opts.sinks = (const double *)pp;
-    if (get_perbatch(kvo, "cache_seqlens", NPY_INT64, bt.count, &pp) < 0) goto fail;
-    opts.kv_len = (const int64_t *)pp;
-    for (pa_ssize b = 0; opts.kv_len && b < bt.count; b++)
-        if (opts.kv_len[b] < 0 || opts.kv_len[b] > (int64_t)S) {
-            PyErr_Format(PyExc_ValueError, "cache_seqlens must be in [0, %zd]", (Py_ssize_t)S);
-            goto fail;
-        }
+    if (attn_call_of(&a, &c, qkv) < 0) goto fail;
     if (appo != Py_None) {              /* checked in full before anything is allocated */
         if (get_append(appo, &ap) < 0) goto fail;
-        opts.before = kv_append_run;
-        opts.before_ctx = &ap;
+        c.before = kv_append_run;
+        c.before_ctx = &ap;
     }
-    pa_ssize oshape[PA_MAXDIMS];        /* every check is done: allocate, then write */
-    memcpy(oshape, q.shape, sizeof(pa_ssize) * (size_t)nd);
-    oshape[nd - 1] = Ev;
-    res = get_out(outo, nd, oshape, cd, &o, "attention output");
+    const int nd = qkv[0].nd, nb = nd - 2;
+    pa_ssize shape[PA_MAXDIMS];         /* every check is done: allocate, then write */
+    memcpy(shape, qkv[0].shape, sizeof(pa_ssize) * (size_t)nd);
+    shape[nd - 1] = c.Ev;
+    res = get_out(outo, nd, shape, c.dtype, &o, "attention output");
     if (!res) goto fail;
-    if (want_w) {
-        wres = get_out(Py_None, nd, scores.shape, cd, &w, "attention weights");
+    operand_of(&o, nb, &c.out);
+    if (a.want_w) {
+        shape[nd - 1] = c.S;
+        wres = get_out(Py_None, nd, shape, c.dtype, &w, "attention weights");
         if (!wres) goto fail;
+        operand_of(&w, nb, &c.w);
+        c.has_w = 1;
     }
     if (want_lse) {
-        pa_ssize lshape[PA_MAXDIMS];
-        memcpy(lshape, q.shape, sizeof(pa_ssize) * (size_t)(nb + 1));
-        lres = get_out(Py_None, nb + 1, lshape, cd, &lv, "log-sum-exp");
+        lres = get_out(Py_None, nb + 1, shape, c.dtype, &lv, "log-sum-exp");
         if (!lres) goto fail;
-        operand_of(&lv, nb, &Lse);
-        opts.lse = &Lse;
+        operand_of(&lv, nb, &c.lse);
+        c.has_lse = 1;
     }
-    operand_of(&q, nb, &Q);
-    operand_of(&k, nb, &Kk);
-    operand_of(&v, nb, &V);
-    operand_of(&o, nb, &O);
-    if (kind) operand_of(&m, nb, &Mk);
-    if (want_w) operand_of(&w, nb, &W);
     int rc, nt = call_threads(req_threads);
     const pa_family *fam = family;
-    PA_STOPPABLE_CALL((double)bt.count * (double)L * (double)S * (double)(E + Ev + 16),
-                      rc = pa_attention(fam, cd, &bt, L, S, E, Ev, &Q, &Kk, &V, kind ? &Mk : NULL, kind,
-                                        &opts, scale, dropout_p, (uint64_t)key, &O, want_w ? &W : NULL, nt),
-                      (void)0);
+    PA_STOPPABLE_CALL((double)c.bt.count * (double)c.L * (double)c.S * (double)(c.E + c.Ev + 16),
+                      rc = pa_attention(fam, &c, nt), (void)0);
     if (rc < 0) { PyErr_NoMemory(); goto fail; }
     return Py_BuildValue("(NNN)", res, wres ? (PyObject *)wres : Py_NewRef(Py_None),
                          lres ? (PyObject *)lres : Py_NewRef(Py_None));
@@ -821,6 +878,57 @@ static void zero_all(PyArrayObject *a, PyArrayObject *b, PyArrayObject *c, PyArr
         if (arrs[i]) memset(PyArray_DATA(arrs[i]), 0, (size_t)PyArray_NBYTES(arrs[i]));
 }
 
+/* The backward's inputs beyond the call (the forward's out and lse, the
+ * incoming grad_out): views of the call's compute dtype and shapes, into
+ * c->out, c->lse and g->go. */
+static int get_bwd_inputs(PyObject *const *objs, const view *qkv, pa_attn_call *c, pa_attn_grads *g)
+{
+    view o, go, lv;
+    const view *q = &qkv[0], *v = &qkv[2];
+    if (get_view(objs[0], "out", 2, 0, 0, &o) < 0 || get_view(objs[1], "grad_out", 2, 0, 0, &go) < 0 ||
+        get_view(objs[2], "lse", 1, 0, 0, &lv) < 0)
+        return -1;
+    const int cd = c->dtype, nd = q->nd, nb = nd - 2;
+    if (qkv[1].dtype != cd || v->dtype != cd || o.dtype != cd || go.dtype != cd || lv.dtype != cd) {
+        PyErr_SetString(PyExc_TypeError, "query, key, value, out, grad_out and lse must have one dtype");
+        return -1;
+    }
+    if (same_batch(q, "query", &o, "out", nb) < 0 || same_batch(q, "query", &go, "grad_out", nb) < 0)
+        return -1;
+    if (o.shape[nd - 2] != c->L || o.shape[nd - 1] != c->Ev) return shape_error("out", &o, "value", v);
+    if (go.shape[nd - 2] != c->L || go.shape[nd - 1] != c->Ev) return shape_error("grad_out", &go, "out", &o);
+    int lok = lv.nd == nb + 1;
+    for (int d = 0; lok && d <= nb; d++) lok = lv.shape[d] == q->shape[d];
+    if (!lok) return shape_error("lse", &lv, "query", q);
+    operand_of(&o, nb, &c->out);
+    operand_of(&lv, nb, &c->lse);
+    c->has_lse = 1;
+    operand_of(&go, nb, &g->go);
+    return 0;
+}
+
+/* reduce: None or one flag per batch axis (nb of them) into r. */
+static int get_reduce(PyObject *redo, int nb, int *r)
+{
+    for (int d = 0; d < nb; d++) r[d] = 0;
+    if (!redo || redo == Py_None) return 0;
+    PyObject *seq = PySequence_Fast(redo, "reduce must be a sequence");
+    if (!seq) return -1;
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    int bad = n != nb;
+    for (Py_ssize_t d = 0; !bad && d < n; d++) {
+        const int t = PyObject_IsTrue(PySequence_Fast_GET_ITEM(seq, d));
+        if (t < 0) bad = 1; else r[d] = t;
+    }
+    Py_DECREF(seq);
+    if (bad) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_ValueError, "reduce must hold one flag per batch axis (%d)", nb);
+        return -1;
+    }
+    return 0;
+}
+
 PyDoc_STRVAR(sdpa_backward_doc,
 "sdpa_backward(q, k, v, o, go, lse, mask=None, causal=0, scale=1.0, dropout_p=0.0,\n"
 "              dropout_key=0, left=-1, right=-1, softcap=0.0, slopes=None, sinks=None,\n"
@@ -835,92 +943,36 @@ static PyObject *py_sdpa_backward(PyObject *self, PyObject *args, PyObject *kw)
     static char *kwlist[] = {"q", "k", "v", "o", "go", "lse", "mask", "causal", "scale",
                              "dropout_p", "dropout_key", "left", "right", "softcap", "slopes",
                              "sinks", "reduce", "nthreads", NULL};
-    PyObject *qo, *ko, *vo, *oo, *goo, *lo, *mo = Py_None, *slo = Py_None, *sio = Py_None;
-    PyObject *redo = NULL;
-    int causal = 0, req_threads = 0;
-    Py_ssize_t left = -1, right = -1;
-    double scale = 1.0, dropout_p = 0.0, softcap = 0.0;
-    unsigned long long key = 0;
+    call_args a;
+    call_args_init(&a, 0);
+    PyObject *io[3], *redo = NULL;
+    int req_threads = 0, reduce[PA_MAXDIMS];
+    pa_attn_call c;
+    pa_attn_grads g;
+    view qkv[3], dqv, dkv, dvv;
     PyArrayObject *dq = NULL, *dk = NULL, *dv = NULL, *ds = NULL;
-    view q, k, v, o, go, lv, m, scores, dqv, dkv, dvv;
-    int kind, reduce[PA_MAXDIMS];
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOO|OiddKnndOOOi:sdpa_backward", kwlist, &qo, &ko,
-                                     &vo, &oo, &goo, &lo, &mo, &causal, &scale, &dropout_p, &key,
-                                     &left, &right, &softcap, &slo, &sio, &redo, &req_threads))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOO|OiddKnndOOOi:sdpa_backward", kwlist, &a.q, &a.k,
+                                     &a.v, &io[0], &io[1], &io[2], &a.mask, &a.causal, &a.scale,
+                                     &a.dropout_p, &a.key, &a.left, &a.right, &a.softcap, &a.slopes,
+                                     &a.sinks, &redo, &req_threads))
         return NULL;
-    if (get_view(qo, "query", 2, 0, 0, &q) < 0 || get_view(ko, "key", 2, 0, 0, &k) < 0 ||
-        get_view(vo, "value", 2, 0, 0, &v) < 0 || get_view(oo, "out", 2, 0, 0, &o) < 0 ||
-        get_view(goo, "grad_out", 2, 0, 0, &go) < 0 || get_view(lo, "lse", 1, 0, 0, &lv) < 0)
-        goto fail;
-    const int cd = q.dtype;
-    if (k.dtype != cd || v.dtype != cd || o.dtype != cd || go.dtype != cd || lv.dtype != cd) {
-        PyErr_SetString(PyExc_TypeError, "query, key, value, out, grad_out and lse must have one dtype");
-        goto fail;
-    }
-    if (check_causal(causal) < 0) goto fail;
-    if (!(dropout_p >= 0.0 && dropout_p < 1.0)) {
-        PyErr_SetString(PyExc_ValueError, "dropout_p must be in [0, 1)");
-        goto fail;
-    }
-    if (!(softcap >= 0.0 && softcap < INFINITY)) {
-        PyErr_SetString(PyExc_ValueError, "softcap must be finite and > 0 (0: none)");
-        goto fail;
-    }
-    const int nd = q.nd, nb = nd - 2;
-    if (same_batch(&q, "query", &k, "key", nb) < 0 || same_batch(&q, "query", &v, "value", nb) < 0 ||
-        same_batch(&q, "query", &o, "out", nb) < 0 || same_batch(&q, "query", &go, "grad_out", nb) < 0)
-        goto fail;
-    const pa_ssize L = q.shape[nd - 2], E = q.shape[nd - 1];
-    const pa_ssize S = k.shape[nd - 2], Ev = v.shape[nd - 1];
-    if (k.shape[nd - 1] != E) { shape_error("key", &k, "query", &q); goto fail; }
-    if (v.shape[nd - 2] != S) { shape_error("value", &v, "key", &k); goto fail; }
-    if (o.shape[nd - 2] != L || o.shape[nd - 1] != Ev) { shape_error("out", &o, "value", &v); goto fail; }
-    if (go.shape[nd - 2] != L || go.shape[nd - 1] != Ev) { shape_error("grad_out", &go, "out", &o); goto fail; }
-    int lok = lv.nd == nb + 1;
-    for (int d = 0; lok && d <= nb; d++) lok = lv.shape[d] == q.shape[d];
-    if (!lok) { shape_error("lse", &lv, "query", &q); goto fail; }
-    scores = q;
-    scores.shape[nd - 1] = S;
-    if (get_mask(mo, &scores, cd, &m, &kind) < 0) goto fail;
-    for (int d = 0; d < nb; d++) reduce[d] = 0;
-    if (redo && redo != Py_None) {
-        PyObject *seq = PySequence_Fast(redo, "reduce must be a sequence");
-        if (!seq) goto fail;
-        const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-        int bad = n != nb;
-        for (Py_ssize_t d = 0; !bad && d < n; d++) {
-            const int t = PyObject_IsTrue(PySequence_Fast_GET_ITEM(seq, d));
-            if (t < 0) bad = 1; else reduce[d] = t;
-        }
-        Py_DECREF(seq);
-        if (bad) {
-            if (!PyErr_Occurred())
-                PyErr_Format(PyExc_ValueError, "reduce must hold one flag per batch axis (%d)", nb);
-            goto fail;
-        }
-    }
-    pa_batch bt;
-    batch_of(&q, nb, &bt);
-    pa_attn_opts opts = {causal, window_side(left, S, L, 0), window_side(right, S, L, 0),
-                         softcap, NULL, NULL, NULL, NULL, cd, cd, cd, 1, 0, 0, 0, NULL, NULL};
-    const void *pp;
-    if (get_perbatch(slo, "alibi_slopes", NPY_FLOAT64, bt.count, &pp) < 0) goto fail;
-    opts.slopes = (const double *)pp;
-    if (get_perbatch(sio, "sinks", NPY_FLOAT64, bt.count, &pp) < 0) goto fail;
-    opts.sinks = (const double *)pp;
+    memset(&g, 0, sizeof g);
+    if (attn_call_of(&a, &c, qkv) < 0 || get_bwd_inputs(io, qkv, &c, &g) < 0) goto fail;
+    const int nd = qkv[0].nd, nb = nd - 2, cd = c.dtype;
+    if (get_reduce(redo, nb, reduce) < 0) goto fail;
     pa_ssize kshape[PA_MAXDIMS];
-    memcpy(kshape, k.shape, sizeof(pa_ssize) * (size_t)nd);
+    memcpy(kshape, qkv[1].shape, sizeof(pa_ssize) * (size_t)nd);
     for (int d = 0; d < nb; d++)
         if (reduce[d]) kshape[d] = 1;
-    dq = new_zeros(nd, q.shape, cd, "query gradient");
+    dq = new_zeros(nd, qkv[0].shape, cd, "query gradient");
     if (!dq) goto fail;
     dk = new_zeros(nd, kshape, cd, "key gradient");
     if (!dk) goto fail;
-    kshape[nd - 1] = Ev;
+    kshape[nd - 1] = c.Ev;
     dv = new_zeros(nd, kshape, cd, "value gradient");
     if (!dv) goto fail;
-    if (opts.sinks) {
-        const pa_ssize n = bt.count;
+    if (c.sinks) {
+        const pa_ssize n = c.bt.count;
         ds = new_zeros(1, &n, PA_F64, "sink gradient");
         if (!ds) goto fail;
     }
@@ -929,26 +981,16 @@ static PyObject *py_sdpa_backward(PyObject *self, PyObject *args, PyObject *kw)
         goto fail;
     for (int d = 0; d < nb; d++)
         if (reduce[d]) dkv.st[d] = dvv.st[d] = 0;
-    pa_operand Q, Kk, V, Mk, O, Go, Lse, DQ, DK, DV;
-    operand_of(&q, nb, &Q);
-    operand_of(&k, nb, &Kk);
-    operand_of(&v, nb, &V);
-    operand_of(&o, nb, &O);
-    operand_of(&go, nb, &Go);
-    operand_of(&lv, nb, &Lse);
-    operand_of(&dqv, nb, &DQ);
-    operand_of(&dkv, nb, &DK);
-    operand_of(&dvv, nb, &DV);
-    if (kind) operand_of(&m, nb, &Mk);
+    operand_of(&dqv, nb, &g.dq);
+    operand_of(&dkv, nb, &g.dk);
+    operand_of(&dvv, nb, &g.dv);
+    g.reduce = reduce;
+    g.dsinks = ds ? (double *)PyArray_DATA(ds) : NULL;
     int rc, nt = call_threads(req_threads);
     const pa_family *fam = family;
-    double *dsp = ds ? (double *)PyArray_DATA(ds) : NULL;
     /* the gradients are accumulated: a rerun starts from zeros again */
-    PA_STOPPABLE_CALL(2.0 * (double)bt.count * (double)L * (double)S * (double)(E + Ev + 16),
-                      rc = pa_attention_backward(fam, cd, &bt, reduce, L, S, E, Ev, &Q, &Kk, &V,
-                                                 kind ? &Mk : NULL, kind, &opts, scale, dropout_p,
-                                                 (uint64_t)key, &O, &Lse, &Go, &DQ, &DK, &DV, dsp, nt),
-                      zero_all(dq, dk, dv, ds));
+    PA_STOPPABLE_CALL(2.0 * (double)c.bt.count * (double)c.L * (double)c.S * (double)(c.E + c.Ev + 16),
+                      rc = pa_attention_backward(fam, &c, &g, nt), zero_all(dq, dk, dv, ds));
     if (rc < 0) { PyErr_NoMemory(); goto fail; }
     return Py_BuildValue("(NNNN)", dq, dk, dv, ds ? (PyObject *)ds : Py_NewRef(Py_None));
 fail:
@@ -1001,9 +1043,12 @@ static PyObject *py_merge(PyObject *self, PyObject *args, PyObject *kw)
     operand_of(&ls1, nb, &Ls);
     operand_of(&o, nb, &O);
     operand_of(&l, nb, &Lo);
+    const pa_merge_call mg = {.dtype = os.dtype, .bt = &bt, .P = P, .L = L, .Ev = Ev, .outs = &Os,
+                              .lses = &Ls, .out = &O, .lse = &Lo, .outs_ps = os.st[0],
+                              .lses_ps = ls.st[0]};
     int nt = call_threads(req_threads);
     Py_BEGIN_ALLOW_THREADS
-    pa_merge(os.dtype, &bt, P, L, Ev, &Os, os.st[0], &Ls, ls.st[0], &O, &Lo, nt);
+    pa_merge(&mg, nt);
     Py_END_ALLOW_THREADS
     return Py_BuildValue("(NN)", res, lres);
 fail:

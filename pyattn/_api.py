@@ -7,10 +7,11 @@ import numbers
 import numpy as np
 
 from . import _C
+from ._spec import attn_spec
 from ._checks import (
-    as_array, bcast, broadcast_shapes, causal_code, check_numeric, check_out, compute_dtype, dropout_key,
-    dropout_p_value, index_value, is16, number, out_for_kernel, per_head, precision_value, prep_mask, real_scalar,
-    softcap_value, split_axis, store16, to_dtype, window_value,
+    as_array, bcast, broadcast_shapes, causal_code, check_numeric, check_out, compute_dtype,
+    dropout_key, index_value, is16, number, out_for_kernel, precision_value, prep_mask, real_scalar,
+    split_axis, store16, to_dtype,
 )
 
 __all__ = ["matmul", "softmax", "scaled_dot_product_attention", "multi_head_attention",
@@ -317,132 +318,73 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     >>> lse.shape
     (2, 4, 8)
     """
-    return _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, rng,
-                 return_weights, out, window, alibi_slopes, softcap, sinks, return_lse, None,
-                 precision=precision)
+    return _sdpa(attn_spec(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                           rng=rng, window=window, alibi_slopes=alibi_slopes, softcap=softcap,
+                           sinks=sinks, precision=precision, return_weights=return_weights,
+                           return_lse=return_lse), out)
 
 
-def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, rng,
-          return_weights, out, window, alibi_slopes, softcap, sinks, return_lse, kv_len,
-          qoff=None, nthreads=0, check_only=False, precision=None, append=None):
-    """scaled_dot_product_attention's body; kv_len (an int64 array that
-    broadcasts to the query's batch axes, or None) is attention_with_kvcache's
-    per-sequence filled length, append its new rows (_C.sdpa's append: written
-    once the call has checked and allocated everything). pyattn.dask's blocks
-    pass qoff (query row i at key position i + qoff) and nthreads (the task's
-    share of a worker); check_only validates and returns (dtype, result shape)
-    without computing."""
-    q = as_array(query, "query")
-    k = as_array(key, "key")
-    v = as_array(value, "value")
-    for x, n in ((q, "query"), (k, "key"), (v, "value")):
-        if x.ndim < 2:
-            raise ValueError(f"{n} must have at least 2 dimensions (..., rows, features), got shape {x.shape}")
-    dt = compute_dtype((q, "query"), (k, "key"), (v, "value"))
-    if k.shape[-1] != q.shape[-1]:
-        raise ValueError(f"key has shape {k.shape} and query has shape {q.shape}: their last axes (E) must match")
-    if v.shape[-2] != k.shape[-2]:
-        raise ValueError(f"value has shape {v.shape} and key has shape {k.shape}: their axis -2 (S) must match")
-    p = dropout_p_value(dropout_p)
-    causal = causal_code(is_causal)
-    L, S, E, Ev = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
-    if qoff is not None:
-        qoff = index_value(qoff, "qoff")
-    left, right = window_value(window, S + L + abs(qoff or 0))
-    cap = softcap_value(softcap)
-    sc = (1.0 / math.sqrt(E) if E > 0 else 1.0) if scale is None else real_scalar(scale, "scale")
-    bf16 = precision_value(precision, dt)
-    if bf16 and return_weights:
-        raise ValueError("return_weights is not available with precision='bf16'")
-    narrow = tuple(x.dtype for x in (q, k, v) if is16(x.dtype))
-    q, k, v = store16(q, dt), store16(k, dt), store16(v, dt)
-
-    groups = 1
-    if enable_gqa:
-        for x, n in ((q, "query"), (k, "key"), (v, "value")):
-            if x.ndim < 3:
-                raise ValueError(f"enable_gqa needs {n} with a head axis (-3), got shape {x.shape}")
-        hq, hkv = q.shape[-3], k.shape[-3]
-        if v.shape[-3] != hkv:
-            raise ValueError(f"value has shape {v.shape} and key has shape {k.shape}: their head axes (-3) must match")
-        if hkv == 0 or hq % hkv:
-            raise ValueError(
-                f"enable_gqa needs the query heads ({hq}, query shape {q.shape}) to be a multiple "
-                f"of the key/value heads ({hkv}, key shape {k.shape})"
-            )
-        groups = hq // hkv
+def _sdpa(spec, out=None, *, nthreads=0, append=None):
+    """Run the forward of an attention call described by spec (_spec.attn_spec):
+    out receives the result (checked here); append is attention_with_kvcache's
+    new rows (_C.sdpa's append: written once the call has checked and allocated
+    everything); nthreads is the task's share of a worker (pyattn.dask)."""
+    dt, L, S, E, Ev = spec.dtype, spec.L, spec.S, spec.E, spec.Ev
+    groups, hkv, full_batch = spec.groups, spec.hkv, spec.full_batch
+    q, k, v = store16(spec.query, dt), store16(spec.key, dt), store16(spec.value, dt)
+    mask = spec.mask
     if groups > 1:
-        head_batch = broadcast_shapes([(q.shape[:-3], "query"), (k.shape[:-3], "key"),
-                                       (v.shape[:-3], "value")], "batch axes of query, key and value")
-        full_batch = head_batch + (q.shape[-3],)
         q = split_axis(q, -3, hkv, groups)
         k = k[..., None, :, :]
         v = v[..., None, :, :]
-        batch = head_batch + (hkv, groups)
-    else:
-        try:
-            batch = broadcast_shapes([(q.shape[:-2], "query"), (k.shape[:-2], "key"),
-                                      (v.shape[:-2], "value")], "batch axes of query, key and value")
-        except ValueError as exc:
-            hq = q.shape[-3] if q.ndim >= 3 else None
-            hkv = k.shape[-3] if k.ndim >= 3 else None
-            if not enable_gqa and hq and hkv and hq != hkv and hq % hkv == 0:
-                raise ValueError(f"{exc}. The query has {hq} heads and key/value {hkv}: for grouped-query "
-                                 "attention (each key/value head shared by a group of query heads) "
-                                 "pass enable_gqa=True") from None
-            raise
-        full_batch = batch
-    mask = None
-    if attn_mask is not None:
-        mask = prep_mask(attn_mask, full_batch + (L, S), dt)
-        if groups > 1:
+        batch = full_batch[:-1] + (hkv, groups)
+        if mask is not None:
             mask = split_axis(mask, -3, hkv, groups)
+    else:
+        batch = full_batch
     # decoding with GQA (one query per head): the query heads of each key/value
     # head become rows of one call, so every key/value tile is read once for
     # the group (row_div: rows per query position); per-head options keep
     # the head-by-head layout
-    stack = (groups > 1 and L == 1 and mask is None and p == 0 and not return_weights
-             and alibi_slopes is None and sinks is None and groups <= 48)
+    stack = (groups > 1 and L == 1 and mask is None and spec.dropout_p == 0 and not spec.return_weights
+             and spec.slopes is None and spec.sinks is None and groups <= 48)
     q = bcast(q, batch + (L, E))
     k = bcast(k, batch + (S, E))
     v = bcast(v, batch + (S, Ev))
     if stack:
         q, k, v = q[..., 0, :], k[..., 0, :, :], v[..., 0, :, :]
         batch = batch[:-1]
-    shape = full_batch + (L, Ev)
-    extra = {"row_div": groups} if stack else {}
-    if bf16:
+    shape = spec.out_shape
+    extra = spec.c_kwargs()
+    if stack:
+        extra["row_div"] = groups
+    if spec.bf16:
         extra["bf16"] = True
-    for arr, name, doc in ((alibi_slopes, "alibi_slopes", "(Hq,) or (B, Hq)"),
-                           (sinks, "sinks", "(Hq,)"), (kv_len, "kv_len", "")):
-        if arr is None:
-            continue
-        if name == "kv_len":
-            a = np.ascontiguousarray(np.broadcast_to(arr, full_batch), dtype=np.int64)
-            if stack:
-                a = np.ascontiguousarray(a.reshape(full_batch[:-1] + (hkv, groups))[..., 0])
-        else:
-            a = per_head(arr, name, full_batch, doc)
-        extra[{"alibi_slopes": "slopes"}.get(name, name)] = a.reshape(-1)
-
-    if check_only:
-        return dt, shape
-    if qoff is not None:
-        extra["qoff"] = qoff
+    if spec.kv_len is not None:
+        a = spec.kv_len
+        if stack:
+            a = np.ascontiguousarray(a.reshape(full_batch[:-1] + (hkv, groups))[..., 0])
+        extra["kv_len"] = a.reshape(-1)
+    if spec.qoff is not None:
+        extra["qoff"] = spec.qoff
     if append is not None:
         extra["append"] = append
     if nthreads:
         extra["nthreads"] = int(nthreads)
-    key_ = dropout_key(rng) if p > 0 else 0
+    if spec.dropout_p > 0:
+        extra["dropout_key"] = dropout_key(spec.rng)
+    if spec.return_weights:
+        extra["want_weights"] = True
+    if spec.return_lse:
+        extra["want_lse"] = True
     kout = None
     if out is not None:
-        check_out(out, shape, dt, narrow)
+        check_out(out, shape, dt, spec.narrow)
         if out.dtype == dt and out_for_kernel(out, (q, k, v, mask)):
             kout = split_axis(out, -3, hkv, groups) if groups > 1 else out
             if stack:
                 kout = kout[..., 0, :]
-    res, w, lse = _C.sdpa(q, k, v, kout, mask, causal, sc, p, key_, bool(return_weights),
-                          bool(return_lse), left, right, cap, **extra)
+    res, w, lse = _C.sdpa(q, k, v, kout, mask, **extra)
     if groups > 1:
         res = res.reshape(shape) if kout is None else out
         if w is not None:
@@ -453,9 +395,9 @@ def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
         if kout is None:
             out[...] = res
         res = out
-    if not (return_weights or return_lse):
+    if not (spec.return_weights or spec.return_lse):
         return res
-    return (res,) + ((w,) if return_weights else ()) + ((lse,) if return_lse else ())
+    return (res,) + ((w,) if spec.return_weights else ()) + ((lse,) if spec.return_lse else ())
 
 
 def _linear(x, w, b, dt):
@@ -778,6 +720,7 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
     # a 16-bit query is read in place (bfloat16 as such: _sdpa views its bits);
     # anything else is converted to the caches' compute dtype
     qd = q if is16(q.dtype) and cd == np.float32 else to_dtype(q, cd)
-    return _sdpa(qd, kc, vc, None, 0.0, "bottom_right" if is_causal else False, sc,
-                 Hq != Hkv, None, False, out, window, alibi_slopes, softcap, sinks, return_lse,
-                 n[:, None], precision=precision, append=append)
+    spec = attn_spec(qd, kc, vc, None, 0.0, "bottom_right" if is_causal else False, sc, Hq != Hkv,
+                     window=window, alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks,
+                     precision=precision, return_lse=return_lse, kv_len=n[:, None])
+    return _sdpa(spec, out, append=append)

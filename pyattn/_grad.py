@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import copy
-import math
 
 import numpy as np
 
 from . import _C
 from ._api import _sdpa
+from ._spec import attn_spec
 from ._checks import (
-    as_array, bcast, causal_code, compute_dtype, dropout_key, dropout_p_value, index_value,
-    is16, per_head, prep_mask, real_scalar, softcap_value, split_axis, to_dtype, window_value,
+    as_array, bcast, compute_dtype, dropout_key, dropout_p_value, index_value, is16, real_scalar,
+    split_axis, to_dtype,
 )
 
 __all__ = ["scaled_dot_product_attention_backward", "scaled_dot_product_attention_vjp",
@@ -103,10 +103,14 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse,
     >>> dq.shape, dv.shape
     ((2, 5, 4), (2, 5, 4))
     """
-    dt, oshape = _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, None,
-                       False, None, window, alibi_slopes, softcap, sinks, False, None,
-                       check_only=True)
-    q0, k0, v0 = (as_array(x, n) for x, n in ((query, "query"), (key, "key"), (value, "value")))
+    spec = attn_spec(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, rng=rng,
+                     window=window, alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks)
+    return _backward(spec, grad_out, out, lse)
+
+
+def _backward(spec, grad_out, out, lse):
+    """The backward of the attention call described by spec (_spec.attn_spec)."""
+    dt, oshape = spec.dtype, spec.out_shape
     go = _grad_input(grad_out, "grad_out", oshape, dt)
     o = _grad_input(out, "out", oshape, dt)
     ls = as_array(lse, "lse")
@@ -115,19 +119,11 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse,
     if ls.shape != oshape[:-1]:
         raise ValueError(f"lse has shape {ls.shape}, but the forward's lse has shape {oshape[:-1]}")
     ls = to_dtype(ls, dt)
-    q, k, v = (to_dtype(x, dt) for x in (q0, k0, v0))
-    L, S, E, Ev = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
-    p = dropout_p_value(dropout_p)
-    causal = causal_code(is_causal)
-    left, right = window_value(window, S + L)
-    cap = softcap_value(softcap)
-    sc = (1.0 / math.sqrt(E) if E > 0 else 1.0) if scale is None else real_scalar(scale, "scale")
-    full_batch = oshape[:-2]
+    q, k, v = (to_dtype(x, dt) for x in (spec.query, spec.key, spec.value))
+    L, S, E, Ev = spec.L, spec.S, spec.E, spec.Ev
+    full_batch = spec.full_batch
     nbf = len(full_batch)
-    groups = 1
-    if enable_gqa and q.shape[-3] != k.shape[-3]:
-        hkv = k.shape[-3]
-        groups = q.shape[-3] // hkv
+    groups, hkv = spec.groups, spec.hkv
     # key/value aligned to the full batch: the axes both broadcast along are
     # summed in C (reduce), in a fixed order; the others here
     def padded(shape):
@@ -146,26 +142,19 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse,
         qx, gox, ox, lsx = bcast(q, batch + (L, E)), go, o, ls
         kx, vx = bcast(k, batch + (S, E)), bcast(v, batch + (S, Ev))
         reduce = [kb[d] == 1 and vb[d] == 1 and batch[d] > 1 for d in range(nbf)]
-    mask = None
-    if attn_mask is not None:
-        mask = prep_mask(attn_mask, full_batch + (L, S), dt)
-        if groups > 1:
-            mask = split_axis(mask, -3, hkv, groups)
-    extra = {}
-    for arr, name, doc in ((alibi_slopes, "alibi_slopes", "(Hq,) or (B, Hq)"), (sinks, "sinks", "(Hq,)")):
-        if arr is not None:
-            extra[{"alibi_slopes": "slopes"}.get(name, name)] = per_head(arr, name, full_batch, doc).reshape(-1)
-    key_ = dropout_key(rng) if p > 0 else 0
-    dq, dk, dv, ds = _C.sdpa_backward(qx, kx, vx, ox, gox, lsx, mask, causal, sc, p, key_, left, right,
-                                      cap, reduce=reduce, **extra)
+    mask = spec.mask
+    if mask is not None and groups > 1:
+        mask = split_axis(mask, -3, hkv, groups)
+    key_ = dropout_key(spec.rng) if spec.dropout_p > 0 else 0
+    dq, dk, dv, ds = _C.sdpa_backward(qx, kx, vx, ox, gox, lsx, mask, dropout_key=key_, reduce=reduce,
+                                      **spec.c_kwargs())
     if groups > 1:
         dq = dq.reshape(full_batch + (L, E))
         dk = dk.reshape(dk.shape[:-3] + (S, E))
         dv = dv.reshape(dv.shape[:-3] + (S, Ev))
     res = (_sum_to(dq, q.shape), _sum_to(dk, k.shape), _sum_to(dv, v.shape))
-    if sinks is not None:
-        sk = as_array(sinks, "sinks")
-        res = res + (_sum_to(ds.reshape(full_batch), sk.shape).astype(dt),)
+    if spec.sinks is not None:
+        res = res + (_sum_to(ds.reshape(full_batch), spec.sinks_shape).astype(dt),)
     return res
 
 
@@ -208,8 +197,9 @@ def scaled_dot_product_attention_vjp(query, key, value, attn_mask=None, dropout_
         dropout_key(copy.deepcopy(rng) if is_gen else rng)   # a bad rng: TypeError naming it
         gen = rng if is_gen else np.random.default_rng(rng)
         saved = copy.deepcopy(gen)
-    out, lse = _sdpa(query, key, value, attn_mask, p, is_causal, scale, enable_gqa, gen, False,
-                     None, window, alibi_slopes, softcap, sinks, True, None)
+    out, lse = _sdpa(attn_spec(query, key, value, attn_mask, p, is_causal, scale, enable_gqa, rng=gen,
+                               window=window, alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks,
+                               return_lse=True))
 
     def backward(grad_out):
         """Gradients of the forward call that made this function (see

@@ -58,6 +58,7 @@ except ImportError as exc:  # pragma: no cover - exercised without dask installe
 
 from . import _C
 from ._api import _linear, _sdpa
+from ._spec import attn_spec
 from ._checks import as_array, causal_code, index_value, window_value
 
 __all__ = ["scaled_dot_product_attention", "multi_head_attention", "set_task_threads"]
@@ -107,8 +108,9 @@ def _task_threads(fixed):
 
 def _partial(q, k, v, m, causal, scale, gqa, window, slopes, softcap, sinks, qoff, threads):
     """Attention of one query block over one key block: (out, lse)."""
-    return _sdpa(q, k, v, m, 0.0, bool(causal), scale, gqa, None, False, None, window,
-                 slopes, softcap, sinks, True, None, qoff=qoff, nthreads=_task_threads(threads))
+    spec = attn_spec(q, k, v, m, 0.0, bool(causal), scale, gqa, window=window, alibi_slopes=slopes,
+                     softcap=softcap, sinks=sinks, return_lse=True, qoff=qoff)
+    return _sdpa(spec, nthreads=_task_threads(threads))
 
 
 def _merge2(a, b, threads):
@@ -221,8 +223,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     # the local checks, on zero-stride stand-ins (no memory, no arithmetic)
     stand = [np.broadcast_to(np.zeros((), x.dtype), x.shape) for x in (q, k, v)]
     mstand = None if m is None else np.broadcast_to(np.zeros((), m.dtype), m.shape)
-    dt, shape = _sdpa(*stand, mstand, 0.0, is_causal, scale, enable_gqa, None, False, None, window,
-                      alibi_slopes, softcap, sinks, False, None, check_only=True)
+    spec = attn_spec(*stand, mstand, 0.0, is_causal, scale, enable_gqa, window=window,
+                     alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks)
+    dt, shape = spec.dtype, spec.out_shape
     causal = causal_code(is_causal)
     left, right = window_value(window)
     L, S, E, Ev = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]

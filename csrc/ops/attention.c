@@ -24,15 +24,9 @@
 
 typedef struct {
     const pa_family *fam;   /* the call's kernels, fixed for the whole call */
-    int dtype;
+    const pa_attn_call *call;
     pa_ssize bq;            /* query rows per task (at most the family's attn_bq) */
-    const pa_batch *bt;
-    pa_ssize L, S, E, Ev, nblk;
-    const pa_operand *q, *k, *v, *mask, *out, *w;
-    int mask_kind;
-    const pa_attn_opts *opts;
-    double scale, dropout_p;
-    uint64_t key;
+    pa_ssize nblk;
     void **ws;
     uint16_t *kvp;           /* bf16 with several query blocks: K, V packed per b, */
     pa_ssize kvp_tile, ntiles; /* ntiles tiles of kvp_tile elements each */
@@ -42,8 +36,7 @@ typedef struct {
 
 static void attn_args(const attn_ctx *c, pa_ssize b, pa_attn_args *out)
 {
-    pa_attn_setup(out, c->fam, c->dtype, c->bt, b, c->L, c->S, c->E, c->Ev, c->q, c->k, c->v,
-                  c->mask, c->mask_kind, c->opts, c->scale, c->dropout_p, c->key, c->out, c->w);
+    pa_attn_setup(out, c->fam, c->call, b);
 }
 
 static void attn_task(void *ctx_, pa_ssize t, int tid)
@@ -52,14 +45,14 @@ static void attn_task(void *ctx_, pa_ssize t, int tid)
     const pa_ssize b = t / c->nblk;
     const pa_ssize blk = c->nblk - 1 - t % c->nblk;
     const pa_ssize i0 = blk * c->bq;
-    const pa_ssize i1 = pa_min(i0 + c->bq, c->L);
+    const pa_ssize i1 = pa_min(i0 + c->bq, c->call->L);
     pa_attn_args a;
     attn_args(c, b, &a);
     if (c->kvp) {
         a.kvp = c->kvp + (size_t)(b * c->ntiles) * (size_t)c->kvp_tile;
         a.kvp_tile = c->kvp_tile;
     }
-    pa_flash_run(c->fam, c->dtype, &a, i0, i1, c->ws[tid]);
+    pa_flash_run(c->fam, c->call->dtype, &a, i0, i1, c->ws[tid]);
 }
 
 /* bf16: task (b, key tile) -> that tile of K and V packed once for all the
@@ -71,10 +64,10 @@ static void kvpack_task(void *ctx_, pa_ssize t, int tid)
     pa_attn_args a;
     attn_args(c, b, &a);
     const pa_ssize j0 = tile * PA_FLASH_BK;
-    const pa_ssize nj = pa_min(c->S - j0, PA_FLASH_BK);
+    const pa_ssize nj = pa_min(c->call->S - j0, PA_FLASH_BK);
     uint16_t *Kp = c->kvp + (size_t)t * (size_t)c->kvp_tile;
     const pa_ssize mr = c->fam->gemm_bf16.mr;
-    const pa_ssize e2 = pa_round_up(c->E > 0 ? c->E : 1, 2);
+    const pa_ssize e2 = pa_round_up(c->call->E > 0 ? c->call->E : 1, 2);
     pa_bf16_pack_kv(c->fam, &a, j0, nj, Kp, Kp + pa_round_up(PA_FLASH_BK, mr) * e2);
     (void)tid;
 }
@@ -83,44 +76,42 @@ static void kvpack_task(void *ctx_, pa_ssize t, int tid)
 static void chunk_task(void *ctx_, pa_ssize t, int tid)
 {
     const attn_ctx *c = (const attn_ctx *)ctx_;
-    const pa_ssize es = (pa_ssize)pa_elsize(c->dtype);
+    const pa_attn_call *k = c->call;
+    const pa_ssize es = (pa_ssize)pa_elsize(k->dtype);
     const pa_ssize b = t / c->nchunks, ch = t % c->nchunks;
     pa_attn_args a;
     attn_args(c, b, &a);
     a.key_begin = ch * PA_SPLIT_CHUNK;
-    a.key_end = pa_min(a.key_begin + PA_SPLIT_CHUNK, c->S);
-    a.partial = c->partials + (t * c->L * (2 + c->Ev)) * es;
-    pa_flash_run(c->fam, c->dtype, &a, 0, c->L, c->ws[tid]);
+    a.key_end = pa_min(a.key_begin + PA_SPLIT_CHUNK, k->S);
+    a.partial = c->partials + (t * k->L * (2 + k->Ev)) * es;
+    pa_flash_run(c->fam, k->dtype, &a, 0, k->L, c->ws[tid]);
 }
 
 /* split mode, pass 2: b -> merge every row's chunks, in chunk order */
 static void merge_task(void *ctx_, pa_ssize b, int tid)
 {
     const attn_ctx *c = (const attn_ctx *)ctx_;
-    const pa_ssize es = (pa_ssize)pa_elsize(c->dtype);
+    const pa_attn_call *k = c->call;
+    const pa_ssize es = (pa_ssize)pa_elsize(k->dtype);
     pa_attn_args a;
     attn_args(c, b, &a);
-    const pa_ssize stride = c->L * (2 + c->Ev);
+    const pa_ssize stride = k->L * (2 + k->Ev);
     const char *P = c->partials + (b * c->nchunks * stride) * es;
-    for (pa_ssize i = 0; i < c->L; i++) pa_flash_merge(c->dtype, &a, i, P, c->nchunks, stride, c->ws[tid]);
+    for (pa_ssize i = 0; i < k->L; i++) pa_flash_merge(k->dtype, &a, i, P, c->nchunks, stride, c->ws[tid]);
 }
 
-int pa_attention(const pa_family *fam, int dtype, const pa_batch *bt, pa_ssize L, pa_ssize S, pa_ssize E, pa_ssize Ev,
-                 const pa_operand *q, const pa_operand *k, const pa_operand *v,
-                 const pa_operand *mask, int mask_kind, const pa_attn_opts *opts, double scale,
-                 double dropout_p, uint64_t dropout_key,
-                 const pa_operand *out, const pa_operand *w, int nthreads)
+int pa_attention(const pa_family *fam, const pa_attn_call *call, int nthreads)
 {
-    if (bt->count == 0 || L == 0 || (Ev == 0 && w == NULL && opts->lse == NULL)) {
-        if (opts->before) opts->before(opts->before_ctx);
+    const int dtype = call->dtype;
+    const pa_batch *bt = &call->bt;
+    const pa_ssize L = call->L, S = call->S, E = call->E, Ev = call->Ev;
+    if (bt->count == 0 || L == 0 || (Ev == 0 && !call->has_w && !call->has_lse)) {
+        if (call->before) call->before(call->before_ctx);
         return 0;
     }
     attn_ctx c;
     c.fam = fam;
-    c.dtype = dtype; c.bt = bt; c.L = L; c.S = S; c.E = E; c.Ev = Ev;
-    c.q = q; c.k = k; c.v = v; c.mask = mask; c.out = out; c.w = w;
-    c.mask_kind = mask_kind; c.opts = opts; c.scale = scale;
-    c.dropout_p = dropout_p; c.key = dropout_key;
+    c.call = call;
     c.bq = fam->attn_bq[dtype];
     c.nblk = (L + c.bq - 1) / c.bq;
     {   /* blocks of equal height (multiples of 16 rows, never above the
@@ -138,7 +129,7 @@ int pa_attention(const pa_family *fam, int dtype, const pa_batch *bt, pa_ssize L
     size_t ntasks;
     if (!pa_mul_ok((size_t)bt->count, (size_t)c.nblk, &ntasks) || ntasks > (size_t)PTRDIFF_MAX)
         return -1;
-    if (w == NULL && !opts->bf16 && (L <= PA_SPLIT_MAXL || (opts->row_div > 1 && L <= c.bq)) && S >= PA_SPLIT_MINS &&
+    if (!call->has_w && !call->bf16 && (L <= PA_SPLIT_MAXL || (call->row_div > 1 && L <= c.bq)) && S >= PA_SPLIT_MINS &&
         E <= PA_FLASH_MAXD && Ev <= PA_FLASH_MAXD) {
         size_t n, bytes;
         c.nchunks = (S + PA_SPLIT_CHUNK - 1) / PA_SPLIT_CHUNK;
@@ -150,7 +141,7 @@ int pa_attention(const pa_family *fam, int dtype, const pa_batch *bt, pa_ssize L
         c.partials = (char *)pa_alloc64(bytes);
         if (!c.partials) return -1;
     }
-    if (opts->bf16 && c.nblk > 1 && S > 0) {   /* K, V packed once, shared by the query blocks */
+    if (call->bf16 && c.nblk > 1 && S > 0) {   /* K, V packed once, shared by the query blocks */
         size_t n;
         c.kvp_tile = pa_bf16_kv_tile(fam, E, Ev);
         c.ntiles = (S + PA_FLASH_BK - 1) / PA_FLASH_BK;
@@ -169,7 +160,7 @@ int pa_attention(const pa_family *fam, int dtype, const pa_batch *bt, pa_ssize L
     for (int i = 0; i < nt; i++) { wsv[i] = pa_alloc64(bytes); ok &= wsv[i] != NULL; }
     if (ok) {
         c.ws = wsv;
-        if (opts->before) opts->before(opts->before_ctx);   /* everything is allocated */
+        if (call->before) call->before(call->before_ctx);   /* everything is allocated */
         if (c.nchunks) {
             pa_parallel_for((pa_ssize)ntasks, chunk_task, &c, nt);
             pa_parallel_for(bt->count, merge_task, &c, nt);

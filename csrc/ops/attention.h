@@ -209,14 +209,9 @@ void pa_flash_run(const pa_family *f, int dtype, const pa_attn_args *a, pa_ssize
 void pa_flash_merge(int dtype, const pa_attn_args *a, pa_ssize i, const void *partials,
                     pa_ssize nchunks, pa_ssize chunk_stride, void *ws);
 
-/* The pa_attn_args of flat batch index b of an attention call (attn_args.c):
- * operands, the key rule, per-head options; res (the output) and w may be
- * NULL. */
-void pa_attn_setup(pa_attn_args *a, const pa_family *fam, int dtype, const pa_batch *bt, pa_ssize b,
-                   pa_ssize L, pa_ssize S, pa_ssize E, pa_ssize Ev,
-                   const pa_operand *q, const pa_operand *k, const pa_operand *v,
-                   const pa_operand *mask, int mask_kind, const pa_attn_opts *o, double scale,
-                   double dropout_p, uint64_t key, const pa_operand *res, const pa_operand *w);
+/* The pa_attn_args of flat batch index b of attention call c (attn_args.c):
+ * operands, the key rule, per-head options. */
+void pa_attn_setup(pa_attn_args *a, const pa_family *fam, const pa_attn_call *c, pa_ssize b);
 
 /* The backward's own operands of one head (strides in elements): the
  * forward's output o and lse, the incoming gradient go, and the gradients

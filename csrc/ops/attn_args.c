@@ -3,66 +3,65 @@
  * both attention ops (attention.c, the forward; attn_backward.c, the
  * backward), which fill their heads' arguments here and run them through
  * the tiled frame (attn_flash.c) or the exact path (attention_ref.c).
- * Calls nothing.
+ * Calls nothing. One head's arguments come from the call's one
+ * description, pa_attn_call (ops.h).
  */
 #include "attention.h"
 
-void pa_attn_setup(pa_attn_args *out, const pa_family *fam, int dtype, const pa_batch *bt, pa_ssize b,
-                   pa_ssize L, pa_ssize S, pa_ssize E, pa_ssize Ev,
-                   const pa_operand *q, const pa_operand *k, const pa_operand *v,
-                   const pa_operand *mask, int mask_kind, const pa_attn_opts *o, double scale,
-                   double dropout_p, uint64_t key, const pa_operand *res, const pa_operand *w)
+/* element pointer of flat batch index b in operand o (elements of es bytes) */
+static const char *at(const pa_attn_call *c, const pa_operand *o, pa_ssize b, int dt)
 {
-    const pa_ssize es = (pa_ssize)pa_elsize(dtype);
+    return (const char *)o->p + pa_batch_offset(&c->bt, o->bs, b) * (pa_ssize)pa_elsize(dt);
+}
+
+void pa_attn_setup(pa_attn_args *out, const pa_family *fam, const pa_attn_call *c, pa_ssize b)
+{
+    const pa_ssize L = c->L, S = c->S;
     pa_attn_args a;
     a.fam = fam;
-    a.L = L; a.S = S; a.E = E; a.Ev = Ev;
-    a.q = (const char *)q->p + pa_batch_offset(bt, q->bs, b) * (pa_ssize)pa_elsize(o->q_dt);
-    a.q_rs = q->rs; a.q_cs = q->cs;
-    a.k = (const char *)k->p + pa_batch_offset(bt, k->bs, b) * (pa_ssize)pa_elsize(o->k_dt);
-    a.k_rs = k->rs; a.k_cs = k->cs;
-    a.v = (const char *)v->p + pa_batch_offset(bt, v->bs, b) * (pa_ssize)pa_elsize(o->v_dt);
-    a.v_rs = v->rs; a.v_cs = v->cs;
-    a.q_dt = o->q_dt; a.k_dt = o->k_dt; a.v_dt = o->v_dt;
-    a.mask = pa_mask_of(bt, mask, mask_kind, dtype, b);
-    const pa_ssize n = o->kv_len ? (pa_ssize)o->kv_len[b] : S;
+    a.L = L; a.S = S; a.E = c->E; a.Ev = c->Ev;
+    a.q = at(c, &c->q, b, c->q_dt);
+    a.q_rs = c->q.rs; a.q_cs = c->q.cs;
+    a.k = at(c, &c->k, b, c->k_dt);
+    a.k_rs = c->k.rs; a.k_cs = c->k.cs;
+    a.v = at(c, &c->v, b, c->v_dt);
+    a.v_rs = c->v.rs; a.v_cs = c->v.cs;
+    a.q_dt = c->q_dt; a.k_dt = c->k_dt; a.v_dt = c->v_dt;
+    a.mask = pa_mask_of(&c->bt, &c->mask, c->mask_kind, c->dtype, b);
+    const pa_ssize n = c->kv_len ? (pa_ssize)c->kv_len[b] : S;
     a.rule.S = n;
-    a.rule.div = o->row_div;
-    a.rule.qoff = o->has_qoff ? o->qoff
-                : (o->kv_len || o->causal == PA_CAUSAL_BOTTOM_RIGHT) ? n - L / o->row_div : 0;
-    a.rule.causal = o->causal != PA_CAUSAL_NONE;
-    a.rule.left = o->left;
-    a.rule.right = o->right;
-    a.softcap = o->softcap;
-    a.slope = o->slopes ? o->slopes[b] : 0.0;
-    a.has_sink = o->sinks != NULL;
-    a.sink = o->sinks ? o->sinks[b] : 0.0;
-    a.scale = scale;
-    a.dropout_p = dropout_p;
-    a.dropout_key = key;
+    a.rule.div = c->row_div;
+    a.rule.qoff = c->has_qoff ? c->qoff
+                : (c->kv_len || c->causal == PA_CAUSAL_BOTTOM_RIGHT) ? n - L / c->row_div : 0;
+    a.rule.causal = c->causal != PA_CAUSAL_NONE;
+    a.rule.left = c->left;
+    a.rule.right = c->right;
+    a.softcap = c->softcap;
+    a.slope = c->slopes ? c->slopes[b] : 0.0;
+    a.has_sink = c->sinks != NULL;
+    a.sink = c->sinks ? c->sinks[b] : 0.0;
+    a.scale = c->scale;
+    a.dropout_p = c->dropout_p;
+    a.dropout_key = c->dropout_key;
     a.ctr_base = (uint64_t)b * (uint64_t)L * (uint64_t)S;
-    if (res) {
-        a.out = (char *)res->p + pa_batch_offset(bt, res->bs, b) * es;
-        a.o_rs = res->rs; a.o_cs = res->cs;
-    } else {
-        a.out = NULL; a.o_rs = a.o_cs = 0;
-    }
-    if (w) {
-        a.w = (char *)w->p + pa_batch_offset(bt, w->bs, b) * es;
-        a.w_rs = w->rs; a.w_cs = w->cs;
+    a.out = (void *)at(c, &c->out, b, c->dtype);
+    a.o_rs = c->out.rs; a.o_cs = c->out.cs;
+    if (c->has_w) {
+        a.w = (void *)at(c, &c->w, b, c->dtype);
+        a.w_rs = c->w.rs; a.w_cs = c->w.cs;
     } else {
         a.w = NULL; a.w_rs = a.w_cs = 0;
     }
-    if (o->lse) {
-        a.lse = (char *)o->lse->p + pa_batch_offset(bt, o->lse->bs, b) * es;
-        a.lse_s = o->lse->cs;
+    if (c->has_lse) {
+        a.lse = (void *)at(c, &c->lse, b, c->dtype);
+        a.lse_s = c->lse.cs;
     } else {
         a.lse = NULL; a.lse_s = 0;
     }
     a.key_begin = 0;
     a.key_end = S;
     a.partial = NULL;
-    a.bf16 = o->bf16;
+    a.bf16 = c->bf16;
     a.kvp = NULL;
     a.kvp_tile = 0;
     *out = a;

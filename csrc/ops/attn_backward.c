@@ -19,17 +19,9 @@
 
 typedef struct {
     const pa_family *fam;
-    int dtype;
-    const pa_batch *bt;
-    const int *reduce;
+    const pa_attn_call *call;
+    const pa_attn_grads *g;
     pa_ssize ninner;
-    pa_ssize L, S, E, Ev;
-    const pa_operand *q, *k, *v, *mask, *o, *lse, *go, *dq, *dk, *dv;
-    int mask_kind;
-    const pa_attn_opts *opts;
-    double scale, dropout_p;
-    uint64_t key;
-    double *dsinks;
     void **ws;
 } bwd_ctx;
 
@@ -37,68 +29,65 @@ typedef struct {
  * reduced, inner over the reduced ones, each in C order */
 static pa_ssize flat_index(const bwd_ctx *c, pa_ssize outer, pa_ssize inner)
 {
+    const pa_batch *bt = &c->call->bt;
     pa_ssize idx[PA_MAXDIMS];
-    for (int d = c->bt->nb - 1; d >= 0; d--) {
-        const pa_ssize n = c->bt->shape[d];
-        if (c->reduce[d]) { idx[d] = inner % n; inner /= n; }
+    for (int d = bt->nb - 1; d >= 0; d--) {
+        const pa_ssize n = bt->shape[d];
+        if (c->g->reduce[d]) { idx[d] = inner % n; inner /= n; }
         else { idx[d] = outer % n; outer /= n; }
     }
     pa_ssize b = 0;
-    for (int d = 0; d < c->bt->nb; d++) b = b * c->bt->shape[d] + idx[d];
+    for (int d = 0; d < bt->nb; d++) b = b * bt->shape[d] + idx[d];
     return b;
+}
+
+/* element pointer of flat batch index b in operand o of the compute dtype */
+static char *at(const pa_attn_call *c, const pa_operand *o, pa_ssize b)
+{
+    return (char *)o->p + pa_batch_offset(&c->bt, o->bs, b) * (pa_ssize)pa_elsize(c->dtype);
 }
 
 static void bwd_task(void *ctx_, pa_ssize outer, int tid)
 {
     const bwd_ctx *c = (const bwd_ctx *)ctx_;
-    const pa_ssize es = (pa_ssize)pa_elsize(c->dtype);
+    const pa_attn_call *k = c->call;
+    const pa_attn_grads *g = c->g;
     for (pa_ssize inner = 0; inner < c->ninner; inner++) {
         const pa_ssize b = flat_index(c, outer, inner);
         pa_attn_args a;
-        pa_attn_setup(&a, c->fam, c->dtype, c->bt, b, c->L, c->S, c->E, c->Ev, c->q, c->k, c->v,
-                      c->mask, c->mask_kind, c->opts, c->scale, c->dropout_p, c->key, NULL, NULL);
+        pa_attn_setup(&a, c->fam, k, b);
         pa_bwd_io io;
-        io.o = (const char *)c->o->p + pa_batch_offset(c->bt, c->o->bs, b) * es;
-        io.o_rs = c->o->rs; io.o_cs = c->o->cs;
-        io.go = (const char *)c->go->p + pa_batch_offset(c->bt, c->go->bs, b) * es;
-        io.go_rs = c->go->rs; io.go_cs = c->go->cs;
-        io.lse = (const char *)c->lse->p + pa_batch_offset(c->bt, c->lse->bs, b) * es;
-        io.lse_s = c->lse->cs;
-        io.dq = (char *)c->dq->p + pa_batch_offset(c->bt, c->dq->bs, b) * es;
-        io.dq_rs = c->dq->rs; io.dq_cs = c->dq->cs;
-        io.dk = (char *)c->dk->p + pa_batch_offset(c->bt, c->dk->bs, b) * es;
-        io.dk_rs = c->dk->rs; io.dk_cs = c->dk->cs;
-        io.dv = (char *)c->dv->p + pa_batch_offset(c->bt, c->dv->bs, b) * es;
-        io.dv_rs = c->dv->rs; io.dv_cs = c->dv->cs;
-        io.dsink = c->dsinks ? c->dsinks + b : NULL;
-        pa_bwd_head(c->fam, c->dtype, &a, &io, c->ws[tid]);
+        io.o = at(k, &k->out, b);
+        io.o_rs = k->out.rs; io.o_cs = k->out.cs;
+        io.go = at(k, &g->go, b);
+        io.go_rs = g->go.rs; io.go_cs = g->go.cs;
+        io.lse = at(k, &k->lse, b);
+        io.lse_s = k->lse.cs;
+        io.dq = at(k, &g->dq, b);
+        io.dq_rs = g->dq.rs; io.dq_cs = g->dq.cs;
+        io.dk = at(k, &g->dk, b);
+        io.dk_rs = g->dk.rs; io.dk_cs = g->dk.cs;
+        io.dv = at(k, &g->dv, b);
+        io.dv_rs = g->dv.rs; io.dv_cs = g->dv.cs;
+        io.dsink = g->dsinks ? g->dsinks + b : NULL;
+        pa_bwd_head(c->fam, k->dtype, &a, &io, c->ws[tid]);
     }
 }
 
-int pa_attention_backward(const pa_family *fam, int dtype, const pa_batch *bt, const int *reduce,
-                          pa_ssize L, pa_ssize S, pa_ssize E, pa_ssize Ev,
-                          const pa_operand *q, const pa_operand *k, const pa_operand *v,
-                          const pa_operand *mask, int mask_kind, const pa_attn_opts *opts,
-                          double scale, double dropout_p, uint64_t dropout_key,
-                          const pa_operand *o, const pa_operand *lse, const pa_operand *go,
-                          const pa_operand *dq, const pa_operand *dk, const pa_operand *dv,
-                          double *dsinks, int nthreads)
+int pa_attention_backward(const pa_family *fam, const pa_attn_call *call, const pa_attn_grads *g,
+                          int nthreads)
 {
-    if (dsinks)
-        for (pa_ssize b = 0; b < bt->count; b++) dsinks[b] = 0;
-    if (bt->count == 0 || L == 0 || S == 0) return 0;
+    const pa_batch *bt = &call->bt;
+    if (g->dsinks)
+        for (pa_ssize b = 0; b < bt->count; b++) g->dsinks[b] = 0;
+    if (bt->count == 0 || call->L == 0 || call->S == 0) return 0;
     bwd_ctx c;
-    c.fam = fam; c.dtype = dtype; c.bt = bt; c.reduce = reduce;
-    c.L = L; c.S = S; c.E = E; c.Ev = Ev;
-    c.q = q; c.k = k; c.v = v; c.mask = mask; c.o = o; c.lse = lse; c.go = go;
-    c.dq = dq; c.dk = dk; c.dv = dv;
-    c.mask_kind = mask_kind; c.opts = opts; c.scale = scale; c.dropout_p = dropout_p;
-    c.key = dropout_key; c.dsinks = dsinks;
+    c.fam = fam; c.call = call; c.g = g;
     c.ninner = 1;
     for (int d = 0; d < bt->nb; d++)
-        if (reduce[d]) c.ninner *= bt->shape[d];
+        if (g->reduce[d]) c.ninner *= bt->shape[d];
     const pa_ssize nouter = bt->count / c.ninner;
-    const size_t bytes = pa_bwd_ws(fam, dtype, L, E, Ev);
+    const size_t bytes = pa_bwd_ws(fam, call->dtype, call->L, call->E, call->Ev);
     if (bytes == 0) return -1;
     int nt = nthreads < 1 ? 1 : nthreads;
     if (nt > nouter) nt = (int)nouter;

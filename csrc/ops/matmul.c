@@ -341,11 +341,14 @@ static int gemm_shared(gemm_ctx *c, int nt)
     return 0;
 }
 
-int pa_matmul(const pa_family *fam, int dtype, int a_dt, int b_dt, const pa_batch *bt,
-              pa_ssize M, pa_ssize N, pa_ssize K,
-              const pa_operand *A, const pa_operand *B, const pa_operand *C,
-              const void *bias, pa_ssize bias_s, int bf16, int nthreads)
+int pa_matmul(const pa_family *fam, const pa_matmul_call *mm, int nthreads)
 {
+    const int dtype = mm->dtype, a_dt = mm->a_dt, b_dt = mm->b_dt, bf16 = mm->bf16;
+    const pa_batch *bt = mm->bt;
+    const pa_ssize M = mm->M, N = mm->N, K = mm->K;
+    const pa_operand *A = mm->A, *B = mm->B, *C = mm->C;
+    const void *bias = mm->bias;
+    const pa_ssize bias_s = mm->bias_s;
     if (bt->count == 0 || M == 0 || N == 0) return 0;
     if (bf16 && dtype != PA_F32) return -1;
     gemm_ctx c;

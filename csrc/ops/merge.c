@@ -68,12 +68,12 @@ static void merge_task(void *ctx_, pa_ssize b, int tid)
     else merge_rows_f64(c, b);
 }
 
-int pa_merge(int dtype, const pa_batch *bt, pa_ssize P, pa_ssize L, pa_ssize Ev,
-             const pa_operand *outs, pa_ssize outs_ps, const pa_operand *lses, pa_ssize lses_ps,
-             const pa_operand *out, const pa_operand *lse, int nthreads)
+int pa_merge(const pa_merge_call *mg, int nthreads)
 {
-    merge_ctx c = {dtype, bt, P, L, Ev, outs_ps, lses_ps, outs, lses, out, lse};
-    if (bt->count == 0 || L == 0) return 0;
+    const pa_batch *bt = mg->bt;
+    merge_ctx c = {mg->dtype, bt, mg->P, mg->L, mg->Ev, mg->outs_ps, mg->lses_ps, mg->outs, mg->lses,
+                   mg->out, mg->lse};
+    if (bt->count == 0 || mg->L == 0) return 0;
     int nt = nthreads < 1 ? 1 : nthreads;
     if (nt > bt->count) nt = (int)bt->count;
     pa_parallel_for(bt->count, merge_task, &c, nt);

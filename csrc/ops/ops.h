@@ -78,81 +78,114 @@ int pa_alloc_fails(void);
  * PA_F32 (widened as they are packed). bf16 (float32 only; -1 otherwise):
  * precision "bf16" -- A and B rounded to bfloat16 as they are packed, the
  * family's gemm_bf16 products (float32 accumulation). */
-int pa_matmul(const pa_family *fam, int dtype, int a_dt, int b_dt, const pa_batch *bt,
-              pa_ssize M, pa_ssize N, pa_ssize K,
-              const pa_operand *A, const pa_operand *B, const pa_operand *C,
-              const void *bias, pa_ssize bias_s, int bf16, int nthreads);
+typedef struct {
+    int dtype, a_dt, b_dt;
+    const pa_batch *bt;
+    pa_ssize M, N, K;
+    const pa_operand *A, *B, *C;
+    const void *bias;
+    pa_ssize bias_s;
+    int bf16;
+} pa_matmul_call;
+int pa_matmul(const pa_family *fam, const pa_matmul_call *mm, int nthreads);
 
 /* Rows of x (bt = all axes but the last, the last of them being L when
  * causal), each of length S. x, mask, out share bt; mask may be NULL. */
-int pa_softmax(const pa_family *fam, int dtype, const pa_batch *bt, pa_ssize S,
-               const pa_operand *x, const pa_operand *mask, int mask_kind,
-               int causal, double scale, const pa_operand *out, int nthreads);
+typedef struct {
+    int dtype;
+    const pa_batch *bt;
+    pa_ssize S;
+    const pa_operand *x, *mask, *out;
+    int mask_kind, causal;
+    double scale;
+} pa_softmax_call;
+int pa_softmax(const pa_family *fam, const pa_softmax_call *sm, int nthreads);
 
 /* The softmax backward over rows of length S: out = scale * y * (gy -
  * sum(gy * y)), 0 where y is 0. gy, y, out share bt. */
 int pa_softmax_backward(int dtype, const pa_batch *bt, pa_ssize S, const pa_operand *gy,
                         const pa_operand *y, double scale, const pa_operand *out, int nthreads);
 
-/* The structured parts of an attention call (API.md "Structured masks",
- * "Log-sum-exp out", "Generation"). Per-head values come as arrays over
- * the flat batch index b (the binding broadcast them). */
+/* One attention call (the C side of pyattn/_spec.py's AttnSpec; the
+ * binding fills it with one converter, attn_call_of in module.c): every
+ * attention op and its context take it. Per flat batch index b (all axes
+ * but the last two; per-head values come as arrays over b, the binding
+ * broadcast them): q (L, E), k (S, E), v (S, Ev), mask (L, S), out (L, Ev),
+ * w (L, S), lse (L,) (element stride cs); strides in elements. */
 typedef struct {
+    int dtype;                  /* the compute dtype, PA_F32 or PA_F64 */
+    pa_batch bt;
+    pa_ssize L, S, E, Ev;
+    pa_operand q, k, v;
+    int q_dt, k_dt, v_dt;       /* storage dtypes of q, k, v: the compute dtype, or
+                                   PA_F16 / PA_BF16 when it is PA_F32 */
+    pa_operand mask;            /* read when mask_kind != PA_MASK_NONE */
+    int mask_kind;              /* PA_MASK_* */
     int causal;                 /* PA_CAUSAL_* */
     pa_ssize left, right;       /* sliding window; < 0: unbounded */
+    double scale;
     double softcap;             /* > 0, or 0: none */
     const double *slopes;       /* (count,) ALiBi slopes, or NULL */
     const double *sinks;        /* (count,) sink logits, or NULL */
+    double dropout_p;           /* 0 <= p < 1 */
+    uint64_t dropout_key;
     const int64_t *kv_len;      /* (count,) keys filled (<= S), or NULL: all S.
                                    Given: row i sits at position kv_len - L + i */
-    const pa_operand *lse;      /* (L,) per b, element stride cs, or NULL */
-    int q_dt, k_dt, v_dt;       /* storage dtypes of q, k, v: the compute dtype, or
-                                   PA_F16 / PA_BF16 when it is PA_F32 */
     pa_ssize row_div;           /* >= 1: rows per query position (the query heads of
                                    one key/value head stacked as rows, decoding) */
     int has_qoff;               /* 1: row i sits at key position i + qoff (a block of a */
     pa_ssize qoff;              /* longer sequence: pyattn.dask) */
     int bf16;                   /* precision "bf16" (float32 only): bfloat16 products --
                                    q, k, v and the weights rounded to bfloat16 */
+    /* the forward's results (the backward reads out and lse) */
+    pa_operand out;
+    int has_w, has_lse;         /* 0: no w / lse */
+    pa_operand w, lse;
     void (*before)(void *);     /* or NULL: called once, after every allocation of the */
     void *before_ctx;           /* call succeeded and before any result is written (a KV
                                    cache's new rows); not called when the call fails */
-} pa_attn_opts;
+    /* reserved for wave 3, NULL today (no op reads them yet): packed
+     * sequences' offsets (count + 1,), a paged cache's block table, a
+     * quantized cache's scales, a block mask */
+    const int64_t *cu_seqlens_q, *cu_seqlens_k;
+    const void *block_table;
+    const void *kv_scales;
+    const void *block_mask;
+} pa_attn_call;
 
-/* Attention per flat batch index b (all axes but the last two).
- * q (L, E), k (S, E), v (S, Ev), mask (L, S) or NULL, out (L, Ev),
- * w (L, S) or NULL. */
-int pa_attention(const pa_family *fam, int dtype, const pa_batch *bt, pa_ssize L, pa_ssize S, pa_ssize E, pa_ssize Ev,
-                 const pa_operand *q, const pa_operand *k, const pa_operand *v,
-                 const pa_operand *mask, int mask_kind, const pa_attn_opts *opts, double scale,
-                 double dropout_p, uint64_t dropout_key,
-                 const pa_operand *out, const pa_operand *w, int nthreads);
+/* Attention per flat batch index b of call c: out (and w, lse when asked). */
+int pa_attention(const pa_family *fam, const pa_attn_call *c, int nthreads);
 
-/* The attention backward (attn_backward.c): per flat batch index b, from
- * the forward's operands and options (16-bit storage excluded: q_dt etc.
- * are dtype; no kv_len or row_div), its output o (L, Ev) and lse (L,), and
- * the incoming gradient go (L, Ev), adds the gradients into dq (L, E), dk
- * (S, E), dv (S, Ev) -- which the caller zeroed. dk and dv have batch
- * stride 0 on the axes flagged in reduce[0..nb) (the flat indices that
- * differ only there share one key/value head: their gradients are summed,
- * in the order of b). dsinks (count,) or NULL: per b, the gradient of its
- * sink logit. Results do not depend on nthreads. */
-int pa_attention_backward(const pa_family *fam, int dtype, const pa_batch *bt, const int *reduce,
-                          pa_ssize L, pa_ssize S, pa_ssize E, pa_ssize Ev,
-                          const pa_operand *q, const pa_operand *k, const pa_operand *v,
-                          const pa_operand *mask, int mask_kind, const pa_attn_opts *opts,
-                          double scale, double dropout_p, uint64_t dropout_key,
-                          const pa_operand *o, const pa_operand *lse, const pa_operand *go,
-                          const pa_operand *dq, const pa_operand *dk, const pa_operand *dv,
-                          double *dsinks, int nthreads);
+/* The backward's own operands (per flat batch index b): the incoming
+ * gradient go (L, Ev) and the gradients it adds into, dq (L, E), dk (S, E),
+ * dv (S, Ev) -- which the caller zeroed. dk and dv have batch stride 0 on
+ * the axes flagged in reduce[0..nb) (the flat indices that differ only
+ * there share one key/value head: their gradients are summed, in the order
+ * of b). dsinks (count,) or NULL: per b, the gradient of its sink logit. */
+typedef struct {
+    pa_operand go, dq, dk, dv;
+    const int *reduce;
+    double *dsinks;
+} pa_attn_grads;
+
+/* The attention backward (attn_backward.c) of call c (16-bit storage
+ * excluded: q_dt etc. are dtype; no kv_len, row_div or qoff), from the
+ * forward's output c->out and c->lse. Results do not depend on nthreads. */
+int pa_attention_backward(const pa_family *fam, const pa_attn_call *c, const pa_attn_grads *g,
+                          int nthreads);
 
 /* merge_attention: per flat batch index b, P partial results -- outputs
  * (L, Ev) and log-sum-exps (L,) over disjoint key sets, part p at element
  * offset p * outs_ps / p * lses_ps from part 0 -- combined in the order of
  * p into out (L, Ev) and lse (L,) (lse operands: element stride cs). */
-int pa_merge(int dtype, const pa_batch *bt, pa_ssize P, pa_ssize L, pa_ssize Ev,
-             const pa_operand *outs, pa_ssize outs_ps, const pa_operand *lses, pa_ssize lses_ps,
-             const pa_operand *out, const pa_operand *lse, int nthreads);
+typedef struct {
+    int dtype;
+    const pa_batch *bt;
+    pa_ssize P, L, Ev;
+    const pa_operand *outs, *lses, *out, *lse;
+    pa_ssize outs_ps, lses_ps;
+} pa_merge_call;
+int pa_merge(const pa_merge_call *mg, int nthreads);
 
 /* Benchmark probe: the family's GEMM micro-kernel alone, on packed panels
  * that stay in L1 (A: MR x kc, B: kc x NR), accumulating into one MR x NR

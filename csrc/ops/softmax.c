@@ -40,10 +40,13 @@ static void softmax_task(void *ctx_, pa_ssize t, int tid)
     }
 }
 
-int pa_softmax(const pa_family *fam, int dtype, const pa_batch *bt, pa_ssize S,
-               const pa_operand *x, const pa_operand *mask, int mask_kind,
-               int causal, double scale, const pa_operand *out, int nthreads)
+int pa_softmax(const pa_family *fam, const pa_softmax_call *sm, int nthreads)
 {
+    const int dtype = sm->dtype, mask_kind = sm->mask_kind, causal = sm->causal;
+    const pa_batch *bt = sm->bt;
+    const pa_ssize S = sm->S;
+    const pa_operand *x = sm->x, *mask = sm->mask, *out = sm->out;
+    const double scale = sm->scale;
     if (bt->count == 0 || S == 0) return 0;
     softmax_ctx c;
     c.fn = fam->softmax[dtype].fn;
