@@ -100,75 +100,101 @@ static void merge_task(void *ctx_, pa_ssize b, int tid)
     for (pa_ssize i = 0; i < k->L; i++) pa_flash_merge(k->dtype, &a, i, P, c->nchunks, stride, c->ws[tid]);
 }
 
+/* The call's query blocks: the family's BQ rows, or fewer of equal height
+ * (multiples of 16 rows): L = 128 with BQ = 96 gives 64 + 64, not 96 + 32,
+ * so two threads share the work evenly. A row's arithmetic does not depend
+ * on its block (the flash frame is row-independent: every family's own BQ
+ * gives the same bits), so neither do the results. No scratch yet. */
+static void attn_init(attn_ctx *c, const pa_family *fam, const pa_attn_call *call)
+{
+    const pa_ssize L = call->L;
+    c->fam = fam;
+    c->call = call;
+    c->bq = fam->attn_bq[call->dtype];
+    c->nblk = (L + c->bq - 1) / c->bq;
+    const pa_ssize h = ((L + c->nblk - 1) / c->nblk + 15) / 16 * 16;
+    if (h < c->bq) c->bq = h;
+    c->ws = NULL;
+    c->kvp = NULL;
+    c->kvp_tile = c->ntiles = 0;
+    c->nchunks = 0;
+    c->partials = NULL;
+}
+
+/* Decode shapes take the split mode: tasks over (b, key chunk), then the merge */
+static int attn_splits(const attn_ctx *c)
+{
+    const pa_attn_call *k = c->call;
+    return !k->has_w && !k->bf16 && (k->L <= PA_SPLIT_MAXL || (k->row_div > 1 && k->L <= c->bq)) &&
+           k->S >= PA_SPLIT_MINS && k->E <= PA_FLASH_MAXD && k->Ev <= PA_FLASH_MAXD;
+}
+
+/* The call's task count in *ntasks, and the scratch its tasks share: the
+ * chunks' partials (split mode), or K and V packed once for all the query
+ * blocks (bfloat16 with several blocks). -1: a size overflows or memory is
+ * short; what was allocated is in c for the caller to free. */
+static int attn_scratch(attn_ctx *c, size_t *ntasks)
+{
+    const pa_attn_call *k = c->call;
+    const size_t count = (size_t)k->bt.count;
+    size_t n;
+    if (!pa_mul_ok(count, (size_t)c->nblk, ntasks) || *ntasks > (size_t)PTRDIFF_MAX) return -1;
+    if (attn_splits(c)) {
+        c->nchunks = (k->S + PA_SPLIT_CHUNK - 1) / PA_SPLIT_CHUNK;
+        if (!pa_mul_ok(count, (size_t)c->nchunks, ntasks) || !pa_mul_ok(*ntasks, (size_t)(k->L * (2 + k->Ev)), &n) ||
+            !pa_mul_ok(n, pa_elsize(k->dtype), &n) || *ntasks > (size_t)PTRDIFF_MAX)
+            return -1;
+        c->partials = (char *)pa_alloc64(n);
+        return c->partials ? 0 : -1;
+    }
+    if (k->bf16 && c->nblk > 1 && k->S > 0) {
+        c->kvp_tile = pa_bf16_kv_tile(c->fam, k->E, k->Ev);
+        c->ntiles = (k->S + PA_FLASH_BK - 1) / PA_FLASH_BK;
+        if (!pa_mul_ok(count, (size_t)c->ntiles, &n) || !pa_mul_ok(n, (size_t)c->kvp_tile, &n) ||
+            !pa_mul_ok(n, sizeof(uint16_t), &n))
+            return -1;
+        c->kvp = (uint16_t *)pa_alloc64(n);
+        return c->kvp ? 0 : -1;
+    }
+    return 0;
+}
+
+/* The parallel part: ntasks tasks on nt threads (c->ws holds their workspaces) */
+static void attn_run(attn_ctx *c, size_t ntasks, int nt)
+{
+    const pa_ssize count = c->call->bt.count;
+    if (c->nchunks) {
+        pa_parallel_for((pa_ssize)ntasks, chunk_task, c, nt);
+        pa_parallel_for(count, merge_task, c, nt);
+    } else {
+        if (c->kvp) pa_parallel_for(count * c->ntiles, kvpack_task, c, nt);
+        pa_parallel_for((pa_ssize)ntasks, attn_task, c, nt);
+    }
+}
+
 int pa_attention(const pa_family *fam, const pa_attn_call *call, int nthreads)
 {
-    const int dtype = call->dtype;
-    const pa_batch *bt = &call->bt;
-    const pa_ssize L = call->L, S = call->S, E = call->E, Ev = call->Ev;
-    if (bt->count == 0 || L == 0 || (Ev == 0 && !call->has_w && !call->has_lse)) {
-        if (call->before) call->before(call->before_ctx);
+    if (call->bt.count == 0 || call->L == 0 || (call->Ev == 0 && !call->has_w && !call->has_lse)) {
+        if (call->before) call->before(call->before_ctx);   /* nothing to allocate */
         return 0;
     }
     attn_ctx c;
-    c.fam = fam;
-    c.call = call;
-    c.bq = fam->attn_bq[dtype];
-    c.nblk = (L + c.bq - 1) / c.bq;
-    {   /* blocks of equal height (multiples of 16 rows, never above the
-         * family's): L = 128 with BQ = 96 gives 64 + 64, not 96 + 32, so two
-         * threads share the work evenly. A row's arithmetic does not depend
-         * on its block (the flash frame is row-independent: every family's
-         * own BQ gives the same bits), so neither do the results. */
-        const pa_ssize h = ((L + c.nblk - 1) / c.nblk + 15) / 16 * 16;
-        if (h < c.bq) c.bq = h;
-    }
-    c.nchunks = 0;
-    c.partials = NULL;
-    c.kvp = NULL;
-    c.kvp_tile = c.ntiles = 0;
-    size_t ntasks;
-    if (!pa_mul_ok((size_t)bt->count, (size_t)c.nblk, &ntasks) || ntasks > (size_t)PTRDIFF_MAX)
-        return -1;
-    if (!call->has_w && !call->bf16 && (L <= PA_SPLIT_MAXL || (call->row_div > 1 && L <= c.bq)) && S >= PA_SPLIT_MINS &&
-        E <= PA_FLASH_MAXD && Ev <= PA_FLASH_MAXD) {
-        size_t n, bytes;
-        c.nchunks = (S + PA_SPLIT_CHUNK - 1) / PA_SPLIT_CHUNK;
-        if (!pa_mul_ok((size_t)bt->count, (size_t)c.nchunks, &ntasks) ||
-            !pa_mul_ok(ntasks, (size_t)(L * (2 + Ev)), &n) ||
-            !pa_mul_ok(n, pa_elsize(dtype), &bytes) ||
-            ntasks > (size_t)PTRDIFF_MAX)
-            return -1;
-        c.partials = (char *)pa_alloc64(bytes);
-        if (!c.partials) return -1;
-    }
-    if (call->bf16 && c.nblk > 1 && S > 0) {   /* K, V packed once, shared by the query blocks */
-        size_t n;
-        c.kvp_tile = pa_bf16_kv_tile(fam, E, Ev);
-        c.ntiles = (S + PA_FLASH_BK - 1) / PA_FLASH_BK;
-        if (!pa_mul_ok((size_t)bt->count, (size_t)c.ntiles, &n) || !pa_mul_ok(n, (size_t)c.kvp_tile, &n) ||
-            !pa_mul_ok(n, sizeof(uint16_t), &n))
-            return -1;
-        c.kvp = (uint16_t *)pa_alloc64(n);
-        if (!c.kvp) return -1;
-    }
-    const size_t bytes = pa_flash_ws(fam, dtype, E, Ev);
-    if (bytes == 0) { pa_free64(c.partials); pa_free64(c.kvp); return -1; }
-    int nt = nthreads < 1 ? 1 : nthreads;
-    if ((size_t)nt > ntasks) nt = (int)ntasks;
+    size_t ntasks, bytes;
     void *wsv[PA_MAX_THREADS];
-    int ok = 1;
+    int nt = 0, ok = 0;
+    attn_init(&c, fam, call);
+    if (attn_scratch(&c, &ntasks) != 0) goto fail;
+    bytes = pa_flash_ws(fam, call->dtype, call->E, call->Ev);
+    if (bytes == 0) goto fail;
+    nt = nthreads < 1 ? 1 : nthreads;
+    if ((size_t)nt > ntasks) nt = (int)ntasks;
+    ok = 1;
     for (int i = 0; i < nt; i++) { wsv[i] = pa_alloc64(bytes); ok &= wsv[i] != NULL; }
-    if (ok) {
-        c.ws = wsv;
-        if (call->before) call->before(call->before_ctx);   /* everything is allocated */
-        if (c.nchunks) {
-            pa_parallel_for((pa_ssize)ntasks, chunk_task, &c, nt);
-            pa_parallel_for(bt->count, merge_task, &c, nt);
-        } else {
-            if (c.kvp) pa_parallel_for(bt->count * c.ntiles, kvpack_task, &c, nt);
-            pa_parallel_for((pa_ssize)ntasks, attn_task, &c, nt);
-        }
-    }
+    if (!ok) goto fail;
+    c.ws = wsv;
+    if (call->before) call->before(call->before_ctx);   /* everything is allocated */
+    attn_run(&c, ntasks, nt);
+fail:
     for (int i = 0; i < nt; i++) pa_free64(wsv[i]);
     pa_free64(c.partials);
     pa_free64(c.kvp);

@@ -341,81 +341,91 @@ static int gemm_shared(gemm_ctx *c, int nt)
     return 0;
 }
 
+/* The call's context: its operands and its copy of the kernel's blocking,
+ * cut into blocks of equal size. N blocks of equal width (whole NR panels):
+ * N = 2304 with NC = 2048 gives two blocks of 1152, not 2048 + 256, so the
+ * tasks of one N block take as long as the other's; MC blocks of equal
+ * height (whole MR panels) likewise: M = 300 with MC = 96 gives 84, 84, 84,
+ * 48 rows, not 96, 96, 96, 12. NC and MC only partition C, so no element's
+ * arithmetic changes. */
+static void gemm_init(gemm_ctx *c, const pa_family *fam, const pa_matmul_call *mm)
+{
+    c->dtype = mm->dtype; c->bt = mm->bt; c->M = mm->M; c->N = mm->N; c->K = mm->K;
+    c->a_dt = mm->a_dt; c->b_dt = mm->b_dt;
+    c->esa = (pa_ssize)pa_elsize(mm->a_dt); c->esb = (pa_ssize)pa_elsize(mm->b_dt);
+    c->A = mm->A; c->B = mm->B; c->C = mm->C; c->bias = mm->bias; c->bias_s = mm->bias_s;
+    c->g = mm->bf16 ? fam->gemm_bf16 : fam->gemm[mm->dtype];   /* this call's copy */
+    c->bf16 = mm->bf16;
+    c->pes = mm->bf16 ? sizeof(uint16_t) : pa_elsize(mm->dtype);
+    c->nblocks = (c->N + c->g.nc - 1) / c->g.nc;
+    const pa_ssize w = (c->N + c->nblocks - 1) / c->nblocks;
+    c->g.nc = (int)((w + c->g.nr - 1) / c->g.nr * c->g.nr);
+    const pa_ssize mb = (c->M + c->g.mc - 1) / c->g.mc;
+    const pa_ssize h = ((c->M + mb - 1) / mb + c->g.mr - 1) / c->g.mr * c->g.mr;
+    if (h < c->g.mc) c->g.mc = (int)h;
+    c->ws = NULL;
+}
+
+/* The M chunks: about 3 tasks per thread over (batch, M chunks, N blocks),
+ * for balance; one thread needs no balance, and every extra M chunk packs
+ * the same B panels again (10 % of 1024^3), so it takes one chunk */
+static void gemm_chunks(gemm_ctx *c, int nthreads)
+{
+    const pa_ssize mblocks = (c->M + c->g.mc - 1) / c->g.mc;
+    const pa_ssize others = c->bt->count * c->nblocks;
+    const pa_ssize want = nthreads <= 1 ? 1 : 3 * (pa_ssize)nthreads;
+    pa_ssize per = (want + others - 1) / others;         /* chunks wanted per (b, N block) */
+    if (per < 1) per = 1;
+    if (per > mblocks) per = mblocks;
+    const pa_ssize blocks = (mblocks + per - 1) / per;   /* MC blocks per chunk */
+    c->mchunk = blocks * c->g.mc;
+    c->mchunks = (c->M + c->mchunk - 1) / c->mchunk;
+}
+
+/* A thread's workspace: packed A (MC x KC), then packed B (KC x NC) */
+static size_t gemm_ws_bytes(gemm_ctx *c)
+{
+    const pa_ssize kc = packed_k(c, pa_min(pa_max(c->K, 1), c->g.kc));
+    const pa_ssize mcp = pa_round_up(pa_min(c->M, c->g.mc), c->g.mr);
+    const pa_ssize ncp = pa_round_up(pa_min(c->N, c->g.nc), c->g.nr);
+    c->a_elems = (size_t)(mcp * kc);
+    return (c->a_elems + (size_t)(ncp * kc)) * c->pes;
+}
+
+/* Few large products on several threads (nt of them after the task count
+ * capped it) share the packed B, when (MC block, column part) pairs give
+ * every thread two or more */
+static int gemm_shares(const gemm_ctx *c, int nt, int nthreads)
+{
+    const pa_ssize bpanels = (c->g.nc + c->g.nr - 1) / c->g.nr;
+    return nt > 1 && c->bt->count * c->nblocks < nt &&
+           (c->M + c->g.mc - 1) / c->g.mc * pa_min(bpanels, 8) >= 2 * pa_max(nthreads, 1);
+}
+
 int pa_matmul(const pa_family *fam, const pa_matmul_call *mm, int nthreads)
 {
-    const int dtype = mm->dtype, a_dt = mm->a_dt, b_dt = mm->b_dt, bf16 = mm->bf16;
-    const pa_batch *bt = mm->bt;
-    const pa_ssize M = mm->M, N = mm->N, K = mm->K;
-    const pa_operand *A = mm->A, *B = mm->B, *C = mm->C;
-    const void *bias = mm->bias;
-    const pa_ssize bias_s = mm->bias_s;
-    if (bt->count == 0 || M == 0 || N == 0) return 0;
-    if (bf16 && dtype != PA_F32) return -1;
+    if (mm->bt->count == 0 || mm->M == 0 || mm->N == 0) return 0;
+    if (mm->bf16 && mm->dtype != PA_F32) return -1;
     gemm_ctx c;
-    c.dtype = dtype; c.bt = bt; c.M = M; c.N = N; c.K = K;
-    c.a_dt = a_dt; c.b_dt = b_dt;
-    c.esa = (pa_ssize)pa_elsize(a_dt); c.esb = (pa_ssize)pa_elsize(b_dt);
-    c.A = A; c.B = B; c.C = C; c.bias = bias; c.bias_s = bias_s;
-    c.g = bf16 ? fam->gemm_bf16 : fam->gemm[dtype];   /* this call's copy: its NC may shrink below */
-    c.bf16 = bf16;
-    c.pes = bf16 ? sizeof(uint16_t) : pa_elsize(dtype);
-    c.nblocks = (N + c.g.nc - 1) / c.g.nc;
-    {   /* N blocks of equal width (whole NR panels): N = 2304 with NC = 2048
-         * gives two blocks of 1152, not 2048 + 256, so the tasks of one N
-         * block take as long as the other's. NC only partitions columns, so
-         * no element's arithmetic changes. */
-        const pa_ssize w = (N + c.nblocks - 1) / c.nblocks;
-        c.g.nc = (int)((w + c.g.nr - 1) / c.g.nr * c.g.nr);
-        /* and MC blocks of equal height (whole MR panels) likewise: M = 300
-         * with MC = 96 gives 84, 84, 84, 48 rows, not 96, 96, 96, 12 */
-        const pa_ssize mb = (M + c.g.mc - 1) / c.g.mc;
-        const pa_ssize h = ((M + mb - 1) / mb + c.g.mr - 1) / c.g.mr * c.g.mr;
-        if (h < c.g.mc) c.g.mc = (int)h;
-    }
-    {   /* about 3 tasks per thread over (batch, M chunks, N blocks), for
-         * balance; one thread needs no balance, and every extra M chunk packs
-         * the same B panels again (10 % of 1024^3), so it takes one chunk */
-        const pa_ssize mblocks = (M + c.g.mc - 1) / c.g.mc;
-        const pa_ssize others = bt->count * c.nblocks;
-        const pa_ssize want = nthreads <= 1 ? 1 : 3 * (pa_ssize)nthreads;
-        pa_ssize per = (want + others - 1) / others;         /* chunks wanted per (b, N block) */
-        if (per < 1) per = 1;
-        if (per > mblocks) per = mblocks;
-        const pa_ssize blocks = (mblocks + per - 1) / per;   /* MC blocks per chunk */
-        c.mchunk = blocks * c.g.mc;
-        c.mchunks = (M + c.mchunk - 1) / c.mchunk;
-    }
-    const size_t es = pa_elsize(dtype);
-    const pa_ssize kc = packed_k(&c, pa_min(pa_max(K, 1), c.g.kc));
-    const pa_ssize mcp = pa_round_up(pa_min(M, c.g.mc), c.g.mr);
-    const pa_ssize ncp = pa_round_up(pa_min(N, c.g.nc), c.g.nr);
-    c.a_elems = (size_t)(mcp * kc);
-    const size_t bytes = (c.a_elems + (size_t)(ncp * kc)) * c.pes;
-    (void)es;
-
-    size_t ntasks;
-    if (!pa_mul_ok((size_t)bt->count, (size_t)(c.mchunks * c.nblocks), &ntasks) || ntasks > (size_t)PTRDIFF_MAX)
-        return -1;
-    int nt = (int)pa_max(nthreads, 1);
-    if ((size_t)nt > ntasks) nt = (int)ntasks;
+    size_t ntasks, bytes;
     void *wsv[PA_MAX_THREADS];
-    int ok = 1;
-    /* few large products on several threads: share the packed B, when
-     * (MC block, column part) pairs give every thread two or more */
-    const pa_ssize bpanels = (c.g.nc + c.g.nr - 1) / c.g.nr;
-    const int shared = nt > 1 && bt->count * c.nblocks < nt &&
-                       (M + c.g.mc - 1) / c.g.mc * pa_min(bpanels, 8) >=
-                           2 * pa_max(nthreads, 1);
-    if (shared) {
-        nt = nthreads;
-        if (nt > PA_MAX_THREADS) nt = PA_MAX_THREADS;
-    }
+    int nt = 0, ok = 0, shared;
+    gemm_init(&c, fam, mm);
+    gemm_chunks(&c, nthreads);
+    bytes = gemm_ws_bytes(&c);
+    if (!pa_mul_ok((size_t)c.bt->count, (size_t)(c.mchunks * c.nblocks), &ntasks) || ntasks > (size_t)PTRDIFF_MAX)
+        goto fail;
+    nt = (int)pa_max(nthreads, 1);
+    if ((size_t)nt > ntasks) nt = (int)ntasks;
+    shared = gemm_shares(&c, nt, nthreads);
+    if (shared) nt = (int)pa_min(nthreads, PA_MAX_THREADS);
+    ok = 1;
     for (int i = 0; i < nt; i++) { wsv[i] = pa_alloc64(bytes); ok &= wsv[i] != NULL; }
-    if (ok) {
-        c.ws = wsv;
-        if (shared) ok = gemm_shared(&c, nt) == 0;
-        else pa_parallel_for((pa_ssize)ntasks, gemm_task, &c, nt);
-    }
+    if (!ok) goto fail;
+    c.ws = wsv;
+    if (shared) ok = gemm_shared(&c, nt) == 0;
+    else pa_parallel_for((pa_ssize)ntasks, gemm_task, &c, nt);
+fail:
     for (int i = 0; i < nt; i++) pa_free64(wsv[i]);
     return ok ? 0 : -1;
 }
