@@ -2,6 +2,7 @@
  * code around a family's GEMM micro-kernel and tile steps (attn_flash.inc,
  * attn_backward.inc, once per dtype). */
 #include <math.h>
+#include <string.h>
 #include "attention.h"
 #include "threads.h"
 
