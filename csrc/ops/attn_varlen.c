@@ -17,8 +17,10 @@
  * decode-shaped sequences that the dense op splits (L <= PA_SPLIT_MAXL,
  * S >= PA_SPLIT_MINS) -- so each sequence's rows come out bit-identical to
  * the dense call on it. Never padded: a task covers one sequence's rows and
- * keys. Tasks are handed out longest first (by the keys they visit), so
- * one long sequence among short ones starts early.
+ * keys. Sequences are handed out most work first (the keys their rows
+ * visit), so one long sequence among short ones starts early and the short
+ * ones fill the end; within a sequence, each head's blocks run as in the
+ * dense op (last-first), so K and V stay in cache across them.
  *
  * Backward tasks: (sequence, key/value head), every query head of the group
  * in order within one task (as the dense backward), so dK, dV are summed by
@@ -109,7 +111,9 @@ static void vl_fwd_task(void *ctx_, pa_ssize t, int tid)
     }
 }
 
-/* longest first; ties in the order the tasks were made */
+/* sequences with the most work first; within one, per head, its query
+ * blocks last-first (as the dense op: the long rows of a causal head start
+ * early, and a head's K and V stay in cache across its blocks) */
 static int vl_cmp(const void *x, const void *y)
 {
     const vl_task *a = (const vl_task *)x, *b = (const vl_task *)y;
@@ -117,7 +121,7 @@ static int vl_cmp(const void *x, const void *y)
     if (a->seq != b->seq) return a->seq < b->seq ? -1 : 1;
     if (a->b != b->b) return a->b < b->b ? -1 : 1;
     if (a->chunk != b->chunk) return a->chunk < b->chunk ? -1 : 1;
-    return a->i0 < b->i0 ? -1 : (a->i0 > b->i0);
+    return a->i0 > b->i0 ? -1 : (a->i0 < b->i0);
 }
 
 /* the dense op's split rule (attention.c, attn_splits) for one sequence */
@@ -159,7 +163,7 @@ static int vl_fwd_plan(const vl_ctx *c, vl_task *out, size_t *ntasks, size_t *nm
                         vl_task *t = &out[nt];
                         t->seq = i; t->b = b; t->i0 = 0; t->i1 = s.L; t->chunk = ch; t->nchunks = nch;
                         t->poff = np + (size_t)ch * per;
-                        t->cost = (double)s.L * (double)pa_min(PA_SPLIT_CHUNK, s.S - ch * PA_SPLIT_CHUNK);
+                        t->cost = (double)s.L * (double)s.S;
                     }
                 }
                 if (out) {
@@ -176,11 +180,14 @@ static int vl_fwd_plan(const vl_ctx *c, vl_task *out, size_t *ntasks, size_t *nm
             continue;
         }
         const pa_ssize bq = vl_bq(c->fam, k->dtype, s.L);
+        double cost = 0;                /* the keys its rows visit, all blocks */
+        for (pa_ssize i0 = 0; i0 < s.L; i0 += bq) {
+            pa_ssize lo, hi;
+            pa_block_keys(&a.rule, i0, pa_min(i0 + bq, s.L), &lo, &hi);
+            cost += (double)(pa_min(i0 + bq, s.L) - i0) * (double)(hi > lo ? hi - lo + 16 : 16);
+        }
         for (pa_ssize i0 = 0; i0 < s.L; i0 += bq) {
             const pa_ssize i1 = pa_min(i0 + bq, s.L);
-            pa_ssize lo, hi;
-            pa_block_keys(&a.rule, i0, i1, &lo, &hi);
-            const double cost = (double)(i1 - i0) * (double)(hi > lo ? hi - lo + 16 : 16);
             for (pa_ssize b = 0; b < count; b++, nt++)
                 if (out) {
                     vl_task *t = &out[nt];
