@@ -929,6 +929,27 @@ static PyArrayObject *new_zeros(int nd, const pa_ssize *shape, int dtype, const 
     return a;
 }
 
+/* A varlen call's gradient (rows_first): zeros laid out token-major, (rows,
+ * batch..., cols) in memory, returned as the (batch..., rows, cols) view the
+ * op writes through -- so the packed (total, H, E) result needs no copy. */
+static PyArrayObject *new_zeros_of(int nd, const pa_ssize *shape, int dtype, const char *what, int rows_first)
+{
+    if (!rows_first) return new_zeros(nd, shape, dtype, what);
+    pa_ssize s2[PA_MAXDIMS];
+    npy_intp perm[PA_MAXDIMS];
+    s2[0] = shape[nd - 2];
+    for (int d = 0; d < nd - 2; d++) { s2[d + 1] = shape[d]; perm[d] = d + 1; }
+    s2[nd - 1] = shape[nd - 1];
+    perm[nd - 2] = 0;
+    perm[nd - 1] = nd - 1;
+    PyArrayObject *a = new_zeros(nd, s2, dtype, what);
+    if (!a) return NULL;
+    PyArray_Dims pd = {perm, nd};
+    PyObject *t = PyArray_Transpose(a, &pd);
+    Py_DECREF(a);
+    return (PyArrayObject *)t;
+}
+
 static void zero_all(PyArrayObject *a, PyArrayObject *b, PyArrayObject *c, PyArrayObject *d)
 {
     PyArrayObject *arrs[4] = {a, b, c, d};
@@ -1023,12 +1044,13 @@ static PyObject *py_sdpa_backward(PyObject *self, PyObject *args, PyObject *kw)
     memcpy(kshape, qkv[1].shape, sizeof(pa_ssize) * (size_t)nd);
     for (int d = 0; d < nb; d++)
         if (reduce[d]) kshape[d] = 1;
-    dq = new_zeros(nd, qkv[0].shape, cd, "query gradient");
+    const int tm = c.cu_seqlens_q != NULL;      /* varlen: token-major gradients */
+    dq = new_zeros_of(nd, qkv[0].shape, cd, "query gradient", tm);
     if (!dq) goto fail;
-    dk = new_zeros(nd, kshape, cd, "key gradient");
+    dk = new_zeros_of(nd, kshape, cd, "key gradient", tm);
     if (!dk) goto fail;
     kshape[nd - 1] = c.Ev;
-    dv = new_zeros(nd, kshape, cd, "value gradient");
+    dv = new_zeros_of(nd, kshape, cd, "value gradient", tm);
     if (!dv) goto fail;
     if (c.sinks) {
         const pa_ssize n = c.bt.count;

@@ -246,3 +246,61 @@ def test_empty_calls(rng):
     assert np.isfinite(o).all()
     o, lse = pyattn.scaled_dot_product_attention_varlen(q1, k[:0], k[:0], [0, 2], [0, 0], return_lse=True)
     assert (o == 0).all() and (lse == -np.inf).all()
+
+
+def _sweep(call, watched):
+    """Make allocation 1, 2, ... of call() fail, one per run: each failure is a
+    MemoryError with the watched arrays unchanged and no C block left."""
+    from pyattn import _C
+    live0 = _C._alloc_hook(0)[1]
+    n = 0
+    while True:
+        n += 1
+        before = [w.tobytes() for w in watched]
+        _C._alloc_hook(n)
+        try:
+            call()
+        except MemoryError:
+            pending, live = _C._alloc_hook(0)
+            assert pending == 0 and live == live0
+            assert [w.tobytes() for w in watched] == before, f"written before allocation {n} failed"
+            continue
+        pending, live = _C._alloc_hook(0)
+        assert pending > 0 and live == live0
+        return n - 1
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_allocation_failures_write_nothing(rng, bf16):
+    q, k, v, cq, ck = packed(rng, np.float32)
+    kw = dict(enable_gqa=True, is_causal=True, sinks=np.ones(H))
+    out = np.zeros((cq[-1], H, E), np.float32)
+    f = pyattn.scaled_dot_product_attention_varlen
+    assert _sweep(lambda: f(q, k, v, cq, ck, out=out, return_lse=True,
+                            precision="bf16" if bf16 else None, **kw), (q, k, v, out)) >= 3
+    if not bf16:
+        o, lse = f(q, k, v, cq, ck, return_lse=True, **kw)
+        assert _sweep(lambda: pyattn.scaled_dot_product_attention_varlen_backward(o, q, k, v, o, lse, cq, ck, **kw),
+                      (q, k, v, o, lse)) >= 4
+
+
+def test_hypothesis_random_packings_match_dense():
+    hyp = pytest.importorskip("hypothesis")
+    st = hyp.strategies
+
+    @hyp.settings(max_examples=25, deadline=None)
+    @hyp.given(lq=st.lists(st.integers(0, 70), min_size=0, max_size=5), data=st.data(),
+               causal=st.sampled_from([False, True, "bottom_right"]), dt=st.sampled_from(DTYPES))
+    def run(lq, data, causal, dt):
+        lk = [data.draw(st.integers(0, 70)) for _ in lq]
+        r = np.random.default_rng(len(lq))
+        q, k, v, cq, ck = packed(r, dt, lq, lk, 2, 1, 8)
+        o = pyattn.scaled_dot_product_attention_varlen(q, k, v, cq, ck, is_causal=causal, enable_gqa=True)
+        for i in range(len(lq)):
+            if lk[i] == 0 and lq[i] > 0:
+                assert (seq(o, cq, i) == 0).all()
+                continue
+            od = pyattn.scaled_dot_product_attention(seq(q, cq, i), seq(k, ck, i), seq(v, ck, i),
+                                                     is_causal=causal, enable_gqa=True)
+            assert np.array_equal(seq(o, cq, i), od)
+    run()
