@@ -140,9 +140,38 @@ static pa_ssize vl_bq(const pa_family *fam, int dtype, pa_ssize L)
     return h < bq ? h : bq;
 }
 
-/* Count (fill = 0) or make the forward's tasks: *ntasks block and chunk
- * tasks, *nmerge merge tasks after them, *nparts partial elements. -1: a
+static void vl_set(vl_task *t, pa_ssize seq, pa_ssize b, pa_ssize i0, pa_ssize i1, pa_ssize chunk,
+                   pa_ssize nchunks, size_t poff, double cost)
+{
+    t->seq = seq; t->b = b; t->i0 = i0; t->i1 = i1; t->chunk = chunk; t->nchunks = nchunks;
+    t->poff = poff; t->cost = cost;
+}
+
+/* A split sequence s (number i): per head its key-chunk tasks (at out + *nt)
+ * and its merge task (at merges + *nm), partials from element *np on. -1: a
  * size overflows. */
+static int vl_plan_split(const pa_attn_call *s, pa_ssize i, pa_ssize count, vl_task *out, vl_task *merges,
+                         size_t *nt, size_t *nm, size_t *np)
+{
+    const pa_ssize nch = (s->S + PA_SPLIT_CHUNK - 1) / PA_SPLIT_CHUNK;
+    const size_t per = (size_t)s->L * (size_t)(2 + s->Ev);
+    const double cost = (double)s->L * (double)s->S;
+    for (pa_ssize b = 0; b < count; b++) {
+        for (pa_ssize ch = 0; ch < nch; ch++, (*nt)++)
+            if (out) vl_set(&out[*nt], i, b, 0, s->L, ch, nch, *np + (size_t)ch * per, cost);
+        if (out) vl_set(&merges[*nm], i, b, 0, s->L, -2, nch, *np, 0);
+        (*nm)++;
+        size_t add;
+        if (!pa_mul_ok(per, (size_t)nch, &add) || *np + add < *np) return -1;
+        *np += add;
+    }
+    return 0;
+}
+
+/* Count (out = NULL) or make the forward's tasks: *ntasks block and chunk
+ * tasks, then *nmerge merge tasks after them, *nparts partial elements
+ * (on the fill, the counts of the first pass come in). -1: a size
+ * overflows. */
 static int vl_fwd_plan(const vl_ctx *c, vl_task *out, size_t *ntasks, size_t *nmerge, size_t *nparts)
 {
     const pa_attn_call *k = c->call;
@@ -152,33 +181,12 @@ static int vl_fwd_plan(const vl_ctx *c, vl_task *out, size_t *ntasks, size_t *nm
         pa_attn_call s;
         vl_seq(k, i, &s);
         if (s.L == 0) continue;
-        pa_attn_args a;
-        pa_attn_setup(&a, c->fam, &s, 0);
         if (vl_splits(&s)) {
-            const pa_ssize nch = (s.S + PA_SPLIT_CHUNK - 1) / PA_SPLIT_CHUNK;
-            const size_t per = (size_t)s.L * (size_t)(2 + s.Ev);
-            for (pa_ssize b = 0; b < count; b++) {
-                for (pa_ssize ch = 0; ch < nch; ch++, nt++) {
-                    if (out) {
-                        vl_task *t = &out[nt];
-                        t->seq = i; t->b = b; t->i0 = 0; t->i1 = s.L; t->chunk = ch; t->nchunks = nch;
-                        t->poff = np + (size_t)ch * per;
-                        t->cost = (double)s.L * (double)s.S;
-                    }
-                }
-                if (out) {
-                    vl_task *t = &out[*ntasks + nm];
-                    t->seq = i; t->b = b; t->i0 = 0; t->i1 = s.L; t->chunk = -2; t->nchunks = nch;
-                    t->poff = np;
-                    t->cost = 0;
-                }
-                nm++;
-                size_t add;
-                if (!pa_mul_ok(per, (size_t)nch, &add) || np + add < np) return -1;
-                np += add;
-            }
+            if (vl_plan_split(&s, i, count, out, out ? out + *ntasks : NULL, &nt, &nm, &np) != 0) return -1;
             continue;
         }
+        pa_attn_args a;
+        pa_attn_setup(&a, c->fam, &s, 0);
         const pa_ssize bq = vl_bq(c->fam, k->dtype, s.L);
         double cost = 0;                /* the keys its rows visit, all blocks */
         for (pa_ssize i0 = 0; i0 < s.L; i0 += bq) {
@@ -186,15 +194,9 @@ static int vl_fwd_plan(const vl_ctx *c, vl_task *out, size_t *ntasks, size_t *nm
             pa_block_keys(&a.rule, i0, pa_min(i0 + bq, s.L), &lo, &hi);
             cost += (double)(pa_min(i0 + bq, s.L) - i0) * (double)(hi > lo ? hi - lo + 16 : 16);
         }
-        for (pa_ssize i0 = 0; i0 < s.L; i0 += bq) {
-            const pa_ssize i1 = pa_min(i0 + bq, s.L);
+        for (pa_ssize i0 = 0; i0 < s.L; i0 += bq)
             for (pa_ssize b = 0; b < count; b++, nt++)
-                if (out) {
-                    vl_task *t = &out[nt];
-                    t->seq = i; t->b = b; t->i0 = i0; t->i1 = i1; t->chunk = -1; t->nchunks = 0;
-                    t->poff = 0; t->cost = cost;
-                }
-        }
+                if (out) vl_set(&out[nt], i, b, i0, pa_min(i0 + bq, s.L), -1, 0, 0, cost);
         if (nt > (size_t)PTRDIFF_MAX / 2) return -1;
     }
     *ntasks = nt;
@@ -206,6 +208,19 @@ static int vl_fwd_plan(const vl_ctx *c, vl_task *out, size_t *ntasks, size_t *nm
 static void vl_free_ws(void **ws, int nt)
 {
     for (int i = 0; i < nt; i++) pa_free64(ws[i]);
+}
+
+/* nt workspaces of bytes each (zeroed: zero), into ws; 0, or -1 when one
+ * cannot be allocated (the caller frees them all) */
+static int vl_alloc_ws(void **ws, int nt, size_t bytes, int zero)
+{
+    int ok = 1;
+    for (int i = 0; i < nt; i++) {
+        ws[i] = pa_alloc64(bytes);
+        ok &= ws[i] != NULL;
+        if (zero && ws[i]) memset(ws[i], 0, bytes);
+    }
+    return ok ? 0 : -1;
 }
 
 int pa_attention_varlen(const pa_family *fam, const pa_attn_call *call, int nthreads)
@@ -232,8 +247,7 @@ int pa_attention_varlen(const pa_family *fam, const pa_attn_call *call, int nthr
     if (bytes == 0) goto fail;
     nth = nthreads < 1 ? 1 : nthreads;
     if ((size_t)nth > nt) nth = (int)(nt > 0 ? nt : 1);
-    ok = 1;
-    for (int i = 0; i < nth; i++) { wsv[i] = pa_alloc64(bytes); ok &= wsv[i] != NULL; }
+    ok = vl_alloc_ws(wsv, nth, bytes, 0) == 0;
     if (!ok) goto fail;
     c.ws = wsv;
     pa_parallel_for((pa_ssize)nt, vl_fwd_task, &c, nth);
@@ -362,12 +376,7 @@ int pa_attention_varlen_backward(const pa_family *fam, const pa_attn_call *call,
     if (bytes == 0) goto fail;
     nth = nthreads < 1 ? 1 : nthreads;
     if ((size_t)nth > nt) nth = (int)nt;
-    ok = 1;
-    for (int i = 0; i < nth; i++) {
-        wsv[i] = pa_alloc64(bytes);
-        ok &= wsv[i] != NULL;
-        if (wsv[i]) memset(wsv[i], 0, bytes);
-    }
+    ok = vl_alloc_ws(wsv, nth, bytes, 1) == 0;
     if (!ok) goto fail;
     c.ws = wsv;
     pa_parallel_for((pa_ssize)nt, vl_bwd_task, &c, nth);
