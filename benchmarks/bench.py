@@ -300,6 +300,8 @@ def worker(args):
         generation(args, rng, run, torch, read_side)
     if want("training"):
         training(args, rng, run, torch)
+    if want("varlen"):
+        varlen(args, rng, run, torch)
     from pyattn import _C
     bf16_emulated = "emul" in _C.config()["gemm_bf16"]
     if want("bf16") and args.quick and bf16_emulated and not args.only:
@@ -454,6 +456,51 @@ def training(args, rng, run, torch):
         impls["torch"] = torch_layer
     flops = 3.0 * (2.0 * B * T * D * D * 4) + 3.5 * 4.0 * B * T * T * D
     run({"op": "mha fwd+bwd", "shape": f"B={B} T={T} D={D} H={H}"}, flops, impls)
+
+
+VARLEN_N, VARLEN_H, VARLEN_E = 16, 8, 64
+
+
+def varlen(args, rng, run, torch):
+    """The rows of issue 24 ("Serve", varlen): 16 causal sequences with
+    lengths drawn from 64..2048 (fixed seed), H=8, E=64, float32, packed;
+    against the dense kernel on one sequence of the mean length, against
+    padding to the longest + a key-padding mask, and the backward against
+    the dense backward on one sequence of equal work (L = sqrt(sum L_i^2)).
+    GFLOP/s count real work only (causal: half of 4 H L^2 E per sequence)."""
+    import numpy as np
+    import pyattn
+    N, H, E = VARLEN_N, VARLEN_H, VARLEN_E
+    lens = np.random.default_rng(24).integers(64, 2049, N)
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    T, Lmax = int(cu[-1]), int(lens.max())
+    q, k, v, g = (rng.standard_normal((T, H, E), dtype=np.float32) for _ in range(4))
+    work = float(sum(2.0 * H * int(n) * int(n) * E for n in lens))
+    # padded: (N, H, Lmax, E) with keys past each length masked out
+    qp, kp, vp = (np.zeros((N, H, Lmax, E), np.float32) for _ in range(3))
+    for i, n in enumerate(lens):
+        for x, xp in ((q, qp), (k, kp), (v, vp)):
+            xp[i, :, :n] = x[cu[i]:cu[i + 1]].transpose(1, 0, 2)
+    keymask = (np.arange(Lmax)[None, :] < lens[:, None])[:, None, None, :]
+    shape = f"N={N} lengths 64..2048 (sum {T}, max {Lmax}) H={H} E={E} causal"
+    run({"op": "varlen", "shape": shape}, work, {
+        "pyattn": lambda: pyattn.scaled_dot_product_attention_varlen(q, k, v, cu, cu, is_causal=True),
+        "pyattn padded + mask": lambda: pyattn.scaled_dot_product_attention(qp, kp, vp, keymask, is_causal=True)})
+    del qp, kp, vp
+    Lm = int(round(float(lens.mean())))
+    qd, kd, vd = (rng.standard_normal((1, H, Lm, E), dtype=np.float32) for _ in range(3))
+    run({"op": "varlen", "shape": f"dense B=1 H={H} L=S={Lm} (the mean) E={E} causal"}, 2.0 * H * Lm * Lm * E,
+        {"pyattn": lambda: pyattn.scaled_dot_product_attention(qd, kd, vd, is_causal=True)})
+    o, lse = pyattn.scaled_dot_product_attention_varlen(q, k, v, cu, cu, is_causal=True, return_lse=True)
+    run({"op": "varlen bwd", "shape": shape}, 2.5 * work, {
+        "pyattn": lambda: pyattn.scaled_dot_product_attention_varlen_backward(g, q, k, v, o, lse, cu, cu,
+                                                                             is_causal=True)})
+    Le = int(round(float(np.sqrt((lens.astype(np.float64) ** 2).sum()))))
+    qd, kd, vd, gd = (rng.standard_normal((1, H, Le, E), dtype=np.float32) for _ in range(4))
+    od, ld = pyattn.scaled_dot_product_attention(qd, kd, vd, is_causal=True, return_lse=True)
+    run({"op": "varlen bwd", "shape": f"dense B=1 H={H} L=S={Le} (equal work) E={E} causal"},
+        2.5 * 2.0 * H * Le * Le * E,
+        {"pyattn": lambda: pyattn.scaled_dot_product_attention_backward(gd, qd, kd, vd, od, ld, is_causal=True)})
 
 
 def bf16(args, rng, run, torch):
@@ -761,6 +808,24 @@ def targets(rows, mem):
         if one and r["threads"] > 1:
             ratio = one["min_ms"] / r["min_ms"]
             line(f"{r['op']} {r['shape']}: {r['threads']} threads vs 1", f"{ratio:.2f}x", ">= 1.85x", ratio >= 1.85)
+    # varlen (issue 24): GFLOP/s of real work vs the dense kernel (mean length;
+    # backward: equal work), time vs padding to the longest + masking
+    gfs = lambda r: r["flops"] / r["min_ms"] / 1e6  # noqa: E731
+    for r in data:
+        if r["impl"] != "pyattn" or not r["op"].startswith("varlen") or r["shape"].startswith("dense"):
+            continue
+        dense = next((d for d in data if d["op"] == r["op"] and d["threads"] == r["threads"]
+                      and d["shape"].startswith("dense")), None)
+        goal = 0.95 if r["op"] == "varlen" else 0.9
+        if dense:
+            ratio = gfs(r) / gfs(dense)
+            line(f"{r['op']} {r['shape']}, {r['threads']} thr, GFLOP/s vs {dense['shape'].split(' (')[0]}",
+                 f"{ratio:.2f}x ({gfs(r):.1f} vs {gfs(dense):.1f})", f">= {goal}x", ratio >= goal)
+        pad = get(r["op"], r["shape"], "pyattn padded + mask", r["threads"])
+        if pad:
+            ratio = pad["min_ms"] / r["min_ms"]
+            line(f"varlen {r['shape']}, {r['threads']} thr, vs padded + mask", f"{ratio:.2f}x", ">= 1.8x",
+                 ratio >= 1.8)
     if mem is not None:
         line("causal L=S=32768 E=64: peak memory growth", f"{mem:.1f} MB", "< 64 MB", mem < 64)
     return "| target | measured | goal | |\n|---|---|---|---|\n" + "\n".join(out)
@@ -788,7 +853,7 @@ def main():
     ap.add_argument("--md", default=None, help="also write the table with its context to this Markdown file")
     ap.add_argument("--no-memory", action="store_true", help="skip the 32768-token memory probe")
     ap.add_argument("--only", default=None, help="comma-separated sections to run: matmul, sdpa, decode, "
-                    "generation, training, bf16, mha (default: all)")
+                    "generation, training, varlen, bf16, mha (default: all)")
     ap.add_argument("--from-json", default=None, help="re-render the table, targets and plot from a saved "
                     "results.json instead of measuring")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

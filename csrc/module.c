@@ -674,6 +674,7 @@ typedef struct {
     double scale, dropout_p, softcap;
     unsigned long long key;
     Py_ssize_t left, right, row_div;
+    PyObject *cuq, *cuk;        /* packed sequences' offsets (varlen), or None */
 } call_args;
 
 static void call_args_init(call_args *a, int allow)
@@ -684,6 +685,57 @@ static void call_args_init(call_args *a, int allow)
     a->scale = 1.0;
     a->left = a->right = -1;
     a->row_div = 1;
+    a->cuq = a->cuk = Py_None;
+}
+
+/* One of a varlen call's offsets: a 1-D contiguous int64 array of nseq + 1
+ * entries, 0 first, non-decreasing, total last. */
+static int get_cu1(PyObject *o, const char *name, pa_ssize total, const int64_t **cu, pa_ssize *n)
+{
+    PyArrayObject *a = (PyArrayObject *)o;
+    if (!PyArray_Check(o) || PyArray_TYPE(a) != NPY_INT64 || PyArray_NDIM(a) != 1 ||
+        !PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISNOTSWAPPED(a) || PyArray_DIMS(a)[0] < 1) {
+        PyErr_Format(PyExc_TypeError, "%s must be a 1-D contiguous int64 array of at least 1 entry", name);
+        return -1;
+    }
+    const int64_t *c = (const int64_t *)PyArray_DATA(a);
+    const pa_ssize m = (pa_ssize)PyArray_DIMS(a)[0];
+    for (pa_ssize i = 0; i < m; i++) {
+        const int64_t lo = i == 0 ? 0 : c[i - 1];
+        if ((i == 0 && c[0] != 0) || c[i] < lo || c[i] > (int64_t)total || (i == m - 1 && c[i] != (int64_t)total)) {
+            PyErr_Format(PyExc_ValueError, "%s is not 0, non-decreasing, ..., %zd: bad entry at position %zd (%lld)",
+                         name, (Py_ssize_t)total, (Py_ssize_t)i, (long long)c[i]);
+            return -1;
+        }
+    }
+    *cu = c;
+    *n = m - 1;
+    return 0;
+}
+
+/* A varlen call's offsets (both or neither), and what they exclude. */
+static int get_cu(const call_args *a, pa_attn_call *c)
+{
+    if (a->cuq == Py_None && a->cuk == Py_None) return 0;
+    pa_ssize nq, nk;
+    if (a->cuq == Py_None || a->cuk == Py_None) {
+        PyErr_SetString(PyExc_ValueError, "give both cu_seqlens_q and cu_seqlens_k, or neither");
+        return -1;
+    }
+    if (get_cu1(a->cuq, "cu_seqlens_q", c->L, &c->cu_seqlens_q, &nq) < 0 ||
+        get_cu1(a->cuk, "cu_seqlens_k", c->S, &c->cu_seqlens_k, &nk) < 0)
+        return -1;
+    if (nq != nk) {
+        PyErr_Format(PyExc_ValueError, "cu_seqlens_q has %zd sequences and cu_seqlens_k %zd: they must match",
+                     (Py_ssize_t)nq, (Py_ssize_t)nk);
+        return -1;
+    }
+    if (a->mask != Py_None || a->want_w || a->kv_len != Py_None || a->row_div != 1 || a->qoff != Py_None) {
+        PyErr_SetString(PyExc_ValueError, "cu_seqlens exclude masks, weights, kv_len, row_div and qoff");
+        return -1;
+    }
+    c->nseq = nq;
+    return 0;
 }
 
 /* The qoff of a call: row i at key position i + qoff (pyattn.dask's blocks). */
@@ -728,7 +780,8 @@ static int check_scalars(const call_args *a, int cd)
 static int get_perhead(const call_args *a, pa_attn_call *c)
 {
     const void *pp;
-    if (get_perbatch(a->slopes, "alibi_slopes", NPY_FLOAT64, c->bt.count, &pp) < 0) return -1;
+    const pa_ssize ns = c->cu_seqlens_q ? c->nseq : 1;     /* varlen: one row per sequence */
+    if (get_perbatch(a->slopes, "alibi_slopes", NPY_FLOAT64, c->bt.count * ns, &pp) < 0) return -1;
     c->slopes = (const double *)pp;
     if (get_perbatch(a->sinks, "sinks", NPY_FLOAT64, c->bt.count, &pp) < 0) return -1;
     c->sinks = (const double *)pp;
@@ -788,6 +841,7 @@ static int attn_call_of(const call_args *a, pa_attn_call *c, view *qkv)
     if (get_qoff(a, c) < 0) return -1;
     c->left = window_side(a->left, S, L, c->qoff);
     c->right = window_side(a->right, S, L, c->qoff);
+    if (get_cu(a, c) < 0) return -1;
     return get_perhead(a, c);
 }
 
@@ -795,7 +849,7 @@ PyDoc_STRVAR(sdpa_doc,
 "sdpa(q, k, v, out=None, mask=None, causal=0, scale=1.0, dropout_p=0.0,\n"
 "     dropout_key=0, want_weights=False, want_lse=False, left=-1, right=-1,\n"
 "     softcap=0.0, slopes=None, sinks=None, kv_len=None, row_div=1, qoff=None,\n"
-"     nthreads=0, bf16=False, append=None)\n"
+"     nthreads=0, bf16=False, append=None, cu_seqlens_q=None, cu_seqlens_k=None)\n"
 "     -> (out, weights or None, lse or None)\n\n"
 "Private kernel entry: fused attention, all operands with equal batch axes;\n"
 "slopes, sinks (float64) and kv_len (int64) hold one value per flat batch\n"
@@ -808,7 +862,7 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
     static char *kwlist[] = {"q", "k", "v", "out", "mask", "causal", "scale", "dropout_p",
                              "dropout_key", "want_weights", "want_lse", "left", "right",
                              "softcap", "slopes", "sinks", "kv_len", "row_div", "qoff", "nthreads",
-                             "bf16", "append", NULL};
+                             "bf16", "append", "cu_seqlens_q", "cu_seqlens_k", NULL};
     call_args a;
     call_args_init(&a, PA_ALLOW_16);
     PyObject *outo = Py_None, *appo = Py_None;
@@ -817,13 +871,17 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
     pa_attn_call c;
     view qkv[3], o, w, lv;
     PyArrayObject *res = NULL, *wres = NULL, *lres = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOiddKppnndOOOnOipO:sdpa", kwlist, &a.q, &a.k, &a.v,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOiddKppnndOOOnOipOOO:sdpa", kwlist, &a.q, &a.k, &a.v,
                                      &outo, &a.mask, &a.causal, &a.scale, &a.dropout_p, &a.key,
                                      &a.want_w, &want_lse, &a.left, &a.right, &a.softcap, &a.slopes,
                                      &a.sinks, &a.kv_len, &a.row_div, &a.qoff, &req_threads, &a.bf16,
-                                     &appo))
+                                     &appo, &a.cuq, &a.cuk))
         return NULL;
     if (attn_call_of(&a, &c, qkv) < 0) goto fail;
+    if (appo != Py_None && c.cu_seqlens_q) {
+        PyErr_SetString(PyExc_ValueError, "cu_seqlens exclude append");
+        goto fail;
+    }
     if (appo != Py_None) {              /* checked in full before anything is allocated */
         if (get_append(appo, &ap) < 0) goto fail;
         c.before = kv_append_run;
@@ -869,6 +927,27 @@ static PyArrayObject *new_zeros(int nd, const pa_ssize *shape, int dtype, const 
     PyArrayObject *a = new_array(nd, shape, dtype, what);
     if (a) memset(PyArray_DATA(a), 0, (size_t)PyArray_NBYTES(a));
     return a;
+}
+
+/* A varlen call's gradient (rows_first): zeros laid out token-major, (rows,
+ * batch..., cols) in memory, returned as the (batch..., rows, cols) view the
+ * op writes through -- so the packed (total, H, E) result needs no copy. */
+static PyArrayObject *new_zeros_of(int nd, const pa_ssize *shape, int dtype, const char *what, int rows_first)
+{
+    if (!rows_first) return new_zeros(nd, shape, dtype, what);
+    pa_ssize s2[PA_MAXDIMS];
+    npy_intp perm[PA_MAXDIMS];
+    s2[0] = shape[nd - 2];
+    for (int d = 0; d < nd - 2; d++) { s2[d + 1] = shape[d]; perm[d] = d + 1; }
+    s2[nd - 1] = shape[nd - 1];
+    perm[nd - 2] = 0;
+    perm[nd - 1] = nd - 1;
+    PyArrayObject *a = new_zeros(nd, s2, dtype, what);
+    if (!a) return NULL;
+    PyArray_Dims pd = {perm, nd};
+    PyObject *t = PyArray_Transpose(a, &pd);
+    Py_DECREF(a);
+    return (PyArrayObject *)t;
 }
 
 static void zero_all(PyArrayObject *a, PyArrayObject *b, PyArrayObject *c, PyArrayObject *d)
@@ -932,7 +1011,8 @@ static int get_reduce(PyObject *redo, int nb, int *r)
 PyDoc_STRVAR(sdpa_backward_doc,
 "sdpa_backward(q, k, v, o, go, lse, mask=None, causal=0, scale=1.0, dropout_p=0.0,\n"
 "              dropout_key=0, left=-1, right=-1, softcap=0.0, slopes=None, sinks=None,\n"
-"              reduce=(), nthreads=0) -> (dq, dk, dv, dsinks or None)\n\n"
+"              reduce=(), nthreads=0, cu_seqlens_q=None, cu_seqlens_k=None)\n"
+"              -> (dq, dk, dv, dsinks or None)\n\n"
 "Private kernel entry: the attention backward, every operand of one compute\n"
 "dtype with equal batch axes; reduce flags the batch axes that key and value\n"
 "broadcast over (dk, dv get extent 1 there, summed). dsinks: one value per\n"
@@ -942,7 +1022,7 @@ static PyObject *py_sdpa_backward(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"q", "k", "v", "o", "go", "lse", "mask", "causal", "scale",
                              "dropout_p", "dropout_key", "left", "right", "softcap", "slopes",
-                             "sinks", "reduce", "nthreads", NULL};
+                             "sinks", "reduce", "nthreads", "cu_seqlens_q", "cu_seqlens_k", NULL};
     call_args a;
     call_args_init(&a, 0);
     PyObject *io[3], *redo = NULL;
@@ -951,10 +1031,10 @@ static PyObject *py_sdpa_backward(PyObject *self, PyObject *args, PyObject *kw)
     pa_attn_grads g;
     view qkv[3], dqv, dkv, dvv;
     PyArrayObject *dq = NULL, *dk = NULL, *dv = NULL, *ds = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOO|OiddKnndOOOi:sdpa_backward", kwlist, &a.q, &a.k,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOO|OiddKnndOOOiOO:sdpa_backward", kwlist, &a.q, &a.k,
                                      &a.v, &io[0], &io[1], &io[2], &a.mask, &a.causal, &a.scale,
                                      &a.dropout_p, &a.key, &a.left, &a.right, &a.softcap, &a.slopes,
-                                     &a.sinks, &redo, &req_threads))
+                                     &a.sinks, &redo, &req_threads, &a.cuq, &a.cuk))
         return NULL;
     memset(&g, 0, sizeof g);
     if (attn_call_of(&a, &c, qkv) < 0 || get_bwd_inputs(io, qkv, &c, &g) < 0) goto fail;
@@ -964,12 +1044,13 @@ static PyObject *py_sdpa_backward(PyObject *self, PyObject *args, PyObject *kw)
     memcpy(kshape, qkv[1].shape, sizeof(pa_ssize) * (size_t)nd);
     for (int d = 0; d < nb; d++)
         if (reduce[d]) kshape[d] = 1;
-    dq = new_zeros(nd, qkv[0].shape, cd, "query gradient");
+    const int tm = c.cu_seqlens_q != NULL;      /* varlen: token-major gradients */
+    dq = new_zeros_of(nd, qkv[0].shape, cd, "query gradient", tm);
     if (!dq) goto fail;
-    dk = new_zeros(nd, kshape, cd, "key gradient");
+    dk = new_zeros_of(nd, kshape, cd, "key gradient", tm);
     if (!dk) goto fail;
     kshape[nd - 1] = c.Ev;
-    dv = new_zeros(nd, kshape, cd, "value gradient");
+    dv = new_zeros_of(nd, kshape, cd, "value gradient", tm);
     if (!dv) goto fail;
     if (c.sinks) {
         const pa_ssize n = c.bt.count;

@@ -11,6 +11,8 @@ __all__ = [
     "merge_attention", "attention_with_kvcache", "KVCache",
     "scaled_dot_product_attention_backward", "scaled_dot_product_attention_vjp", "softmax_backward",
     "set_num_threads", "get_num_threads", "show_config", "nn", "__version__",
+    "scaled_dot_product_attention_varlen", "scaled_dot_product_attention_varlen_backward",
+    "scaled_dot_product_attention_varlen_vjp",
 ]
 
 _Causal = Union[bool, Literal["top_left", "bottom_right"]]
@@ -142,3 +144,31 @@ def softmax_backward(grad_y: ArrayLike, y: ArrayLike, /, axis: int = ..., *,
 def set_num_threads(n: int) -> None: ...
 def get_num_threads() -> int: ...
 def show_config() -> None: ...
+@overload
+def scaled_dot_product_attention_varlen(
+    query: ArrayLike, key: ArrayLike, value: ArrayLike, cu_seqlens_q: ArrayLike, cu_seqlens_k: ArrayLike, *,
+    is_causal: _Causal = ..., scale: Optional[float] = ..., enable_gqa: bool = ..., dropout_p: float = ...,
+    rng: _Rng = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
+    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., return_lse: Literal[False] = ...,
+    precision: _Precision = ..., out: Optional[NDArray[Any]] = ...,
+) -> _F: ...
+@overload
+def scaled_dot_product_attention_varlen(
+    query: ArrayLike, key: ArrayLike, value: ArrayLike, cu_seqlens_q: ArrayLike, cu_seqlens_k: ArrayLike, *,
+    is_causal: _Causal = ..., scale: Optional[float] = ..., enable_gqa: bool = ..., dropout_p: float = ...,
+    rng: _Rng = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
+    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., return_lse: Literal[True],
+    precision: _Precision = ..., out: Optional[NDArray[Any]] = ...,
+) -> Tuple[_F, _F]: ...
+def scaled_dot_product_attention_varlen_backward(
+    grad_out: ArrayLike, query: ArrayLike, key: ArrayLike, value: ArrayLike, out: ArrayLike, lse: ArrayLike,
+    cu_seqlens_q: ArrayLike, cu_seqlens_k: ArrayLike, *, is_causal: _Causal = ..., scale: Optional[float] = ...,
+    enable_gqa: bool = ..., dropout_p: float = ..., rng: _Rng = ..., window: _Window = ...,
+    alibi_slopes: Optional[ArrayLike] = ..., softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ...,
+) -> Tuple[_F, ...]: ...
+def scaled_dot_product_attention_varlen_vjp(
+    query: ArrayLike, key: ArrayLike, value: ArrayLike, cu_seqlens_q: ArrayLike, cu_seqlens_k: ArrayLike, *,
+    is_causal: _Causal = ..., scale: Optional[float] = ..., enable_gqa: bool = ..., dropout_p: float = ...,
+    rng: _Rng = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
+    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ...,
+) -> Tuple[_F, Callable[[ArrayLike], Tuple[_F, ...]]]: ...

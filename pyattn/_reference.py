@@ -417,3 +417,39 @@ def multi_head_attention(query, key, value, num_heads, w_q, w_k, w_v, w_o=None,
         o = linear(o, w_o, b_o)
     o = o.astype(dt)
     return (o, w.astype(dt)) if return_weights else o
+
+
+def scaled_dot_product_attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, *,
+                                        is_causal=False, scale=None, enable_gqa=False, dropout_p=0.0,
+                                        dropout_key=0, window=None, alibi_slopes=None, softcap=None,
+                                        sinks=None, return_lse=False, precision=None):
+    """Packed sequences (total, H, E): a loop over the sequences of the dense
+    reference, sequence i with its own rows and keys; its dropout mask is the
+    dense call's for batch entry i (the counters of (i, head, row, key)
+    in a batch of i + 1 entries of its shape), ALiBi slopes (Hq,) or (N, Hq)."""
+    q, k, v = (np.asarray(t) for t in (query, key, value))
+    cq, ck = np.asarray(cu_seqlens_q), np.asarray(cu_seqlens_k)
+    dt = compute_dtype((q, "query"), (k, "key"), (v, "value"))
+    n, H = len(cq) - 1, q.shape[1]
+    slopes = None if alibi_slopes is None else np.broadcast_to(_f64(alibi_slopes), (n, H))
+    out = np.zeros(q.shape[:2] + v.shape[2:], dt)
+    lse = np.zeros(q.shape[:2], dt)
+    for i in range(n):
+        if cq[i + 1] == cq[i]:
+            continue
+        if ck[i + 1] == ck[i]:       # no keys: output 0, lse -inf (or the sink's logit)
+            lse[cq[i]:cq[i + 1]] = -np.inf if sinks is None else _f64(sinks)
+            continue
+        qi = q[cq[i]:cq[i + 1]].transpose(1, 0, 2)
+        ki, vi = (t[ck[i]:ck[i + 1]].transpose(1, 0, 2) for t in (k, v))
+        if dropout_p > 0:
+            qi = np.broadcast_to(qi, (i + 1,) + qi.shape)
+        o, ls = scaled_dot_product_attention(
+            qi, ki, vi, None, dropout_p, is_causal, scale, enable_gqa, dropout_key=dropout_key,
+            window=window, alibi_slopes=None if slopes is None else slopes[i], softcap=softcap,
+            sinks=sinks, return_lse=True, precision=precision)
+        if dropout_p > 0:
+            o, ls = o[i], ls[i]
+        out[cq[i]:cq[i + 1]] = o.transpose(1, 0, 2)
+        lse[cq[i]:cq[i + 1]] = ls.T
+    return (out, lse) if return_lse else out

@@ -88,6 +88,8 @@ class AttnSpec(NamedTuple):
             kw["slopes"] = self.slopes
         if self.sinks is not None:
             kw["sinks"] = self.sinks
+        if self.cu_seqlens_q is not None:
+            kw["cu_seqlens_q"], kw["cu_seqlens_k"] = self.cu_seqlens_q, self.cu_seqlens_k
         return kw
 
 

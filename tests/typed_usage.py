@@ -54,6 +54,13 @@ def gradients() -> None:
     for name, p in layer.parameters().items():
         p -= 0.1 * layer.grads[name]
     print(dq.shape, dk.shape, dv.shape, len(grads), gx.shape, g.shape)
+    cu = np.array([0, 3, 8])
+    x = np.ones((8, 2, 4), np.float32)
+    vo, vl = pyattn.scaled_dot_product_attention_varlen(x, x, x, cu, cu, is_causal=True, return_lse=True)
+    vg = pyattn.scaled_dot_product_attention_varlen_backward(np.ones_like(vo), x, x, x, vo, vl, cu, cu,
+                                                            is_causal=True)
+    vout, vback = pyattn.scaled_dot_product_attention_varlen_vjp(x, x, x, cu, cu)
+    print(vg[0].shape, len(vback(np.ones_like(vout))))
 
 
 def first_hour(flag: bool) -> None:

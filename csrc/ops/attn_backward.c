@@ -77,6 +77,7 @@ static void bwd_task(void *ctx_, pa_ssize outer, int tid)
 int pa_attention_backward(const pa_family *fam, const pa_attn_call *call, const pa_attn_grads *g,
                           int nthreads)
 {
+    if (call->cu_seqlens_q) return pa_attention_varlen_backward(fam, call, g, nthreads);
     const pa_batch *bt = &call->bt;
     if (g->dsinks)
         for (pa_ssize b = 0; b < bt->count; b++) g->dsinks[b] = 0;

@@ -151,10 +151,18 @@ typedef struct {
     const void *block_table;
     const void *kv_scales;
     const void *block_mask;
+    pa_ssize nseq;              /* with cu_seqlens_q/k: the sequences (cu_seqlens have
+                                   nseq + 1 entries; alibi slopes nseq * count) */
 } pa_attn_call;
 
 /* Attention per flat batch index b of call c: out (and w, lse when asked). */
 int pa_attention(const pa_family *fam, const pa_attn_call *c, int nthreads);
+
+/* Packed sequences (attn_varlen.c): the forward and backward of a call with
+ * cu_seqlens_q / cu_seqlens_k; pa_attention and pa_attention_backward hand
+ * such calls on. Rows [cu_q[i], cu_q[i+1]) of L attend to keys
+ * [cu_k[i], cu_k[i+1]) of S only, each sequence as its own dense call. */
+int pa_attention_varlen(const pa_family *fam, const pa_attn_call *c, int nthreads);
 
 /* The backward's own operands (per flat batch index b): the incoming
  * gradient go (L, Ev) and the gradients it adds into, dq (L, E), dk (S, E),
@@ -173,6 +181,8 @@ typedef struct {
  * forward's output c->out and c->lse. Results do not depend on nthreads. */
 int pa_attention_backward(const pa_family *fam, const pa_attn_call *c, const pa_attn_grads *g,
                           int nthreads);
+int pa_attention_varlen_backward(const pa_family *fam, const pa_attn_call *c, const pa_attn_grads *g,
+                                 int nthreads);
 
 /* merge_attention: per flat batch index b, P partial results -- outputs
  * (L, Ev) and log-sum-exps (L,) over disjoint key sets, part p at element
