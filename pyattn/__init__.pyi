@@ -16,6 +16,7 @@ __all__ = [
 _Causal = Union[bool, Literal["top_left", "bottom_right"]]
 _Rng = Union[None, int, np.random.Generator]
 _Precision = Optional[Literal["highest", "bf16"]]
+_Align = Optional[Literal["top_left", "bottom_right"]]
 
 def matmul(a: ArrayLike, b: ArrayLike, /, *, out: Optional[NDArray[Any]] = ...,
            precision: _Precision = ...) -> NDArray[np.floating[Any]]: ...
@@ -33,6 +34,7 @@ def scaled_dot_product_attention(
     enable_gqa: bool = ..., *, rng: _Rng = ..., return_weights: Literal[False] = ...,
     out: Optional[NDArray[Any]] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
     softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: Literal[False] = ...,
+    align: _Align = ...,
 ) -> _F: ...
 @overload
 def scaled_dot_product_attention(
@@ -41,6 +43,7 @@ def scaled_dot_product_attention(
     enable_gqa: bool = ..., *, rng: _Rng = ..., return_weights: Literal[True],
     out: Optional[NDArray[Any]] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
     softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: Literal[False] = ...,
+    align: _Align = ...,
 ) -> Tuple[_F, _F]: ...
 @overload
 def scaled_dot_product_attention(
@@ -49,6 +52,7 @@ def scaled_dot_product_attention(
     enable_gqa: bool = ..., *, rng: _Rng = ..., return_weights: Literal[False] = ...,
     out: Optional[NDArray[Any]] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
     softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: Literal[True],
+    align: _Align = ...,
 ) -> Tuple[_F, _F]: ...
 @overload
 def scaled_dot_product_attention(
@@ -57,6 +61,7 @@ def scaled_dot_product_attention(
     enable_gqa: bool = ..., *, rng: _Rng = ..., return_weights: Literal[True],
     out: Optional[NDArray[Any]] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
     softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: Literal[True],
+    align: _Align = ...,
 ) -> Tuple[_F, _F, _F]: ...
 @overload
 def scaled_dot_product_attention(
@@ -65,6 +70,7 @@ def scaled_dot_product_attention(
     enable_gqa: bool = ..., *, rng: _Rng = ..., return_weights: bool = ...,
     out: Optional[NDArray[Any]] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
     softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: bool = ...,
+    align: _Align = ...,
 ) -> Union[_F, Tuple[_F, _F], Tuple[_F, _F, _F]]: ...
 def merge_attention(outputs: Union[ArrayLike, Sequence[ArrayLike]], lses: Union[ArrayLike, Sequence[ArrayLike]], /) -> Tuple[_F, _F]: ...
 @overload
@@ -129,13 +135,14 @@ def scaled_dot_product_attention_backward(
     lse: NDArray[np.floating[Any]], attn_mask: Optional[ArrayLike] = ..., dropout_p: float = ...,
     is_causal: _Causal = ..., scale: Optional[float] = ..., enable_gqa: bool = ..., *,
     rng: _Rng = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
-    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ...,
+    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., align: _Align = ...,
 ) -> Tuple[_F, ...]: ...
 def scaled_dot_product_attention_vjp(
     query: ArrayLike, key: ArrayLike, value: ArrayLike, attn_mask: Optional[ArrayLike] = ...,
     dropout_p: float = ..., is_causal: _Causal = ..., scale: Optional[float] = ...,
     enable_gqa: bool = ..., *, rng: _Rng = ..., window: _Window = ...,
     alibi_slopes: Optional[ArrayLike] = ..., softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ...,
+    align: _Align = ...,
 ) -> Tuple[_F, Callable[[ArrayLike], Tuple[_F, ...]]]: ...
 def softmax_backward(grad_y: ArrayLike, y: ArrayLike, /, axis: int = ..., *,
                      scale: Optional[float] = ...) -> _F: ...
