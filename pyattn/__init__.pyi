@@ -80,6 +80,9 @@ def attention_with_kvcache(
     scale: Optional[float] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
     softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: Literal[False] = ...,
     out: Optional[NDArray[Any]] = ...,
+    rotary_cos: Optional[ArrayLike] = ..., rotary_sin: Optional[ArrayLike] = ...,
+    rotary_interleaved: bool = ..., cache_leftpad: Optional[ArrayLike] = ...,
+    cache_batch_idx: Optional[ArrayLike] = ...,
 ) -> _F: ...
 @overload
 def attention_with_kvcache(
@@ -88,6 +91,9 @@ def attention_with_kvcache(
     scale: Optional[float] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
     softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: Literal[True],
     out: Optional[NDArray[Any]] = ...,
+    rotary_cos: Optional[ArrayLike] = ..., rotary_sin: Optional[ArrayLike] = ...,
+    rotary_interleaved: bool = ..., cache_leftpad: Optional[ArrayLike] = ...,
+    cache_batch_idx: Optional[ArrayLike] = ...,
 ) -> Tuple[_F, _F]: ...
 @overload
 def attention_with_kvcache(
@@ -96,6 +102,9 @@ def attention_with_kvcache(
     scale: Optional[float] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
     softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: bool,
     out: Optional[NDArray[Any]] = ...,
+    rotary_cos: Optional[ArrayLike] = ..., rotary_sin: Optional[ArrayLike] = ...,
+    rotary_interleaved: bool = ..., cache_leftpad: Optional[ArrayLike] = ...,
+    cache_batch_idx: Optional[ArrayLike] = ...,
 ) -> Union[_F, Tuple[_F, _F]]: ...
 
 class KVCache:
