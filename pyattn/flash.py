@@ -409,11 +409,47 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     >>> from pyattn.flash import flash_attn_varlen_func
     """
     if block_table is not None:
-        raise NotImplementedError("flash_attn_varlen_func(block_table=...) is not offered on the CPU; "
-                                  "use flash_attn_with_kvcache(block_table=...)")
+        return _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_size,
+                             softcap, alibi_slopes, return_attn_probs, block_table)
     opts = _opts(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs)
     opts["cu_seqlens_q"], opts["cu_seqlens_k"] = _arr(cu_seqlens_q, "cu_seqlens_q"), _arr(cu_seqlens_k, "cu_seqlens_k")
     return _run("varlen", q, k, v, opts)
+
+
+def _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_size, softcap,
+                  alibi_slopes, return_attn_probs, block_table):
+    """flash_attn_varlen_func with a paged k/v pool (num_blocks, block_size, Hkv, E):
+    forward only (as FlashAttention: the result is not attached to autograd), on attention_with_kvcache(block_table=,
+    cu_seqlens_q=) with no new rows: sequence b's queries sit at the bottom
+    right of its keys [0, cu_k[b+1] - cu_k[b])."""
+    if not _paged_supported():
+        raise NotImplementedError("flash_attn_varlen_func(block_table=...) needs pyattn's paged KV cache "
+                                  "support (attention_with_kvcache(block_table=...)), which this pyattn lacks")
+    qa, ka, va = _arr(q, "q"), _arr(k, "k"), _arr(v, "v")
+    _same_dtype(((qa, "q"), (ka, "k"), (va, "v")))
+    cq = np.asarray(_arr(cu_seqlens_q, "cu_seqlens_q"), np.int64)
+    ck = np.asarray(_arr(cu_seqlens_k, "cu_seqlens_k"), np.int64)
+    bt = _arr(block_table, "block_table")
+    win, fa_causal = _window(window_size, causal, bt.shape[1] * ka.shape[1])
+    slopes = _slopes(alibi_slopes)
+    odt = qa.dtype if (is16(qa.dtype) or qa.dtype in (np.float32, np.float64)) else np.dtype(np.float64)
+    out = np.empty(qa.shape[:2] + (va.shape[3],), odt)
+    t = lambda x: x.transpose(0, 2, 1, 3)  # noqa: E731
+    lk, lq = np.diff(ck), np.diff(cq)
+    _, lse = _api.attention_with_kvcache(
+        qa, t(ka), t(va), cache_seqlens=lk, block_table=bt, cu_seqlens_q=cq, is_causal=bool(causal),
+        scale=softmax_scale, window=win, alibi_slopes=slopes, softcap=_softcap(softcap), return_lse=True,
+        out=out)
+    fa = lse.T
+    if slopes is not None and fa_causal:
+        pos = np.repeat(lk - lq, lq) + (np.arange(qa.shape[0]) - np.repeat(cq[:-1], lq))
+        seq = np.repeat(np.arange(len(lq)), lq)
+        sl = slopes[:, None] if slopes.ndim == 1 else slopes[seq].T
+        fa = fa + (sl * pos).astype(lse.dtype)
+    fa = np.where(np.isneginf(fa), np.inf, fa)
+    if _is_tensor(q):
+        out, fa = _tensor(out), _tensor(np.ascontiguousarray(fa))
+    return (out, fa, None) if return_attn_probs else out
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None,
