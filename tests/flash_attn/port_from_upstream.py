@@ -133,6 +133,11 @@ while i < len(lines):
     out.append(ln); i += 1
 s = '\n'.join(out)
 s = s.replace(HEADER_OLD, HEADER_NEW)
+s = ("# pyattn edit: FlashAttention's tests/test_flash_attn.py (Dao-AILab/flash-attention,\n"
+     "# commit 0251105a), BSD 3-Clause License, Copyright (c) 2022, the respective\n"
+     "# contributors, as shown by FlashAttention's AUTHORS file; the license is in\n"
+     "# tests/flash_attn/LICENSE.flash-attention. Ported to pyattn.flash by the edits\n"
+     "# marked \"pyattn edit\" (tests/flash_attn/port_from_upstream.py makes them).\n" + s)
 s = s.replace('import math\n\nimport pytest', 'import math\nimport os  # pyattn edit\n\nimport pytest', 1) if False else s
 n1 = s.count('device = "cuda"')
 s = s.replace('    device = "cuda"\n', '    device = "cpu"  # pyattn edit: CPU\n')

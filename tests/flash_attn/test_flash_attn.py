@@ -1,3 +1,8 @@
+# pyattn edit: FlashAttention's tests/test_flash_attn.py (Dao-AILab/flash-attention,
+# commit 0251105a), BSD 3-Clause License, Copyright (c) 2022, the respective
+# contributors, as shown by FlashAttention's AUTHORS file; the license is in
+# tests/flash_attn/LICENSE.flash-attention. Ported to pyattn.flash by the edits
+# marked "pyattn edit" (tests/flash_attn/port_from_upstream.py makes them).
 import math
 
 import pytest
