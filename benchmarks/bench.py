@@ -298,6 +298,8 @@ def worker(args):
 
     if want("generation"):
         generation(args, rng, run, torch, read_side)
+    if want("flash"):
+        flash(args, rng, run, torch)
     if want("training"):
         training(args, rng, run, torch)
     if want("varlen"):
@@ -388,6 +390,43 @@ def generation(args, rng, run, torch, read_side):
              "pyattn softcap": lambda: pyattn.scaled_dot_product_attention(q, k, v, is_causal=True, softcap=30.0),
              "pyattn sinks": lambda: pyattn.scaled_dot_product_attention(q, k, v, is_causal=True, sinks=np.zeros(H))}
     run({"op": "prefill", "shape": f"B=1 H={H} L=S={L} E={E} causal"}, 2.0 * H * L * L * E, impls)
+
+
+def flash(args, rng, run, torch):
+    """The rows of the issue "FlashAttention's Python API": pyattn.flash's
+    flash_attn_func and flash_attn_with_kvcache against the same computation
+    through pyattn's own API on the same token-major memory (transposed views:
+    what the adapter passes), and a decode step with rotary embedding on the
+    appended key against the same step without it."""
+    import numpy as np
+    import pyattn
+    from pyattn import flash as fl
+    B, H, L, E = 1, 8, (1024 if args.quick else 2048), 64
+    q, k, v = (rng.standard_normal((B, L, H, E), dtype=np.float32) for _ in range(3))
+    t = lambda x: x.transpose(0, 2, 1, 3)  # noqa: E731
+    impls = {"pyattn": lambda: pyattn.scaled_dot_product_attention(t(q), t(k), t(v), is_causal=True),
+             "pyattn.flash": lambda: fl.flash_attn_func(q, k, v, causal=True)}
+    if torch is not None:
+        tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
+        impls["pyattn.flash, torch tensors"] = lambda: fl.flash_attn_func(tq, tk, tv, causal=True)
+    run({"op": "flash fwd", "shape": f"B={B} L=S={L} H={H} E={E} causal"}, 2.0 * B * H * L * L * E, impls)
+    del q, k, v, impls
+    # decode: one new token per step, 32 query heads over 8 cache heads, E = 128
+    Hq, Hkv, E, S = 32, 8, 128, (8192 if args.quick else 16384)
+    kc = rng.standard_normal((1, S, Hkv, E), dtype=np.float32)
+    vc = rng.standard_normal((1, S, Hkv, E), dtype=np.float32)
+    q = rng.standard_normal((1, 1, Hq, E), dtype=np.float32)
+    kn, vn = (rng.standard_normal((1, 1, Hkv, E), dtype=np.float32) for _ in range(2))
+    ang = rng.random((S, E // 2)) * 6.28
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    n = S - 1
+    kw = dict(cache_seqlens=n, is_causal=True)
+    impls = {"pyattn": lambda: pyattn.attention_with_kvcache(t(q), t(kc), t(vc), t(kn), t(vn), **kw),
+             "pyattn.flash": lambda: fl.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=n, causal=True),
+             "pyattn, rotary": lambda: pyattn.attention_with_kvcache(
+                 t(q), t(kc), t(vc), t(kn), t(vn), rotary_cos=cos, rotary_sin=sin, **kw)}
+    run({"op": "flash kvcache", "shape": f"B=1 Hq={Hq} Hkv={Hkv} T=1 S={S} E={E} token-major"},
+        4.0 * Hq * S * E, impls)
 
 
 def training(args, rng, run, torch):
@@ -828,6 +867,17 @@ def targets(rows, mem):
                  ratio >= 1.8)
     if mem is not None:
         line("causal L=S=32768 E=64: peak memory growth", f"{mem:.1f} MB", "< 64 MB", mem < 64)
+    # FlashAttention's interface (pyattn.flash): within 5 % of pyattn's own API;
+    # rotary on append within 5 % of a decode step
+    for r in data:
+        if r["op"] in ("flash fwd", "flash kvcache") and r["impl"] != "pyattn":
+            me = get(r["op"], r["shape"], "pyattn", r["threads"])
+            if me:
+                extra = r["min_ms"] / me["min_ms"] - 1
+                what = "rotary on append vs the same decode step" if "rotary" in r["impl"] else \
+                    f"{r['impl']} vs pyattn's own API"
+                line(f"{r['op']} {r['shape']}, {r['threads']} thr: {what}", f"{100 * extra:+.1f} %",
+                     "<= +5 %", extra <= 0.05)
     return "| target | measured | goal | |\n|---|---|---|---|\n" + "\n".join(out)
 
 
@@ -853,7 +903,7 @@ def main():
     ap.add_argument("--md", default=None, help="also write the table with its context to this Markdown file")
     ap.add_argument("--no-memory", action="store_true", help="skip the 32768-token memory probe")
     ap.add_argument("--only", default=None, help="comma-separated sections to run: matmul, sdpa, decode, "
-                    "generation, training, varlen, bf16, mha (default: all)")
+                    "generation, training, varlen, bf16, mha, flash (default: all)")
     ap.add_argument("--from-json", default=None, help="re-render the table, targets and plot from a saved "
                     "results.json instead of measuring")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

@@ -1011,7 +1011,7 @@ static int get_reduce(PyObject *redo, int nb, int *r)
 PyDoc_STRVAR(sdpa_backward_doc,
 "sdpa_backward(q, k, v, o, go, lse, mask=None, causal=0, scale=1.0, dropout_p=0.0,\n"
 "              dropout_key=0, left=-1, right=-1, softcap=0.0, slopes=None, sinks=None,\n"
-"              reduce=(), nthreads=0, cu_seqlens_q=None, cu_seqlens_k=None)\n"
+"              reduce=(), nthreads=0, cu_seqlens_q=None, cu_seqlens_k=None, qoff=None)\n"
 "              -> (dq, dk, dv, dsinks or None)\n\n"
 "Private kernel entry: the attention backward, every operand of one compute\n"
 "dtype with equal batch axes; reduce flags the batch axes that key and value\n"
@@ -1022,7 +1022,7 @@ static PyObject *py_sdpa_backward(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"q", "k", "v", "o", "go", "lse", "mask", "causal", "scale",
                              "dropout_p", "dropout_key", "left", "right", "softcap", "slopes",
-                             "sinks", "reduce", "nthreads", "cu_seqlens_q", "cu_seqlens_k", NULL};
+                             "sinks", "reduce", "nthreads", "cu_seqlens_q", "cu_seqlens_k", "qoff", NULL};
     call_args a;
     call_args_init(&a, 0);
     PyObject *io[3], *redo = NULL;
@@ -1031,10 +1031,10 @@ static PyObject *py_sdpa_backward(PyObject *self, PyObject *args, PyObject *kw)
     pa_attn_grads g;
     view qkv[3], dqv, dkv, dvv;
     PyArrayObject *dq = NULL, *dk = NULL, *dv = NULL, *ds = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOO|OiddKnndOOOiOO:sdpa_backward", kwlist, &a.q, &a.k,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOO|OiddKnndOOOiOOO:sdpa_backward", kwlist, &a.q, &a.k,
                                      &a.v, &io[0], &io[1], &io[2], &a.mask, &a.causal, &a.scale,
                                      &a.dropout_p, &a.key, &a.left, &a.right, &a.softcap, &a.slopes,
-                                     &a.sinks, &redo, &req_threads, &a.cuq, &a.cuk))
+                                     &a.sinks, &redo, &req_threads, &a.cuq, &a.cuk, &a.qoff))
         return NULL;
     memset(&g, 0, sizeof g);
     if (attn_call_of(&a, &c, qkv) < 0 || get_bwd_inputs(io, qkv, &c, &g) < 0) goto fail;

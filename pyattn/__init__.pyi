@@ -18,6 +18,7 @@ __all__ = [
 _Causal = Union[bool, Literal["top_left", "bottom_right"]]
 _Rng = Union[None, int, np.random.Generator]
 _Precision = Optional[Literal["highest", "bf16"]]
+_Align = Optional[Literal["top_left", "bottom_right"]]
 
 def matmul(a: ArrayLike, b: ArrayLike, /, *, out: Optional[NDArray[Any]] = ...,
            precision: _Precision = ...) -> NDArray[np.floating[Any]]: ...
@@ -35,6 +36,7 @@ def scaled_dot_product_attention(
     enable_gqa: bool = ..., *, rng: _Rng = ..., return_weights: Literal[False] = ...,
     out: Optional[NDArray[Any]] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
     softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: Literal[False] = ...,
+    align: _Align = ...,
 ) -> _F: ...
 @overload
 def scaled_dot_product_attention(
@@ -43,6 +45,7 @@ def scaled_dot_product_attention(
     enable_gqa: bool = ..., *, rng: _Rng = ..., return_weights: Literal[True],
     out: Optional[NDArray[Any]] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
     softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: Literal[False] = ...,
+    align: _Align = ...,
 ) -> Tuple[_F, _F]: ...
 @overload
 def scaled_dot_product_attention(
@@ -51,6 +54,7 @@ def scaled_dot_product_attention(
     enable_gqa: bool = ..., *, rng: _Rng = ..., return_weights: Literal[False] = ...,
     out: Optional[NDArray[Any]] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
     softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: Literal[True],
+    align: _Align = ...,
 ) -> Tuple[_F, _F]: ...
 @overload
 def scaled_dot_product_attention(
@@ -59,6 +63,7 @@ def scaled_dot_product_attention(
     enable_gqa: bool = ..., *, rng: _Rng = ..., return_weights: Literal[True],
     out: Optional[NDArray[Any]] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
     softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: Literal[True],
+    align: _Align = ...,
 ) -> Tuple[_F, _F, _F]: ...
 @overload
 def scaled_dot_product_attention(
@@ -67,6 +72,7 @@ def scaled_dot_product_attention(
     enable_gqa: bool = ..., *, rng: _Rng = ..., return_weights: bool = ...,
     out: Optional[NDArray[Any]] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
     softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: bool = ...,
+    align: _Align = ...,
 ) -> Union[_F, Tuple[_F, _F], Tuple[_F, _F, _F]]: ...
 def merge_attention(outputs: Union[ArrayLike, Sequence[ArrayLike]], lses: Union[ArrayLike, Sequence[ArrayLike]], /) -> Tuple[_F, _F]: ...
 @overload
@@ -76,6 +82,9 @@ def attention_with_kvcache(
     scale: Optional[float] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
     softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: Literal[False] = ...,
     out: Optional[NDArray[Any]] = ...,
+    rotary_cos: Optional[ArrayLike] = ..., rotary_sin: Optional[ArrayLike] = ...,
+    rotary_interleaved: bool = ..., cache_leftpad: Optional[ArrayLike] = ...,
+    cache_batch_idx: Optional[ArrayLike] = ...,
 ) -> _F: ...
 @overload
 def attention_with_kvcache(
@@ -84,6 +93,9 @@ def attention_with_kvcache(
     scale: Optional[float] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
     softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: Literal[True],
     out: Optional[NDArray[Any]] = ...,
+    rotary_cos: Optional[ArrayLike] = ..., rotary_sin: Optional[ArrayLike] = ...,
+    rotary_interleaved: bool = ..., cache_leftpad: Optional[ArrayLike] = ...,
+    cache_batch_idx: Optional[ArrayLike] = ...,
 ) -> Tuple[_F, _F]: ...
 @overload
 def attention_with_kvcache(
@@ -92,6 +104,9 @@ def attention_with_kvcache(
     scale: Optional[float] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
     softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: bool,
     out: Optional[NDArray[Any]] = ...,
+    rotary_cos: Optional[ArrayLike] = ..., rotary_sin: Optional[ArrayLike] = ...,
+    rotary_interleaved: bool = ..., cache_leftpad: Optional[ArrayLike] = ...,
+    cache_batch_idx: Optional[ArrayLike] = ...,
 ) -> Union[_F, Tuple[_F, _F]]: ...
 
 class KVCache:
@@ -131,13 +146,14 @@ def scaled_dot_product_attention_backward(
     lse: NDArray[np.floating[Any]], attn_mask: Optional[ArrayLike] = ..., dropout_p: float = ...,
     is_causal: _Causal = ..., scale: Optional[float] = ..., enable_gqa: bool = ..., *,
     rng: _Rng = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
-    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ...,
+    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., align: _Align = ...,
 ) -> Tuple[_F, ...]: ...
 def scaled_dot_product_attention_vjp(
     query: ArrayLike, key: ArrayLike, value: ArrayLike, attn_mask: Optional[ArrayLike] = ...,
     dropout_p: float = ..., is_causal: _Causal = ..., scale: Optional[float] = ...,
     enable_gqa: bool = ..., *, rng: _Rng = ..., window: _Window = ...,
     alibi_slopes: Optional[ArrayLike] = ..., softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ...,
+    align: _Align = ...,
 ) -> Tuple[_F, Callable[[ArrayLike], Tuple[_F, ...]]]: ...
 def softmax_backward(grad_y: ArrayLike, y: ArrayLike, /, axis: int = ..., *,
                      scale: Optional[float] = ...) -> _F: ...

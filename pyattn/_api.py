@@ -6,7 +6,7 @@ import numbers
 
 import numpy as np
 
-from . import _C
+from . import _C, _kvextra
 from ._spec import attn_spec
 from ._checks import (
     as_array, bcast, broadcast_shapes, causal_code, check_numeric, check_out, compute_dtype,
@@ -195,7 +195,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                  is_causal=False, scale=None, enable_gqa=False, *,
                                  rng=None, return_weights=False, out=None, window=None,
                                  alibi_slopes=None, softcap=None, sinks=None, return_lse=False,
-                                 precision=None):
+                                 precision=None, align=None):
     """Fused attention ``softmax(query @ key.T * scale + mask) @ value``, in one C kernel.
 
     Argument names and defaults match ``torch.nn.functional.scaled_dot_product_attention``.
@@ -268,6 +268,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         the tiles so far) are rounded to bfloat16 before they multiply
         ``value``, as PyTorch's bfloat16 flash kernel rounds them; the
         softmax sums stay float32. ``pyattn._reference`` models it.
+    align : None, "top_left" or "bottom_right"
+        Where query row i sits on the key axis, ``d(i)``, for the causal
+        rule, the window and ALiBi. ``None`` (default): ``i``, or ``i + S - L``
+        with ``is_causal="bottom_right"``. ``"bottom_right"``: ``i + S - L``
+        for all three, also without causal (FlashAttention's placement when
+        ``L != S``; ``is_causal=True`` is then bottom-right causal).
+        ``"top_left"`` with ``is_causal="bottom_right"`` is a ``ValueError``.
 
     Scores follow API.md's order: ``scale * q.k``, softcap, a float mask is
     added, ALiBi is added, then the bool mask, causal rule and window decide
@@ -321,7 +328,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     return _sdpa(attn_spec(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                            rng=rng, window=window, alibi_slopes=alibi_slopes, softcap=softcap,
                            sinks=sinks, precision=precision, return_weights=return_weights,
-                           return_lse=return_lse), out)
+                           return_lse=return_lse, align=align), out)
 
 
 def _sdpa(spec, out=None, *, nthreads=0, append=None):
@@ -602,19 +609,22 @@ def _seqlens(cache_seqlens, B, limit, T):
 
 def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cache_seqlens,
                            is_causal=True, scale=None, window=None, alibi_slopes=None,
-                           softcap=None, sinks=None, return_lse=False, out=None, precision=None):
+                           softcap=None, sinks=None, return_lse=False, out=None, precision=None,
+                           rotary_cos=None, rotary_sin=None, rotary_interleaved=False,
+                           cache_leftpad=None, cache_batch_idx=None):
     """Attention over a KV cache, appending new keys/values in place first (FlashAttention's
     ``flash_attn_with_kvcache``).
 
     Shapes: ``query (B, Hq, T, E)``; ``k_cache (B, Hkv, S_max, E)``,
     ``v_cache (B, Hkv, S_max, Ev)`` with ``Hq % Hkv == 0`` (GQA / MQA: the
     caches are read in place, never repeated); ``key``/``value (B, Hkv, T, E/Ev)``
-    -> ``(B, Hq, T, Ev)``.
+    -> ``(B, Hq, T, Ev)``. The new rows may be ``Tk != T``: ``key``/``value
+    (B, Hkv, Tk, E/Ev)``.
 
     With ``key``/``value``, they are written (converted to the cache dtype)
-    into rows ``[n_b, n_b + T)`` of each sequence ``b`` (``n = cache_seqlens``),
-    then query row ``t`` sits at position ``n_b + t`` and sees keys
-    ``[0, n_b + T)``; without them, keys ``[0, n_b)`` with query ``t`` at
+    into rows ``[n_b, n_b + Tk)`` of each sequence ``b`` (``n = cache_seqlens``),
+    then query row ``t`` sits at position ``n_b + Tk - T + t`` and sees keys
+    ``[0, n_b + Tk)``; without them, keys ``[0, n_b)`` with query ``t`` at
     ``n_b - T + t``. ``is_causal`` is bottom-right causal on those positions.
     Only those cache rows are written; ``cache_seqlens`` is not modified (see
     :class:`pyattn.KVCache`, which advances its lengths). Everything is
@@ -642,6 +652,30 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
         ``precision="bf16"`` with float32 / float16 / bfloat16 caches runs the
         tiled bfloat16 path, not yet a decode-specialised kernel).
     out : ndarray, optional
+    rotary_cos, rotary_sin : array_like ``(R, rotary_dim / 2)``, optional
+        Rotary embedding (RoPE), with ``key``/``value`` only: the new keys are
+        rotated at positions ``n_b + t`` as they are written (the cache holds
+        rotated keys; nothing else in it is read or copied), and the queries
+        at ``n_b + t`` when ``is_causal`` or a ``window`` is given, else all at
+        ``n_b`` (FlashAttention's rule). The first ``rotary_dim`` features
+        rotate, computed in the compute dtype (a 16-bit query is rounded back
+        to its dtype, new keys to the cache dtype). Positions ``>= R`` are a
+        ``ValueError``.
+    rotary_interleaved : bool, default False
+        False: features ``i`` and ``i + rotary_dim/2`` form a pair (GPT-NeoX,
+        Llama, Hugging Face); True: ``2i`` and ``2i + 1`` (GPT-J;
+        FlashAttention's default).
+    cache_leftpad : (B,) integer array, optional
+        Sequence b's keys start at cache row ``cache_leftpad[b]``
+        (``<= cache_seqlens[b]``): rows before it are not attended. Positions
+        (causal rule, window, ALiBi, rotary) stay the cache rows.
+    cache_batch_idx : (B,) integer array, optional
+        Sequence b reads (and writes) cache entry ``cache_batch_idx[b]``; the
+        caches may hold more entries than the query's B. Repeated entries
+        with new keys: the last sequence's rows are written last.
+        With ``cache_leftpad`` or ``cache_batch_idx`` the call runs one
+        sequence at a time on views of the caches (every per-sequence value
+        is checked before the first row is written).
 
     Returns
     -------
@@ -675,6 +709,13 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
     """
     if (key is None) != (value is None):
         raise ValueError("give both key and value to append, or neither")
+    if cache_leftpad is not None or cache_batch_idx is not None:
+        return _kvextra.per_sequence(
+            attention_with_kvcache, query, k_cache, v_cache, key, value, cache_seqlens, cache_batch_idx,
+            cache_leftpad, alibi_slopes, return_lse, out,
+            dict(is_causal=is_causal, scale=scale, window=window, softcap=softcap, sinks=sinks,
+                 precision=precision, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+                 rotary_interleaved=rotary_interleaved))
     new = key is not None
     kc = _cache_array(k_cache, "k_cache", new)
     vc = _cache_array(v_cache, "v_cache", new)
@@ -702,20 +743,26 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
     append = None
     if new:
         kn, vn = as_array(key, "key"), as_array(value, "value")
+        Tk = kn.shape[2] if kn.ndim == 4 else T
         for x, nm, last in ((kn, "key", E), (vn, "value", Ev)):
             check_numeric(x, nm)
-            if x.shape != (B, Hkv, T, last):
-                raise ValueError(f"{nm} has shape {x.shape}; expected {(B, Hkv, T, last)} "
-                                 "(B, cache heads, the query's T, head dim)")
-        n = _seqlens(cache_seqlens, B, S_max - T, T)
+            if x.shape != (B, Hkv, Tk, last):
+                raise ValueError(f"{nm} has shape {x.shape}; expected {(B, Hkv, Tk, last)} "
+                                 "(B, cache heads, the new rows Tk, head dim; key and value alike)")
+        n = _seqlens(cache_seqlens, B, S_max - Tk, Tk)
+        if rotary_cos is not None or rotary_sin is not None:
+            q, kn = _kvextra.rotate(q, kn, n, rotary_cos, rotary_sin, rotary_interleaved,
+                                    bool(is_causal) or window is not None, cd)
         # the new rows in the caches' storage (a copy: never a view of a cache);
         # _C.sdpa writes them once everything is checked and allocated
         rows = [x.astype(c.dtype, order="C", copy=True) for x, c in ((kn, kc), (vn, vc))]
         kv = [c.view(np.uint16) if c.dtype.kind == "V" else c for c in (kc, vc)]
         rows = [r.view(np.uint16) if r.dtype.kind == "V" else r for r in rows]
         append = (kv[0], kv[1], rows[0], rows[1], n)
-        n = n + T
+        n = n + Tk
     else:
+        if rotary_cos is not None or rotary_sin is not None:
+            _kvextra.rotate(q, None, None, rotary_cos, rotary_sin, rotary_interleaved, False, cd)
         n = _seqlens(cache_seqlens, B, S_max, 0)
     sc = (1.0 / math.sqrt(E) if E > 0 else 1.0) if scale is None else real_scalar(scale, "scale")
     # a 16-bit query is read in place (bfloat16 as such: _sdpa views its bits);

@@ -126,6 +126,21 @@ def causal_code(is_causal, name="is_causal"):
     raise ValueError(f"{name} must be True, False, 'top_left' or 'bottom_right', got {is_causal!r}")
 
 
+def align_code(align, causal):
+    """align= (where query row i sits on the key axis): None / "top_left" ->
+    False (row i at i, or i + S - L when causal is 2, bottom-right causal),
+    "bottom_right" -> True (row i at i + S - L for the causal rule, the
+    window and ALiBi, as FlashAttention places it when L != S)."""
+    if align is None or (isinstance(align, str) and align == "top_left"):
+        if align is not None and causal == 2:
+            raise ValueError("align='top_left' contradicts is_causal='bottom_right' (pass align=None "
+                             "or align='bottom_right')")
+        return False
+    if isinstance(align, str) and align == "bottom_right":
+        return True
+    raise ValueError(f"align must be None, 'top_left' or 'bottom_right', got {align!r}")
+
+
 def number(x, name, integer=False, allow_none=False):
     """THE scalar argument check (scale, softcap, dropout_p, window sides,
     lengths, sizes): float(x) for a real number -- a Python int or float, a

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple, Optional
 import numpy as np
 
 from ._checks import (
-    as_array, broadcast_shapes, causal_code, compute_dtype, dropout_p_value, index_value, is16,
+    align_code, as_array, broadcast_shapes, causal_code, compute_dtype, dropout_p_value, index_value, is16,
     per_head, precision_value, prep_mask, real_scalar, softcap_value, window_value,
 )
 
@@ -96,7 +96,7 @@ class AttnSpec(NamedTuple):
 def attn_spec(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
               enable_gqa=False, *, rng=None, window=None, alibi_slopes=None, softcap=None,
               sinks=None, precision=None, return_weights=False, return_lse=False, kv_len=None,
-              qoff=None) -> AttnSpec:
+              qoff=None, align=None) -> AttnSpec:
     """Check an attention call's arguments (scaled_dot_product_attention's,
     plus kv_len: int64 filled keys that broadcast to the batch axes, and
     qoff) and normalise them into an AttnSpec. Raises what
@@ -117,6 +117,8 @@ def attn_spec(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     L, S, E, Ev = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
     if qoff is not None:
         qoff = index_value(qoff, "qoff")
+    elif align_code(align, causal):
+        qoff = S - L                 # align="bottom_right": row i at key position i + S - L
     left, right = window_value(window, S + L + abs(qoff or 0))
     cap = softcap_value(softcap)
     sc = (1.0 / math.sqrt(E) if E > 0 else 1.0) if scale is None else real_scalar(scale, "scale")

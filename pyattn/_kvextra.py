@@ -1,0 +1,166 @@
+"""attention_with_kvcache's FlashAttention options (issue 29): rotary
+embedding of the new keys and of the queries, ``cache_leftpad`` and
+``cache_batch_idx``. Kept out of ``_api.py``: ``attention_with_kvcache``
+calls ``rotate`` on its new rows, and hands a call with a left pad or a batch
+index to ``per_sequence``, which runs it one sequence at a time on views of
+the caches (never a copy of a cache).
+
+Shapes: query ``(B, Hq, T, E)``; caches ``(Bc, Hkv, S_max, E/Ev)``; new
+keys/values ``(B, Hkv, Tk, E/Ev)``; ``rotary_cos``/``rotary_sin``
+``(R, rotary_dim / 2)``.
+"""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from ._checks import as_array, check_numeric, is16
+
+__all__ = []  # private
+
+
+def _table(x, name):
+    a = as_array(x, name)
+    check_numeric(a, name)
+    if a.ndim != 2:
+        raise ValueError(f"{name} must be (seqlen_ro, rotary_dim / 2), got shape {a.shape}")
+    return a
+
+
+def rotate(q, k, n, rotary_cos, rotary_sin, interleaved, q_steps, cd):
+    """Rotary embedding (RoPE) of the new keys ``k (B, Hkv, Tk, E)`` at
+    positions ``n_b + t`` and of the queries ``q (B, Hq, T, E)`` at ``n_b + t``
+    (``q_steps``: causal or a window) or all at ``n_b`` (FlashAttention's
+    rule), computed in ``cd`` (float32 for 16-bit inputs). Returns
+    ``(q, k)``: new arrays, k in ``cd`` (rounded into the cache by the
+    caller), q in its own 16-bit dtype when it has one (as FlashAttention
+    rounds it), else ``cd``. The first ``rotary_dim`` features rotate:
+    pairs ``(2i, 2i+1)`` when ``interleaved``, else ``(i, i + rotary_dim/2)``
+    (GPT-NeoX / Llama)."""
+    if rotary_cos is None or rotary_sin is None:
+        raise ValueError("give both rotary_cos and rotary_sin, or neither")
+    if k is None:
+        raise ValueError("rotary_cos/rotary_sin rotate the new keys as they are written: "
+                         "key and value must be given with them")
+    cos, sin = _table(rotary_cos, "rotary_cos"), _table(rotary_sin, "rotary_sin")
+    if cos.shape != sin.shape:
+        raise ValueError(f"rotary_cos has shape {cos.shape} and rotary_sin {sin.shape}: they must match")
+    R, half = cos.shape
+    E = k.shape[-1]
+    if 2 * half > E:
+        raise ValueError(f"rotary_cos has shape {cos.shape}: rotary_dim = {2 * half} exceeds the head "
+                         f"dim {E}")
+    T, Tk = q.shape[2], k.shape[2]
+    need = int(n.max(initial=0)) + max(Tk, T if q_steps else 1) - 1
+    if need >= R and (Tk or T):
+        raise ValueError(f"rotary_cos/rotary_sin have {R} rows, but positions up to {need} are "
+                         f"needed (cache_seqlens {n.tolist()} plus the new rows)")
+    cos = cos.astype(cd, copy=False)
+    sin = sin.astype(cd, copy=False)
+
+    def apply(x, pos):              # x (B, H, t, E), pos (B, t) int
+        y = x.astype(cd, copy=True)
+        if half == 0 or x.shape[2] == 0:
+            return y
+        c, s = cos[pos][:, None], sin[pos][:, None]        # (B, 1, t, half)
+        if interleaved:
+            x1, x2 = y[..., 0:2 * half:2].copy(), y[..., 1:2 * half:2].copy()
+            y[..., 0:2 * half:2] = x1 * c - x2 * s
+            y[..., 1:2 * half:2] = x1 * s + x2 * c
+        else:
+            x1, x2 = y[..., :half].copy(), y[..., half:2 * half].copy()
+            y[..., :half] = x1 * c - x2 * s
+            y[..., half:2 * half] = x1 * s + x2 * c
+        return y
+
+    kr = apply(k, n[:, None] + np.arange(Tk))
+    qpos = n[:, None] + (np.arange(T) if q_steps else np.zeros(T, np.int64))
+    qr = apply(q, qpos)
+    if is16(q.dtype):
+        qr = qr.astype(q.dtype)
+    return qr, kr
+
+
+def _indices(x, name, B, lo, hi, what):
+    """(B,) int64 from an int array; every entry in [lo, hi] (hi: an int or (B,))."""
+    a = as_array(x, name)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be integers, got dtype {a.dtype}")
+    if a.shape != (B,):
+        raise ValueError(f"{name} has shape {a.shape}; expected ({B},)")
+    a = a.astype(np.int64)
+    bad = (a < lo) | (a > hi)
+    if bad.any():
+        b = int(np.flatnonzero(bad)[0])
+        top = hi if isinstance(hi, numbers.Integral) else int(hi[b])
+        raise ValueError(f"{name}[{b}] = {int(a[b])} is outside [{lo}, {top}] ({what}); nothing was written")
+    return a
+
+
+def per_sequence(fn, query, k_cache, v_cache, key, value, cache_seqlens, cache_batch_idx,
+                 cache_leftpad, alibi_slopes, return_lse, out, kw):
+    """attention_with_kvcache with ``cache_batch_idx`` (sequence b reads and
+    writes cache entry ``idx[b]``) and/or ``cache_leftpad`` (sequence b's
+    keys start at cache row ``pad[b]``: rows before it are not attended;
+    positions stay the cache rows): one call of ``fn`` per sequence on views
+    ``k_cache[idx[b], :, pad[b]:]``. Everything that differs between
+    sequences is checked before the first row is written; ``kw`` holds the
+    other keywords (the same for every sequence: a bad one raises in the
+    first call, before it writes)."""
+    from ._api import _cache_array, _seqlens
+    new = key is not None
+    kc = _cache_array(k_cache, "k_cache", new)
+    vc = _cache_array(v_cache, "v_cache", new)
+    q = as_array(query, "query")
+    if q.ndim != 4:
+        raise ValueError(f"query must be (B, Hq, T, E), got shape {q.shape}")
+    B, Bc, S_max = q.shape[0], kc.shape[0], kc.shape[2]
+    if vc.shape[:3] != kc.shape[:3]:
+        raise ValueError(f"v_cache has shape {vc.shape} and k_cache {kc.shape}: their first three "
+                         "axes (B, Hkv, S_max) must match")
+    if cache_batch_idx is None:
+        if Bc != B:
+            raise ValueError(f"query has shape {q.shape} and k_cache {kc.shape}: B must match "
+                             "(or pass cache_batch_idx)")
+        idx = np.arange(B)
+    else:
+        idx = _indices(cache_batch_idx, "cache_batch_idx", B, 0, Bc - 1, "the caches' batch entries")
+    Tk = 0
+    if new:
+        kn, vn = as_array(key, "key"), as_array(value, "value")
+        if kn.ndim != 4 or vn.ndim != 4 or kn.shape[0] != B or vn.shape[:3] != kn.shape[:3]:
+            raise ValueError(f"key {kn.shape} and value {vn.shape} must be (B, Hkv, Tk, E/Ev) with "
+                             f"B = {B} and one Tk")
+        Tk = kn.shape[2]
+    n = _seqlens(cache_seqlens, B, S_max - Tk, Tk)
+    pad = np.zeros(B, np.int64) if cache_leftpad is None else \
+        _indices(cache_leftpad, "cache_leftpad", B, 0, n, "at most cache_seqlens")
+    if kw.get("rotary_cos") is not None or kw.get("rotary_sin") is not None:
+        cd = np.dtype(np.float32) if is16(kc.dtype) else kc.dtype
+        q_steps = bool(kw.get("is_causal", True)) or kw.get("window") is not None
+        q, kn = rotate(q, kn if new else None, n, kw["rotary_cos"], kw["rotary_sin"],
+                       kw.get("rotary_interleaved", False), q_steps, cd)
+    kw = {k: v for k, v in kw.items() if not k.startswith("rotary_")}
+    slopes = None if alibi_slopes is None else as_array(alibi_slopes, "alibi_slopes")
+    if out is not None and (not isinstance(out, np.ndarray) or out.shape[:3] != q.shape[:3]):
+        raise ValueError(f"out must be an ndarray (B, Hq, T, Ev) = {q.shape[:3]} + (Ev,), got "
+                         f"{getattr(out, 'shape', type(out).__name__)}")
+    outs, lses = [], []
+    for b in range(B):
+        i, p = int(idx[b]), int(pad[b])
+        sl = None if slopes is None else (slopes[b] if slopes.ndim == 2 else slopes)
+        res = fn(q[b:b + 1], kc[i:i + 1, :, p:], vc[i:i + 1, :, p:],
+                 kn[b:b + 1] if new else None, vn[b:b + 1] if new else None,
+                 cache_seqlens=int(n[b]) - p, alibi_slopes=sl, return_lse=return_lse,
+                 out=None if out is None else out[b:b + 1], **kw)
+        if return_lse:
+            outs.append(res[0])
+            lses.append(res[1])
+        else:
+            outs.append(res)
+    o = out if out is not None else np.concatenate(outs) if B else \
+        fn(q, kc[:0], vc[:0], cache_seqlens=0, **kw)
+    if not return_lse:
+        return o
+    return o, (np.concatenate(lses) if B else np.zeros(q.shape[:3], o.dtype))

@@ -1,0 +1,573 @@
+"""FlashAttention's Python interface on the CPU (``flash_attn_func`` and friends).
+
+Code written against ``flash_attn`` runs on pyattn by changing one import::
+
+    from flash_attn import flash_attn_func, flash_attn_with_kvcache   # CUDA / ROCm
+    from pyattn.flash import flash_attn_func, flash_attn_with_kvcache # any CPU
+
+The functions take FlashAttention's arguments, defaults, layouts and return
+values, on CPU ``torch.Tensor``s (differentiable: pyattn's fused backward
+runs under ``torch.autograd``) or on NumPy arrays (then NumPy results, no
+autograd). Layouts are FlashAttention's token-major ones, read in place by
+strides (never copied): ``q (B, L, Hq, E)``, ``k``/``v (B, S, Hkv, E)``,
+``qkv (B, L, 3, H, E)``, ``kv (B, S, 2, Hkv, E)``, caches ``(B, S_max, Hkv,
+E)``; results ``out (B, L, Hq, Ev)`` in q's dtype, ``softmax_lse (B, Hq, L)``
+(float32; float64 for float64 inputs).
+
+What differs from FlashAttention on a GPU:
+
+- dtypes: float16 and bfloat16 as FlashAttention (computed in float32,
+  rounded into the result), and float32 / float64 too.
+- conventions that are FlashAttention's, kept here (pyattn's own API keeps
+  its documented ones): causal, the window and ALiBi are aligned to the
+  bottom right when ``L != S`` (pyattn's ``align="bottom_right"``); the lse
+  of a row with no admissible key is ``+inf``; under causal (without a left
+  window) ALiBi adds ``slope * j`` (pyattn: ``-slope * (d(i) - j)``; the same
+  outputs, an lse larger by ``slope * d(i)``).
+- ``deterministic`` is accepted (pyattn is always deterministic: the same
+  bits for any thread count); ``num_splits`` is accepted and ignored
+  (pyattn splits long caches over threads by itself).
+- dropout draws its seed from torch's CPU generator (tensors) or fresh
+  entropy (NumPy arrays); the backward regenerates the same pattern.
+- ``return_attn_probs=True`` with ``dropout_p > 0`` returns ``S_dmask``
+  ``(B, Hq, L, S)``: the probabilities divided by their row maximum (one
+  block per row, ``_get_block_size_n`` says so), negative where dropped.
+- tensors on a GPU are a ``NotImplementedError`` (this is the CPU path).
+
+Examples
+--------
+>>> import numpy as np
+>>> from pyattn.flash import flash_attn_func
+>>> q, k, v = np.random.default_rng(0).standard_normal((3, 2, 5, 4, 8)).astype(np.float32)
+>>> flash_attn_func(q, k, v, causal=True).shape
+(2, 5, 4, 8)
+"""
+from __future__ import annotations
+
+import inspect
+import math
+
+import numpy as np
+
+from . import _api, _grad
+from ._checks import is16
+
+__all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func",
+           "flash_attn_varlen_func", "flash_attn_varlen_qkvpacked_func",
+           "flash_attn_varlen_kvpacked_func", "flash_attn_with_kvcache"]
+
+
+# ---- tensors <-> arrays (views, never copies) -------------------------------
+
+def _is_tensor(x):
+    return type(x).__module__.split(".")[0] == "torch" and hasattr(x, "detach")
+
+
+def _arr(x, name):
+    """x as an ndarray sharing x's memory (a CPU tensor's, bfloat16 as
+    ml_dtypes' bfloat16), or np.asarray(x)."""
+    if x is None:
+        return None
+    if not _is_tensor(x):
+        return np.asarray(x)
+    import torch
+    if x.device.type != "cpu":
+        raise NotImplementedError(f"{name} is on {x.device}: pyattn.flash runs on the CPU (move it "
+                                  "with .cpu(), or use flash_attn itself on the GPU)")
+    t = x.detach()
+    if t.is_conj() or t.is_neg():
+        t = t.resolve_conj().resolve_neg()
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def _tensor(a):
+    import torch
+    if a.dtype.kind == "V" and a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
+def _seed(tensors):
+    """A dropout seed: from torch's CPU generator for tensors (torch.manual_seed
+    makes it repeatable), else fresh entropy."""
+    if tensors:
+        import torch
+        return int(torch.randint(0, 2 ** 62, (1,), dtype=torch.int64).item())
+    return int(np.random.SeedSequence().generate_state(1, np.uint64)[0] >> 2)
+
+
+def _get_block_size_n(device=None, head_dim=None, is_dropout=None, is_causal=None):
+    """The key block of ``S_dmask``'s scaling (FlashAttention's private helper of
+    that name, which its tests call): pyattn scales each row of ``S_dmask`` by
+    its maximum over the whole row, one block."""
+    return 1 << 40
+
+
+# ---- options -----------------------------------------------------------------
+
+def _window(window_size, causal, S):
+    """FlashAttention's (left, right) as pyattn's window; (-1: unbounded; a
+    side >= S is unbounded too, as FlashAttention normalises it) and whether
+    FlashAttention runs it as causal (its ALiBi lse rule)."""
+    if window_size is None:
+        window_size = (-1, -1)
+    try:
+        left, right = (int(w) for w in window_size)
+    except (TypeError, ValueError):
+        raise TypeError(f"window_size must be a pair of ints (-1: unbounded), got {window_size!r}") from None
+    if causal:
+        right = 0
+    left = -1 if left < 0 or left >= S else left
+    right = -1 if right < 0 or right >= S else right
+    win = None if left < 0 and right < 0 else (None if left < 0 else left, None if right < 0 else right)
+    return win, left < 0 and right == 0
+
+
+def _softcap(softcap):
+    return None if softcap is None or float(softcap) <= 0 else float(softcap)
+
+
+def _slopes(alibi_slopes):
+    a = _arr(alibi_slopes, "alibi_slopes")
+    return None if a is None else np.asarray(a, np.float64)
+
+
+def _fa_lse(lse, slopes, fa_causal, pos):
+    """pyattn's lse -> FlashAttention's: +inf for a row with nothing admissible;
+    plus slope * d(i) under causal ALiBi. lse (B, H, L); pos: d(i), (L,) or (B, 1, L)."""
+    out = np.where(np.isneginf(lse), np.inf, lse) if np.isneginf(lse).any() else lse
+    if slopes is not None and fa_causal:
+        sl = slopes.reshape(slopes.shape + (1,))
+        out = (out + (sl * pos).astype(lse.dtype)).astype(lse.dtype)
+    return out
+
+
+def _same_dtype(named):
+    dts = {a.dtype for a, _ in named if a is not None}
+    if len(dts) > 1:
+        raise TypeError("FlashAttention takes one dtype for " + ", ".join(n for _, n in named) +
+                        f"; got {', '.join(f'{n}: {a.dtype}' for a, n in named)}")
+
+
+# ---- the fixed-length forward and backward (NumPy) ---------------------------
+
+def _forward(q, k, v, o):
+    """out (B, L, Hq, Ev) of q's dtype, FlashAttention's lse, pyattn's lse,
+    S_dmask or None; q, k, v token-major arrays, o the options."""
+    _same_dtype(((q, "q"), (k, "k"), (v, "v")))
+    for x, n in ((q, "q"), (k, "k"), (v, "v")):
+        if x.ndim != 4:
+            raise ValueError(f"{n} must be (batch, seqlen, nheads, headdim), got shape {x.shape}")
+    B, L, Hq, _ = q.shape
+    S, Hkv, Ev = k.shape[1], k.shape[2], v.shape[3]
+    win, fa_causal = _window(o["window_size"], o["causal"], S)
+    slopes = _slopes(o["alibi_slopes"])
+    odt = q.dtype if (is16(q.dtype) or q.dtype in (np.float32, np.float64)) else np.dtype(np.float64)
+    out = np.empty((B, L, Hq, Ev), odt)
+    kw = dict(dropout_p=o["dropout_p"], is_causal="bottom_right" if o["causal"] else False,
+              scale=o["softmax_scale"], enable_gqa=Hq != Hkv, rng=o["seed"], window=win,
+              alibi_slopes=slopes, softcap=_softcap(o["softcap"]), align="bottom_right")
+    qt, kt, vt = (x.transpose(0, 2, 1, 3) for x in (q, k, v))
+    probs = o["return_attn_probs"] and o["dropout_p"] > 0
+    res = _api.scaled_dot_product_attention(qt, kt, vt, out=out.transpose(0, 2, 1, 3), return_lse=True,
+                                            return_weights=probs, **kw)
+    lse = res[-1]
+    s_dmask = None
+    if probs:
+        kw["dropout_p"] = 0.0
+        p = _api.scaled_dot_product_attention(qt, kt, vt, return_weights=True, **kw)[1]
+        top = p.max(axis=-1, keepdims=True)
+        s = np.divide(p, top, out=np.zeros_like(p), where=top > 0)
+        s_dmask = np.where((res[1] == 0) & (p > 0), -s, s).astype(odt)
+    fa = _fa_lse(lse, slopes, fa_causal, np.arange(L) + (S - L))
+    return out, fa, lse, s_dmask
+
+
+def _backward(dout, q, k, v, out, lse, o):
+    B, L, Hq, _ = q.shape
+    S, Hkv = k.shape[1], k.shape[2]
+    win, _ = _window(o["window_size"], o["causal"], S)
+    t = lambda x: x.transpose(0, 2, 1, 3)  # noqa: E731
+    g = _grad.scaled_dot_product_attention_backward(
+        t(dout), t(q), t(k), t(v), t(out), lse, None, o["dropout_p"],
+        "bottom_right" if o["causal"] else False, o["softmax_scale"], Hq != Hkv, rng=o["seed"],
+        window=win, alibi_slopes=_slopes(o["alibi_slopes"]), softcap=_softcap(o["softcap"]),
+        align="bottom_right")
+    return tuple(t(x) for x in g)
+
+
+_FN = {}
+
+
+def _autograd_fn(kind):
+    """A torch.autograd.Function running fwd/bwd (NumPy, in place on the
+    tensors' memory) -- made once, on first use (torch stays optional)."""
+    if kind in _FN:
+        return _FN[kind]
+    import torch
+
+    fwd, bwd = _VARIANTS[kind]
+
+    class _Fn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, opts):
+            a = [_arr(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"))]
+            out, fa_lse, lse, s_dmask = fwd(*a, opts)
+            ctx.save_for_backward(q, k, v)
+            ctx.pa = (out, lse, opts)
+            res = (_tensor(out), _tensor(np.ascontiguousarray(fa_lse)),
+                   None if s_dmask is None else _tensor(s_dmask))
+            ctx.mark_non_differentiable(*[r for r in res[1:] if r is not None])
+            return res
+
+        @staticmethod
+        def backward(ctx, dout, *_unused):
+            q, k, v = ctx.saved_tensors
+            out, lse, opts = ctx.pa
+            a = [_arr(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"))]
+            g = bwd(_arr(dout, "dout"), *a, out, lse, opts)
+            return tuple(_tensor(np.ascontiguousarray(x)).to(t.dtype) for x, t in zip(g, (q, k, v))) + (None,)
+
+    _FN[kind] = _Fn
+    return _Fn
+
+
+def _run(kind, q, k, v, opts):
+    """FlashAttention's return: out, or (out, softmax_lse, S_dmask)."""
+    tensors = [x for x in (q, k, v) if _is_tensor(x)]
+    opts["seed"] = _seed(bool(tensors)) if opts["dropout_p"] > 0 else None
+    if tensors:
+        out, lse, s_dmask = _autograd_fn(kind).apply(q, k, v, opts)
+    else:
+        fwd = _VARIANTS[kind][0]
+        out, lse, _, s_dmask = fwd(*(_arr(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"))), opts)
+    return (out, lse, s_dmask) if opts["return_attn_probs"] else out
+
+
+def _opts(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs):
+    return dict(dropout_p=float(dropout_p), softmax_scale=softmax_scale, causal=bool(causal),
+                window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                return_attn_probs=bool(return_attn_probs))
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                    softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """FlashAttention's ``flash_attn_func`` on the CPU (see the module docstring).
+
+    Shapes: ``q (B, L, Hq, E)``, ``k (B, S, Hkv, E)``, ``v (B, S, Hkv, Ev)``
+    with ``Hq % Hkv == 0`` (MQA/GQA: query head h uses key/value head
+    ``h // (Hq // Hkv)``) -> ``out (B, L, Hq, Ev)`` of q's dtype.
+
+    Parameters
+    ----------
+    q, k, v : CPU torch.Tensor or ndarray, one dtype (float16, bfloat16,
+        float32 or float64), any strides (read in place)
+    dropout_p : float in [0, 1)
+    softmax_scale : float, optional (``1/sqrt(E)``)
+    causal : bool -- bottom-right aligned (``j <= i + S - L``)
+    window_size : (left, right), -1 = unbounded: query i sees keys
+        ``[i + S - L - left, i + S - L + right]``
+    softcap : float, ``<= 0`` means none
+    alibi_slopes : ``(Hq,)`` or ``(B, Hq)``: adds ``-slope * |i + S - L - j|``
+    deterministic : accepted (always deterministic)
+    return_attn_probs : also return ``softmax_lse (B, Hq, L)`` and ``S_dmask``
+        (``(B, Hq, L, S)`` with dropout, else None); testing only, as in
+        FlashAttention
+
+    Returns
+    -------
+    ``out``, or ``(out, softmax_lse, S_dmask)``. Tensors in: tensors out,
+    differentiable with respect to q, k, v.
+
+    Raises
+    ------
+    ValueError / TypeError as :func:`pyattn.scaled_dot_product_attention`
+    (shapes, dtypes that differ); NotImplementedError for GPU tensors.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pyattn.flash import flash_attn_func
+    >>> q = np.random.default_rng(0).standard_normal((1, 3, 2, 8)).astype(np.float32)
+    >>> out, lse, _ = flash_attn_func(q, q, q, causal=True, return_attn_probs=True)
+    >>> out.shape, lse.shape
+    ((1, 3, 2, 8), (1, 2, 3))
+    """
+    return _run("fixed", q, k, v, _opts(dropout_p, softmax_scale, causal, window_size, softcap,
+                                       alibi_slopes, return_attn_probs))
+
+
+def _unbind(x, n, axis, name, what):
+    if x is None or getattr(x, "ndim", 0) <= axis or x.shape[axis] != n:
+        raise ValueError(f"{name} must be {what}, got shape {getattr(x, 'shape', None)}")
+    if _is_tensor(x):
+        return x.unbind(axis)
+    return tuple(np.take(np.asarray(x), i, axis=axis) for i in range(n)) if not isinstance(x, np.ndarray) \
+        else tuple(x[(slice(None),) * axis + (i,)] for i in range(n))
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
+                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                              deterministic=False, return_attn_probs=False):
+    """:func:`flash_attn_func` with ``qkv (B, L, 3, H, E)`` packed (views of it
+    are read in place; the gradient is ``dqkv`` of the same shape).
+
+    >>> import numpy as np
+    >>> from pyattn.flash import flash_attn_qkvpacked_func
+    >>> qkv = np.zeros((1, 4, 3, 2, 8), np.float32)
+    >>> flash_attn_qkvpacked_func(qkv).shape
+    (1, 4, 2, 8)
+    """
+    q, k, v = _unbind(qkv, 3, 2, "qkv", "(batch, seqlen, 3, nheads, headdim)")
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                           alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
+                             window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                             deterministic=False, return_attn_probs=False):
+    """:func:`flash_attn_func` with ``kv (B, S, 2, Hkv, E)`` packed.
+
+    >>> import numpy as np
+    >>> from pyattn.flash import flash_attn_kvpacked_func
+    >>> q, kv = np.zeros((1, 4, 2, 8), np.float32), np.zeros((1, 6, 2, 1, 8), np.float32)
+    >>> flash_attn_kvpacked_func(q, kv).shape
+    (1, 4, 2, 8)
+    """
+    k, v = _unbind(kv, 2, 2, "kv", "(batch, seqlen_k, 2, nheads_k, headdim)")
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                           alibi_slopes, deterministic, return_attn_probs)
+
+
+# ---- packed sequences (varlen): pyattn.scaled_dot_product_attention_varlen ----
+
+def _varlen_api():
+    import pyattn
+    f = getattr(pyattn, "scaled_dot_product_attention_varlen", None)
+    b = getattr(pyattn, "scaled_dot_product_attention_varlen_backward", None)
+    if f is None or b is None:
+        raise NotImplementedError("flash_attn_varlen_func needs pyattn's varlen support "
+                                  "(pyattn.scaled_dot_product_attention_varlen), which this pyattn lacks")
+    return f, b
+
+
+def _varlen_kw(o, q, k):
+    cq, ck = np.asarray(o["cu_seqlens_q"], np.int64), np.asarray(o["cu_seqlens_k"], np.int64)
+    lq, lk = np.diff(cq), np.diff(ck)
+    S = int(lk.max(initial=0))
+    win, fa_causal = _window(o["window_size"], o["causal"], max(S, 1))
+    slopes = _slopes(o["alibi_slopes"])
+    kw = dict(is_causal="bottom_right" if o["causal"] else False, scale=o["softmax_scale"],
+              enable_gqa=q.shape[1] != k.shape[1], dropout_p=o["dropout_p"], rng=o["seed"],
+              window=win, alibi_slopes=slopes, softcap=_softcap(o["softcap"]))
+    if not o["causal"] and (win is not None or slopes is not None) and (lq != lk).any():
+        kw["align"] = "bottom_right"     # FlashAttention's placement when L_i != S_i
+    return cq, ck, kw, slopes, fa_causal, lq, lk
+
+
+def _varlen_forward(q, k, v, o):
+    _same_dtype(((q, "q"), (k, "k"), (v, "v")))
+    f, _ = _varlen_api()
+    if o["return_attn_probs"] and o["dropout_p"] > 0:
+        raise NotImplementedError("return_attn_probs with dropout (S_dmask) is not offered for varlen")
+    cq, ck, kw, slopes, fa_causal, lq, lk = _varlen_kw(o, q, k)
+    odt = q.dtype if (is16(q.dtype) or q.dtype in (np.float32, np.float64)) else np.dtype(np.float64)
+    out = np.empty(q.shape[:2] + (v.shape[2],), odt)
+    res, lse = f(q, k, v, cq, ck, return_lse=True, out=out, **kw)
+    pos = np.repeat(lk - lq, lq) + (np.arange(q.shape[0]) - np.repeat(cq[:-1], lq))   # d(i), (total_q,)
+    fa = lse.T                                                                    # (Hq, total_q)
+    if slopes is not None and fa_causal:
+        seq = np.repeat(np.arange(len(lq)), lq)
+        sl = slopes[:, None] if slopes.ndim == 1 else slopes[seq].T
+        fa = fa + (sl * pos).astype(lse.dtype)
+    fa = np.where(np.isneginf(fa), np.inf, fa)
+    return out, fa, lse, None
+
+
+def _varlen_backward(dout, q, k, v, out, lse, o):
+    _, b = _varlen_api()
+    cq, ck, kw, *_ = _varlen_kw(o, q, k)
+    return b(dout, q, k, v, out, lse, cq, ck, **kw)
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                           softcap=0.0, alibi_slopes=None, deterministic=False,
+                           return_attn_probs=False, block_table=None):
+    """FlashAttention's ``flash_attn_varlen_func``: sequences packed along the
+    first axis, ``q (total_q, Hq, E)``, ``k``/``v (total_k, Hkv, E)``,
+    ``cu_seqlens_q``/``cu_seqlens_k (N + 1,)`` int offsets -> ``out (total_q,
+    Hq, Ev)``, ``softmax_lse (Hq, total_q)``. ``max_seqlen_*`` are accepted
+    (pyattn reads the lengths from the offsets). Runs on
+    ``pyattn.scaled_dot_product_attention_varlen``; without it,
+    ``NotImplementedError``. ``block_table`` (paged keys) is a
+    ``NotImplementedError``.
+
+    >>> from pyattn.flash import flash_attn_varlen_func
+    """
+    if block_table is not None:
+        return _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_size,
+                             softcap, alibi_slopes, return_attn_probs, block_table)
+    opts = _opts(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs)
+    opts["cu_seqlens_q"], opts["cu_seqlens_k"] = _arr(cu_seqlens_q, "cu_seqlens_q"), _arr(cu_seqlens_k, "cu_seqlens_k")
+    return _run("varlen", q, k, v, opts)
+
+
+def _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_size, softcap,
+                  alibi_slopes, return_attn_probs, block_table):
+    """flash_attn_varlen_func with a paged k/v pool (num_blocks, block_size, Hkv, E):
+    forward only (as FlashAttention: the result is not attached to autograd), on attention_with_kvcache(block_table=,
+    cu_seqlens_q=) with no new rows: sequence b's queries sit at the bottom
+    right of its keys [0, cu_k[b+1] - cu_k[b])."""
+    if not _paged_supported():
+        raise NotImplementedError("flash_attn_varlen_func(block_table=...) needs pyattn's paged KV cache "
+                                  "support (attention_with_kvcache(block_table=...)), which this pyattn lacks")
+    qa, ka, va = _arr(q, "q"), _arr(k, "k"), _arr(v, "v")
+    _same_dtype(((qa, "q"), (ka, "k"), (va, "v")))
+    cq = np.asarray(_arr(cu_seqlens_q, "cu_seqlens_q"), np.int64)
+    ck = np.asarray(_arr(cu_seqlens_k, "cu_seqlens_k"), np.int64)
+    bt = _arr(block_table, "block_table")
+    win, fa_causal = _window(window_size, causal, bt.shape[1] * ka.shape[1])
+    slopes = _slopes(alibi_slopes)
+    odt = qa.dtype if (is16(qa.dtype) or qa.dtype in (np.float32, np.float64)) else np.dtype(np.float64)
+    out = np.empty(qa.shape[:2] + (va.shape[3],), odt)
+    t = lambda x: x.transpose(0, 2, 1, 3)  # noqa: E731
+    lk, lq = np.diff(ck), np.diff(cq)
+    _, lse = _api.attention_with_kvcache(
+        qa, t(ka), t(va), cache_seqlens=lk, block_table=bt, cu_seqlens_q=cq, is_causal=bool(causal),
+        scale=softmax_scale, window=win, alibi_slopes=slopes, softcap=_softcap(softcap), return_lse=True,
+        out=out)
+    fa = lse.T
+    if slopes is not None and fa_causal:
+        pos = np.repeat(lk - lq, lq) + (np.arange(qa.shape[0]) - np.repeat(cq[:-1], lq))
+        seq = np.repeat(np.arange(len(lq)), lq)
+        sl = slopes[:, None] if slopes.ndim == 1 else slopes[seq].T
+        fa = fa + (sl * pos).astype(lse.dtype)
+    fa = np.where(np.isneginf(fa), np.inf, fa)
+    if _is_tensor(q):
+        out, fa = _tensor(out), _tensor(np.ascontiguousarray(fa))
+    return (out, fa, None) if return_attn_probs else out
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None,
+                                     causal=False, window_size=(-1, -1), softcap=0.0,
+                                     alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """:func:`flash_attn_varlen_func` with ``qkv (total, 3, H, E)`` packed.
+
+    >>> from pyattn.flash import flash_attn_varlen_qkvpacked_func
+    """
+    q, k, v = _unbind(qkv, 3, 1, "qkv", "(total, 3, nheads, headdim)")
+    return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p,
+                                  softmax_scale, causal, window_size, softcap, alibi_slopes,
+                                  deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                    dropout_p=0.0, softmax_scale=None, causal=False,
+                                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                                    deterministic=False, return_attn_probs=False):
+    """:func:`flash_attn_varlen_func` with ``kv (total_k, 2, Hkv, E)`` packed.
+
+    >>> from pyattn.flash import flash_attn_varlen_kvpacked_func
+    """
+    k, v = _unbind(kv, 2, 1, "kv", "(total_k, 2, nheads_k, headdim)")
+    return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                  dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                                  deterministic, return_attn_probs)
+
+
+_VARIANTS = {"fixed": (_forward, _backward), "varlen": (_varlen_forward, _varlen_backward)}
+
+
+# ---- the KV cache ------------------------------------------------------------
+
+def _paged_supported():
+    return "block_table" in inspect.signature(_api.attention_with_kvcache).parameters
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None,
+                            block_table=None, softmax_scale=None, causal=False, window_size=(-1, -1),
+                            softcap=0.0, rotary_interleaved=True, alibi_slopes=None, num_splits=0,
+                            return_softmax_lse=False):
+    """FlashAttention's ``flash_attn_with_kvcache`` on the CPU, on
+    :func:`pyattn.attention_with_kvcache` (no backward, as FlashAttention).
+
+    Shapes (token-major, read in place): ``q (B, T, Hq, E)``; ``k_cache``,
+    ``v_cache (B_cache, S_max, Hkv, E)`` -- or with ``block_table`` ``(num_blocks,
+    block_size, Hkv, E)`` --; ``k``/``v (B, Tk, Hkv, E)`` new rows (any Tk),
+    written into the caches in place at rows ``cache_seqlens[b] + t`` (the
+    caches must be writeable: tensors, or writeable arrays);
+    ``rotary_cos``/``rotary_sin (R, rotary_dim / 2)``; ``cache_seqlens`` int
+    or ``(B,)`` (None: the caches are full); ``cache_batch_idx``,
+    ``cache_leftpad (B,)``; ``alibi_slopes (Hq,)`` or ``(B, Hq)``.
+    ``num_splits`` is ignored. Returns ``out (B, T, Hq, Ev)`` of q's dtype, and
+    ``softmax_lse (B, Hq, T)`` with ``return_softmax_lse``.
+
+    Query row t sits at cache position ``n_b + Tk - T + t``; causal, the
+    window and ALiBi use those positions; rotary rotates the new keys at
+    ``n_b + t`` and the queries at ``n_b + t`` (causal or a window) or all at
+    ``n_b`` (FlashAttention's rule). ``rotary_interleaved=True`` (GPT-J pairs)
+    is FlashAttention's default.
+
+    Raises
+    ------
+    ValueError / TypeError as :func:`pyattn.attention_with_kvcache`;
+    NotImplementedError for GPU tensors, or ``block_table`` where pyattn
+    lacks paged caches.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pyattn.flash import flash_attn_with_kvcache
+    >>> kc = np.zeros((1, 16, 2, 8), np.float32); vc = np.zeros_like(kc)
+    >>> q, k, v = np.ones((3, 1, 1, 2, 8), np.float32)
+    >>> flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=0, causal=True).shape
+    (1, 1, 2, 8)
+    """
+    qa, kca, vca = _arr(q, "q"), _arr(k_cache, "k_cache"), _arr(v_cache, "v_cache")
+    ka, va = _arr(k, "k"), _arr(v, "v")
+    _same_dtype(((qa, "q"), (kca, "k_cache"), (va, "v"), (ka, "k"), (vca, "v_cache")))
+    for x, n in ((qa, "q"), (kca, "k_cache"), (vca, "v_cache"), (ka, "k"), (va, "v")):
+        if x is not None and x.ndim != 4:
+            raise ValueError(f"{n} must be 4-D (batch, seqlen, nheads, headdim), got shape {x.shape}")
+    B, T, Hq, _ = qa.shape
+    t = lambda x: None if x is None else x.transpose(0, 2, 1, 3)  # noqa: E731
+    kw = {}
+    if block_table is not None:
+        if not _paged_supported():
+            raise NotImplementedError("block_table needs pyattn's paged KV cache support "
+                                      "(attention_with_kvcache(block_table=...)), which this pyattn lacks")
+        kw["block_table"] = _arr(block_table, "block_table")
+        S_max = kw["block_table"].shape[1] * kca.shape[1]
+    else:
+        S_max = kca.shape[1]
+    if cache_seqlens is None:
+        cache_seqlens = S_max
+    elif _is_tensor(cache_seqlens):
+        cache_seqlens = _arr(cache_seqlens, "cache_seqlens")
+    Tk = 0 if ka is None else ka.shape[1]
+    win, fa_causal = _window(window_size, causal, S_max)
+    slopes = _slopes(alibi_slopes)
+    odt = qa.dtype if (is16(qa.dtype) or qa.dtype in (np.float32, np.float64)) else np.dtype(np.float64)
+    cd = np.dtype(np.float64) if np.float64 in (qa.dtype, kca.dtype) else np.dtype(np.float32)
+    out = np.empty((B, T, Hq, vca.shape[3]), odt if (is16(odt) or odt == cd) else cd)
+    res = _api.attention_with_kvcache(
+        t(qa), t(kca), t(vca), t(ka), t(va), cache_seqlens=cache_seqlens, is_causal=bool(causal),
+        scale=softmax_scale, window=win, alibi_slopes=slopes, softcap=_softcap(softcap),
+        return_lse=True, out=t(out), rotary_cos=_arr(rotary_cos, "rotary_cos"),
+        rotary_sin=_arr(rotary_sin, "rotary_sin"), rotary_interleaved=bool(rotary_interleaved),
+        cache_leftpad=_arr(cache_leftpad, "cache_leftpad"),
+        cache_batch_idx=_arr(cache_batch_idx, "cache_batch_idx"), **kw)
+    lse = res[1]
+    if return_softmax_lse:
+        n = np.broadcast_to(np.asarray(cache_seqlens, np.int64), (B,))
+        pos = (n + Tk - T)[:, None, None] + np.arange(T)
+        lse = _fa_lse(lse, slopes, fa_causal, pos)
+    if _is_tensor(q):
+        out = _tensor(out)
+        lse = _tensor(np.ascontiguousarray(lse))
+    return (out, lse) if return_softmax_lse else out
