@@ -17,6 +17,7 @@ def sdpa(q: NDArray[Any], k: NDArray[Any], v: NDArray[Any], out: Optional[NDArra
          row_div: int = ..., qoff: Optional[int] = ..., nthreads: int = ..., bf16: bool = ...,
          append: Optional[Tuple[NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any],
                                 NDArray[np.int64]]] = ...,
+         paged: Optional[Tuple[NDArray[Any], NDArray[Any], NDArray[np.int64]]] = ...,
          ) -> Tuple[NDArray[Any], Optional[NDArray[Any]], Optional[NDArray[Any]]]: ...
 def sdpa_backward(q: NDArray[Any], k: NDArray[Any], v: NDArray[Any], o: NDArray[Any], go: NDArray[Any],
                   lse: NDArray[Any], mask: Optional[NDArray[Any]] = ..., causal: int = ..., scale: float = ...,

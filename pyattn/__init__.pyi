@@ -11,6 +11,7 @@ __all__ = [
     "merge_attention", "attention_with_kvcache", "KVCache",
     "scaled_dot_product_attention_backward", "scaled_dot_product_attention_vjp", "softmax_backward",
     "set_num_threads", "get_num_threads", "show_config", "nn", "__version__",
+    "PagedKVCache", "CacheFullError",
 ]
 
 _Causal = Union[bool, Literal["top_left", "bottom_right"]]
@@ -73,7 +74,8 @@ def attention_with_kvcache(
     value: Optional[ArrayLike] = ..., *, cache_seqlens: Union[int, ArrayLike], is_causal: bool = ...,
     scale: Optional[float] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
     softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: Literal[False] = ...,
-    out: Optional[NDArray[Any]] = ...,
+    out: Optional[NDArray[Any]] = ..., block_table: Optional[ArrayLike] = ...,
+    cu_seqlens_q: Optional[ArrayLike] = ..., tree_mask: Optional[ArrayLike] = ...,
 ) -> _F: ...
 @overload
 def attention_with_kvcache(
@@ -81,7 +83,8 @@ def attention_with_kvcache(
     value: Optional[ArrayLike] = ..., *, cache_seqlens: Union[int, ArrayLike], is_causal: bool = ...,
     scale: Optional[float] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
     softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: Literal[True],
-    out: Optional[NDArray[Any]] = ...,
+    out: Optional[NDArray[Any]] = ..., block_table: Optional[ArrayLike] = ...,
+    cu_seqlens_q: Optional[ArrayLike] = ..., tree_mask: Optional[ArrayLike] = ...,
 ) -> Tuple[_F, _F]: ...
 @overload
 def attention_with_kvcache(
@@ -89,7 +92,8 @@ def attention_with_kvcache(
     value: Optional[ArrayLike] = ..., *, cache_seqlens: Union[int, ArrayLike], is_causal: bool = ...,
     scale: Optional[float] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
     softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: bool,
-    out: Optional[NDArray[Any]] = ...,
+    out: Optional[NDArray[Any]] = ..., block_table: Optional[ArrayLike] = ...,
+    cu_seqlens_q: Optional[ArrayLike] = ..., tree_mask: Optional[ArrayLike] = ...,
 ) -> Union[_F, Tuple[_F, _F]]: ...
 
 class KVCache:
@@ -116,6 +120,27 @@ class KVCache:
                softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., return_lse: bool,
                out: Optional[NDArray[Any]] = ..., precision: _Precision = ...) -> Union[_F, Tuple[_F, _F]]: ...
     def reset(self) -> None: ...
+
+class CacheFullError(MemoryError): ...
+
+class PagedKVCache:
+    k: NDArray[Any]
+    v: NDArray[Any]
+    k_scale: Optional[NDArray[np.float32]]
+    v_scale: Optional[NDArray[np.float32]]
+    group_size: int
+    def __init__(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                 value_dim: Optional[int] = ..., dtype: DTypeLike = ..., group_size: int = ...) -> None: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def blocks_free(self) -> int: ...
+    def add_sequence(self) -> int: ...
+    def fork(self, seq: int) -> int: ...
+    def free(self, seq: int) -> None: ...
+    def length(self, seq: int) -> int: ...
+    def attend(self, seqs: Sequence[int], query: ArrayLike, key: ArrayLike, value: ArrayLike, *,
+               cu_seqlens_q: Optional[ArrayLike] = ..., **kw: Any) -> Any: ...
 
 def multi_head_attention(
     query: ArrayLike, key: ArrayLike, value: ArrayLike, num_heads: int,

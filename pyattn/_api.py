@@ -324,7 +324,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                            return_lse=return_lse), out)
 
 
-def _sdpa(spec, out=None, *, nthreads=0, append=None):
+def _sdpa(spec, out=None, *, nthreads=0, append=None, paged=None):
     """Run the forward of an attention call described by spec (_spec.attn_spec):
     out receives the result (checked here); append is attention_with_kvcache's
     new rows (_C.sdpa's append: written once the call has checked and allocated
@@ -369,6 +369,8 @@ def _sdpa(spec, out=None, *, nthreads=0, append=None):
         extra["qoff"] = spec.qoff
     if append is not None:
         extra["append"] = append
+    if paged is not None:                    # a paged cache (pyattn/_paged.py)
+        extra["paged"] = paged
     if nthreads:
         extra["nthreads"] = int(nthreads)
     if spec.dropout_p > 0:
@@ -601,7 +603,8 @@ def _seqlens(cache_seqlens, B, limit, T):
 
 def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cache_seqlens,
                            is_causal=True, scale=None, window=None, alibi_slopes=None,
-                           softcap=None, sinks=None, return_lse=False, out=None, precision=None):
+                           softcap=None, sinks=None, return_lse=False, out=None, precision=None,
+                           block_table=None, cu_seqlens_q=None, tree_mask=None):
     """Attention over a KV cache, appending new keys/values in place first (FlashAttention's
     ``flash_attn_with_kvcache``).
 
@@ -674,6 +677,12 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
     """
     if (key is None) != (value is None):
         raise ValueError("give both key and value to append, or neither")
+    if block_table is not None or cu_seqlens_q is not None or tree_mask is not None:
+        from ._paged import kvcache_paged           # paged / packed / tree calls
+        return kvcache_paged(query, k_cache, v_cache, key, value, cache_seqlens, block_table,
+                             cu_seqlens_q, tree_mask, is_causal=is_causal, scale=scale, window=window,
+                             alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks,
+                             return_lse=return_lse, out=out, precision=precision)
     new = key is not None
     kc = _cache_array(k_cache, "k_cache", new)
     vc = _cache_array(v_cache, "v_cache", new)
