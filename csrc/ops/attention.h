@@ -72,6 +72,15 @@ static inline pa_ssize pa_attn_vrow(const pa_attn_args *a, pa_ssize j)
     if (!a->bt_row) return j * a->v_rs;
     return (pa_ssize)a->bt_row[j / a->bsz] * a->v_blk + (j % a->bsz) * a->v_rs;
 }
+/* a read prefetch hint (the paged rows path's next block), where the compiler has one */
+static inline void pa_prefetch(const void *p)
+{
+#if defined(__GNUC__) || defined(__clang__)
+    __builtin_prefetch(p, 0, 1);
+#else
+    (void)p;
+#endif
+}
 /* the end of the run of rows from j that lie in one block (at most j1) */
 static inline pa_ssize pa_attn_run(const pa_attn_args *a, pa_ssize j, pa_ssize j1)
 {
