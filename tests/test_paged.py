@@ -382,3 +382,28 @@ def test_paged_cache_packed_and_errors(rng):
         pyattn.PagedKVCache(4, 4, 1, 8, dtype=np.int8)
     with pytest.raises(ValueError, match="block_size must be >= 1"):
         pyattn.PagedKVCache(4, 0, 1, 8)
+
+
+# ---- pyattn.nn layers with a PagedKVCache
+
+def test_layer_with_paged_cache_equals_kvcache(rng):
+    from pyattn.nn import MultiHeadAttention
+    m = MultiHeadAttention(16, 16, 4, rng=0).eval()
+    pc = pyattn.PagedKVCache(16, 4, 4, 4)
+    kv = m.new_cache(2, 32)
+    seqs = [pc.add_sequence(), pc.add_sequence()]
+    for T in (6, 1, 1):
+        x = rand(rng, (2, T, 16))
+        np.testing.assert_array_equal(m(x, cache=pc, seqs=seqs), m(x, cache=kv))
+    # packed: one sequence prefills 3 tokens while the other decodes 1
+    x = rand(rng, (4, 16))
+    out = m(x, cache=pc, seqs=seqs, cu_seqlens_q=[0, 3, 4])
+    assert out.shape == (4, 16)
+    kv2 = pyattn.KVCache(1, 4, 32, 4)
+    kv2.k[0], kv2.v[0] = kv.k[0], kv.v[0]
+    kv2.lengths[0] = kv.lengths[0]
+    np.testing.assert_array_equal(out[:3], m(x[None, :3], cache=kv2)[0])
+    with pytest.raises(TypeError, match="seqs"):
+        m(rand(rng, (2, 1, 16)), cache=pc)
+    with pytest.raises(TypeError, match="PagedKVCache"):
+        m(rand(rng, (2, 1, 16)), cache=kv, seqs=seqs)
