@@ -644,6 +644,23 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
         ``precision="bf16"`` with float32 / float16 / bfloat16 caches runs the
         tiled bfloat16 path, not yet a decode-specialised kernel).
     out : ndarray, optional
+    block_table : (B, max_blocks) integer array, optional
+        Paged caches: ``k_cache (num_blocks, Hkv, block_size, E)``, ``v_cache
+        (num_blocks, Hkv, block_size, Ev)`` (any strides: FlashAttention's
+        token-major pool as ``.transpose(0, 2, 1, 3)``); sequence ``b``'s row
+        ``r`` is row ``r % block_size`` of block ``block_table[b, r //
+        block_size]``, read (and written) in place. Entries a sequence does not
+        reach are ignored (-1 allowed).
+    cu_seqlens_q : (B + 1,) integer array, optional
+        Packed queries: ``query (total_q, Hq, E)``, ``key``/``value (total_q,
+        Hkv, E/Ev)``, sequence ``b`` bringing ``cu[b+1] - cu[b]`` tokens (0
+        allowed); ``out (total_q, Hq, Ev)``, ``lse (total_q, Hq)``. Sequences
+        with different counts run in one kernel call per distinct count.
+    tree_mask : (B or 1, Hq or 1, T, T) bool array, optional
+        Among the T new tokens (T: the most of any sequence; sequence ``b``
+        uses the top-left ``T_b x T_b`` corner), which may see which (True);
+        every cached row before them stays visible; combined with
+        ``is_causal``. See :class:`pyattn.PagedKVCache` for a managed pool.
 
     Returns
     -------
@@ -657,7 +674,11 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
         the wrong shape, or past ``S_max`` (with the new rows: ``n_b + T >
         S_max``, compared without a sum that could wrap); a read-only cache when key/value are given; only one of
         key and value; and the structured-mask errors of
-        :func:`scaled_dot_product_attention`.
+        :func:`scaled_dot_product_attention`. With ``block_table``: an entry
+        a call reads or writes out of ``[0, num_blocks)`` (or -1), two
+        sequences that would write one row, a cache too short for the new
+        rows; ``cu_seqlens_q`` not starting at 0, decreasing or not ending at
+        ``total_q``; a misshapen ``tree_mask``. Nothing is written then.
     TypeError
         Caches that are not float32/float64/float16/bfloat16 ndarrays,
         ``cache_seqlens`` not integers (floats, bools, strings), non-numeric
