@@ -407,3 +407,20 @@ def test_layer_with_paged_cache_equals_kvcache(rng):
         m(rand(rng, (2, 1, 16)), cache=pc)
     with pytest.raises(TypeError, match="PagedKVCache"):
         m(rand(rng, (2, 1, 16)), cache=kv, seqs=seqs)
+
+
+def test_private_entry_checks_the_table():
+    """_C.sdpa(paged=...) repeats the checks the C code relies on: a direct
+    call with a bad entry raises, never reads out of the pool."""
+    from pyattn import _C
+    kp = np.zeros((4, 2, 16, 8), np.float32)
+    q = np.zeros((2, 2, 1, 8), np.float32)
+    kv = np.broadcast_to(kp[:1, :, :1], (2, 2, 32, 8))
+    for bad in (9, -1):
+        with pytest.raises(ValueError, match=rf"block_table\[0, 1\] is {bad}"):
+            _C.sdpa(q, kv, kv, None, None, 2, 1.0, kv_len=np.array([20, 20, 5, 5]),
+                    paged=(kp, kp.copy(), np.array([[0, bad], [1, 2]])))
+    with pytest.raises(ValueError, match="exceeds the block table"):
+        _C.sdpa(q, kv, kv, None, None, 2, 1.0, kv_len=np.array([20, 20, 5, 5]),
+                paged=(kp, kp.copy(), np.array([[0, 1], [1, 2]])),
+                append=(np.zeros((2, 2, 2, 8), np.float32), np.zeros((2, 2, 2, 8), np.float32), np.array([31, 3])))
