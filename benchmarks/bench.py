@@ -304,6 +304,8 @@ def worker(args):
         training(args, rng, run, torch)
     if want("varlen"):
         varlen(args, rng, run, torch)
+    if want("paged"):
+        paged(args, rng, run)
     from pyattn import _C
     bf16_emulated = "emul" in _C.config()["gemm_bf16"]
     if want("bf16") and args.quick and bf16_emulated and not args.only:
@@ -427,6 +429,62 @@ def flash(args, rng, run, torch):
                  t(q), t(kc), t(vc), t(kn), t(vn), rotary_cos=cos, rotary_sin=sin, **kw)}
     run({"op": "flash kvcache", "shape": f"B=1 Hq={Hq} Hkv={Hkv} T=1 S={S} E={E} token-major"},
         4.0 * Hq * S * E, impls)
+
+
+def paged(args, rng, run):
+    """The rows of the issue "Serve" for paged caches: decode through a block
+    table (block sizes 16 and 256, blocks in random order) against the
+    contiguous cache holding the same rows, and a mixed batch (2 prefill
+    chunks of 512 tokens + 30 decode steps, caches of 4096 rows, one call with
+    cu_seqlens_q) against its two parts called separately."""
+    import numpy as np
+    import pyattn
+
+    def pool(c, bs, tab):                      # the rows of cache c in blocks of bs, at tab
+        B, H, S, E = c.shape
+        p = np.empty((B * (S // bs), H, bs, E), c.dtype)
+        for b in range(B):
+            p[tab[b]] = c[b].reshape(H, S // bs, bs, E).transpose(1, 0, 2, 3)
+        return p
+
+    B, Hq, Hkv, E, S = 4, 32, 8, 128, 4096
+    q = rng.standard_normal((B, Hq, 1, E), dtype=np.float32)
+    kc = rng.standard_normal((B, Hkv, S, E), dtype=np.float32)
+    vc = rng.standard_normal((B, Hkv, S, E), dtype=np.float32)
+    impls = {"pyattn contiguous": lambda: pyattn.attention_with_kvcache(q, kc, vc, cache_seqlens=S)}
+    for bs in (16, 256):
+        tab = rng.permutation(B * (S // bs)).reshape(B, S // bs)      # blocks in random order
+        kp, vp = pool(kc, bs, tab), pool(vc, bs, tab)
+        impls[f"pyattn paged bs={bs}"] = (lambda kp=kp, vp=vp, tab=tab: pyattn.attention_with_kvcache(
+            q, kp, vp, cache_seqlens=S, block_table=tab))
+    run({"op": "paged decode", "shape": f"B={B} Hq={Hq} Hkv={Hkv} L=1 S={S} E={E}"}, 4.0 * B * Hq * S * E, impls)
+    del impls, kc, vc
+    # mixed: 2 sequences bring a prefill chunk of 512 after 3584 cached rows, 30 decode one token after 4095
+    Hq, Hkv, E, bs, P, D = 8, 2, 64, 16, 2, 30
+    n = np.array([S - 512] * P + [S - 1] * D)
+    Ts = np.array([512] * P + [1] * D)
+    cu = np.concatenate([[0], np.cumsum(Ts)])
+    N = (P + D) * S // bs
+    kp = rng.standard_normal((N, Hkv, bs, E), dtype=np.float32)
+    vp = rng.standard_normal((N, Hkv, bs, E), dtype=np.float32)
+    tab = rng.permutation(N).reshape(P + D, S // bs)
+    tot = int(cu[-1])
+    q, kn, vn = (rng.standard_normal((tot, h, E), dtype=np.float32) for h in (Hq, Hkv, Hkv))
+    pre = slice(0, 512 * P)
+
+    def parts():
+        pyattn.attention_with_kvcache(q[pre].reshape(P, 512, Hq, E).transpose(0, 2, 1, 3), kp, vp,
+                                      kn[pre].reshape(P, 512, Hkv, E).transpose(0, 2, 1, 3),
+                                      vn[pre].reshape(P, 512, Hkv, E).transpose(0, 2, 1, 3),
+                                      cache_seqlens=n[:P], block_table=tab[:P])
+        pyattn.attention_with_kvcache(q[512 * P:, :, None], kp, vp, kn[512 * P:, :, None], vn[512 * P:, :, None],
+                                      cache_seqlens=n[P:], block_table=tab[P:])
+    impls = {"pyattn mixed, one call": lambda: pyattn.attention_with_kvcache(
+                 q, kp, vp, kn, vn, cache_seqlens=n, block_table=tab, cu_seqlens_q=cu),
+             "pyattn parts, two calls": parts}
+    flops = 4.0 * Hq * E * (P * 512 * (S - 256) + D * S)
+    run({"op": "paged mixed", "shape": f"{P}x512 prefill + {D} decode, S={S} Hq={Hq} Hkv={Hkv} E={E} bs={bs}"},
+        flops, impls)
 
 
 def training(args, rng, run, torch):
@@ -865,6 +923,21 @@ def targets(rows, mem):
             ratio = pad["min_ms"] / r["min_ms"]
             line(f"varlen {r['shape']}, {r['threads']} thr, vs padded + mask", f"{ratio:.2f}x", ">= 1.8x",
                  ratio >= 1.8)
+    # paged caches ("Serve"): paged decode vs the contiguous cache, the mixed
+    # batch vs its parts called separately
+    for r in data:
+        if r["op"] == "paged decode" and r["impl"].startswith("pyattn paged"):
+            c = get("paged decode", r["shape"], "pyattn contiguous", r["threads"])
+            if c:
+                ratio = c["min_ms"] / r["min_ms"]
+                line(f"paged decode {r['shape']} {r['impl'][13:]}, {r['threads']} thr, vs contiguous",
+                     f"{ratio:.2f}x", ">= 0.95x", ratio >= 0.95)
+        if r["op"] == "paged mixed" and r["impl"] == "pyattn mixed, one call":
+            c = get("paged mixed", r["shape"], "pyattn parts, two calls", r["threads"])
+            if c:
+                ratio = c["min_ms"] / r["min_ms"]
+                line(f"mixed batch {r['shape']}, {r['threads']} thr, vs the parts", f"{ratio:.2f}x", ">= 0.9x",
+                     ratio >= 0.9)
     if mem is not None:
         line("causal L=S=32768 E=64: peak memory growth", f"{mem:.1f} MB", "< 64 MB", mem < 64)
     # FlashAttention's interface (pyattn.flash): within 5 % of pyattn's own API;
@@ -903,7 +976,7 @@ def main():
     ap.add_argument("--md", default=None, help="also write the table with its context to this Markdown file")
     ap.add_argument("--no-memory", action="store_true", help="skip the 32768-token memory probe")
     ap.add_argument("--only", default=None, help="comma-separated sections to run: matmul, sdpa, decode, "
-                    "generation, training, varlen, bf16, mha, flash (default: all)")
+                    "generation, training, varlen, bf16, mha, flash, paged (default: all)")
     ap.add_argument("--from-json", default=None, help="re-render the table, targets and plot from a saved "
                     "results.json instead of measuring")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

@@ -38,6 +38,7 @@
 #include "cpu.h"
 #include "ops/ops.h"
 #include "kernel_check.h"
+#include "bind_paged.h"
 
 #define PA_ALLOW_BOOL 1
 #define PA_ALLOW_16 2 /* float16 arrays, and uint16 arrays holding bfloat16 bits */
@@ -849,12 +850,14 @@ PyDoc_STRVAR(sdpa_doc,
 "sdpa(q, k, v, out=None, mask=None, causal=0, scale=1.0, dropout_p=0.0,\n"
 "     dropout_key=0, want_weights=False, want_lse=False, left=-1, right=-1,\n"
 "     softcap=0.0, slopes=None, sinks=None, kv_len=None, row_div=1, qoff=None,\n"
-"     nthreads=0, bf16=False, append=None, cu_seqlens_q=None, cu_seqlens_k=None)\n"
+"     nthreads=0, bf16=False, append=None, cu_seqlens_q=None, cu_seqlens_k=None, paged=None)\n"
 "     -> (out, weights or None, lse or None)\n\n"
 "Private kernel entry: fused attention, all operands with equal batch axes;\n"
 "slopes, sinks (float64) and kv_len (int64) hold one value per flat batch\n"
 "index; append = (k_cache, v_cache, key, value, positions): new cache rows\n"
-"written once everything is checked and allocated. Use\n"
+"written once everything is checked and allocated; paged = (k_pool, v_pool,\n"
+"block_table): a paged cache (bind_paged.c; append then (key, value,\n"
+"positions)). Use\n"
 "pyattn.scaled_dot_product_attention.");
 
 static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
@@ -862,27 +865,31 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
     static char *kwlist[] = {"q", "k", "v", "out", "mask", "causal", "scale", "dropout_p",
                              "dropout_key", "want_weights", "want_lse", "left", "right",
                              "softcap", "slopes", "sinks", "kv_len", "row_div", "qoff", "nthreads",
-                             "bf16", "append", "cu_seqlens_q", "cu_seqlens_k", NULL};
+                             "bf16", "append", "cu_seqlens_q", "cu_seqlens_k", "paged", NULL};
     call_args a;
     call_args_init(&a, PA_ALLOW_16);
-    PyObject *outo = Py_None, *appo = Py_None;
+    PyObject *outo = Py_None, *appo = Py_None, *pago = Py_None;
     int req_threads = 0, want_lse = 0;
     kv_append ap;
+    pa_paged pg;
+    pa_paged_append pap;
     pa_attn_call c;
     view qkv[3], o, w, lv;
     PyArrayObject *res = NULL, *wres = NULL, *lres = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOiddKppnndOOOnOipOOO:sdpa", kwlist, &a.q, &a.k, &a.v,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOiddKppnndOOOnOipOOOO:sdpa", kwlist, &a.q, &a.k, &a.v,
                                      &outo, &a.mask, &a.causal, &a.scale, &a.dropout_p, &a.key,
                                      &a.want_w, &want_lse, &a.left, &a.right, &a.softcap, &a.slopes,
                                      &a.sinks, &a.kv_len, &a.row_div, &a.qoff, &req_threads, &a.bf16,
-                                     &appo, &a.cuq, &a.cuk))
+                                     &appo, &a.cuq, &a.cuk, &pago))
         return NULL;
     if (attn_call_of(&a, &c, qkv) < 0) goto fail;
-    if (appo != Py_None && c.cu_seqlens_q) {
-        PyErr_SetString(PyExc_ValueError, "cu_seqlens exclude append");
+    if ((appo != Py_None || pago != Py_None) && c.cu_seqlens_q) {
+        PyErr_SetString(PyExc_ValueError, "cu_seqlens exclude append and paged");
         goto fail;
     }
-    if (appo != Py_None) {              /* checked in full before anything is allocated */
+    if (pago != Py_None) {              /* a paged cache (bind_paged.c), checked in full */
+        if (pa_bind_paged(pago, appo, &c, &pg, &pap) < 0) goto fail;
+    } else if (appo != Py_None) {       /* checked in full before anything is allocated */
         if (get_append(appo, &ap) < 0) goto fail;
         c.before = kv_append_run;
         c.before_ctx = &ap;

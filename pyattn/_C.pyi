@@ -18,6 +18,7 @@ def sdpa(q: NDArray[Any], k: NDArray[Any], v: NDArray[Any], out: Optional[NDArra
          append: Optional[Tuple[NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any],
                                 NDArray[np.int64]]] = ...,
          cu_seqlens_q: Optional[NDArray[np.int64]] = ..., cu_seqlens_k: Optional[NDArray[np.int64]] = ...,
+         paged: Optional[Tuple[NDArray[Any], NDArray[Any], NDArray[np.int64]]] = ...,
          ) -> Tuple[NDArray[Any], Optional[NDArray[Any]], Optional[NDArray[Any]]]: ...
 def sdpa_backward(q: NDArray[Any], k: NDArray[Any], v: NDArray[Any], o: NDArray[Any], go: NDArray[Any],
                   lse: NDArray[Any], mask: Optional[NDArray[Any]] = ..., causal: int = ..., scale: float = ...,

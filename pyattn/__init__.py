@@ -32,6 +32,7 @@ from ._grad import (scaled_dot_product_attention_backward, scaled_dot_product_at
 from ._kvcache import KVCache
 from ._varlen import (scaled_dot_product_attention_varlen, scaled_dot_product_attention_varlen_backward,
                       scaled_dot_product_attention_varlen_vjp)
+from ._paged import CacheFullError, PagedKVCache
 
 __version__ = "0.1.0"
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "set_num_threads", "get_num_threads", "show_config", "nn", "__version__",
     "scaled_dot_product_attention_varlen", "scaled_dot_product_attention_varlen_backward",
     "scaled_dot_product_attention_varlen_vjp",
+    "PagedKVCache", "CacheFullError",
 ]
 
 # The kernel families, PYATTN_ISA's word -> code, as the C extension lists

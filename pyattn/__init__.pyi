@@ -13,6 +13,7 @@ __all__ = [
     "set_num_threads", "get_num_threads", "show_config", "nn", "__version__",
     "scaled_dot_product_attention_varlen", "scaled_dot_product_attention_varlen_backward",
     "scaled_dot_product_attention_varlen_vjp",
+    "PagedKVCache", "CacheFullError",
 ]
 
 _Causal = Union[bool, Literal["top_left", "bottom_right"]]
@@ -85,6 +86,8 @@ def attention_with_kvcache(
     rotary_cos: Optional[ArrayLike] = ..., rotary_sin: Optional[ArrayLike] = ...,
     rotary_interleaved: bool = ..., cache_leftpad: Optional[ArrayLike] = ...,
     cache_batch_idx: Optional[ArrayLike] = ...,
+    block_table: Optional[ArrayLike] = ..., cu_seqlens_q: Optional[ArrayLike] = ...,
+    tree_mask: Optional[ArrayLike] = ...,
 ) -> _F: ...
 @overload
 def attention_with_kvcache(
@@ -96,6 +99,8 @@ def attention_with_kvcache(
     rotary_cos: Optional[ArrayLike] = ..., rotary_sin: Optional[ArrayLike] = ...,
     rotary_interleaved: bool = ..., cache_leftpad: Optional[ArrayLike] = ...,
     cache_batch_idx: Optional[ArrayLike] = ...,
+    block_table: Optional[ArrayLike] = ..., cu_seqlens_q: Optional[ArrayLike] = ...,
+    tree_mask: Optional[ArrayLike] = ...,
 ) -> Tuple[_F, _F]: ...
 @overload
 def attention_with_kvcache(
@@ -107,6 +112,8 @@ def attention_with_kvcache(
     rotary_cos: Optional[ArrayLike] = ..., rotary_sin: Optional[ArrayLike] = ...,
     rotary_interleaved: bool = ..., cache_leftpad: Optional[ArrayLike] = ...,
     cache_batch_idx: Optional[ArrayLike] = ...,
+    block_table: Optional[ArrayLike] = ..., cu_seqlens_q: Optional[ArrayLike] = ...,
+    tree_mask: Optional[ArrayLike] = ...,
 ) -> Union[_F, Tuple[_F, _F]]: ...
 
 class KVCache:
@@ -133,6 +140,27 @@ class KVCache:
                softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., return_lse: bool,
                out: Optional[NDArray[Any]] = ..., precision: _Precision = ...) -> Union[_F, Tuple[_F, _F]]: ...
     def reset(self) -> None: ...
+
+class CacheFullError(MemoryError): ...
+
+class PagedKVCache:
+    k: NDArray[Any]
+    v: NDArray[Any]
+    k_scale: Optional[NDArray[np.float32]]
+    v_scale: Optional[NDArray[np.float32]]
+    group_size: int
+    def __init__(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                 value_dim: Optional[int] = ..., dtype: DTypeLike = ..., group_size: int = ...) -> None: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def blocks_free(self) -> int: ...
+    def add_sequence(self) -> int: ...
+    def fork(self, seq: int) -> int: ...
+    def free(self, seq: int) -> None: ...
+    def length(self, seq: int) -> int: ...
+    def attend(self, seqs: Sequence[int], query: ArrayLike, key: ArrayLike, value: ArrayLike, *,
+               cu_seqlens_q: Optional[ArrayLike] = ..., **kw: Any) -> Any: ...
 
 def multi_head_attention(
     query: ArrayLike, key: ArrayLike, value: ArrayLike, num_heads: int,

@@ -331,7 +331,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                            return_lse=return_lse, align=align), out)
 
 
-def _sdpa(spec, out=None, *, nthreads=0, append=None):
+def _sdpa(spec, out=None, *, nthreads=0, append=None, paged=None):
     """Run the forward of an attention call described by spec (_spec.attn_spec):
     out receives the result (checked here); append is attention_with_kvcache's
     new rows (_C.sdpa's append: written once the call has checked and allocated
@@ -377,6 +377,8 @@ def _sdpa(spec, out=None, *, nthreads=0, append=None):
         extra["qoff"] = spec.qoff
     if append is not None:
         extra["append"] = append
+    if paged is not None:                    # a paged cache (pyattn/_paged.py)
+        extra["paged"] = paged
     if nthreads:
         extra["nthreads"] = int(nthreads)
     if spec.dropout_p > 0:
@@ -611,7 +613,8 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
                            is_causal=True, scale=None, window=None, alibi_slopes=None,
                            softcap=None, sinks=None, return_lse=False, out=None, precision=None,
                            rotary_cos=None, rotary_sin=None, rotary_interleaved=False,
-                           cache_leftpad=None, cache_batch_idx=None):
+                           cache_leftpad=None, cache_batch_idx=None, block_table=None, cu_seqlens_q=None,
+                           tree_mask=None):
     """Attention over a KV cache, appending new keys/values in place first (FlashAttention's
     ``flash_attn_with_kvcache``).
 
@@ -676,6 +679,23 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
         With ``cache_leftpad`` or ``cache_batch_idx`` the call runs one
         sequence at a time on views of the caches (every per-sequence value
         is checked before the first row is written).
+    block_table : (B, max_blocks) integer array, optional
+        Paged caches: ``k_cache (num_blocks, Hkv, block_size, E)``, ``v_cache
+        (num_blocks, Hkv, block_size, Ev)`` (any strides: FlashAttention's
+        token-major pool as ``.transpose(0, 2, 1, 3)``); sequence ``b``'s row
+        ``r`` is row ``r % block_size`` of block ``block_table[b, r //
+        block_size]``, read (and written) in place. Entries a sequence does not
+        reach are ignored (-1 allowed).
+    cu_seqlens_q : (B + 1,) integer array, optional
+        Packed queries: ``query (total_q, Hq, E)``, ``key``/``value (total_q,
+        Hkv, E/Ev)``, sequence ``b`` bringing ``cu[b+1] - cu[b]`` tokens (0
+        allowed); ``out (total_q, Hq, Ev)``, ``lse (total_q, Hq)``. Sequences
+        with different counts run in one kernel call per distinct count.
+    tree_mask : (B or 1, Hq or 1, T, T) bool array, optional
+        Among the T new tokens (T: the most of any sequence; sequence ``b``
+        uses the top-left ``T_b x T_b`` corner), which may see which (True);
+        every cached row before them stays visible; combined with
+        ``is_causal``. See :class:`pyattn.PagedKVCache` for a managed pool.
 
     Returns
     -------
@@ -689,7 +709,11 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
         the wrong shape, or past ``S_max`` (with the new rows: ``n_b + T >
         S_max``, compared without a sum that could wrap); a read-only cache when key/value are given; only one of
         key and value; and the structured-mask errors of
-        :func:`scaled_dot_product_attention`.
+        :func:`scaled_dot_product_attention`. With ``block_table``: an entry
+        a call reads or writes out of ``[0, num_blocks)`` (or -1), two
+        sequences that would write one row, a cache too short for the new
+        rows; ``cu_seqlens_q`` not starting at 0, decreasing or not ending at
+        ``total_q``; a misshapen ``tree_mask``. Nothing is written then.
     TypeError
         Caches that are not float32/float64/float16/bfloat16 ndarrays,
         ``cache_seqlens`` not integers (floats, bools, strings), non-numeric
@@ -716,6 +740,15 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
             dict(is_causal=is_causal, scale=scale, window=window, softcap=softcap, sinks=sinks,
                  precision=precision, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
                  rotary_interleaved=rotary_interleaved))
+    if block_table is not None or cu_seqlens_q is not None or tree_mask is not None:
+        if rotary_cos is not None or rotary_sin is not None:
+            raise NotImplementedError("rotary_cos/rotary_sin with block_table, cu_seqlens_q or tree_mask "
+                                      "are not supported yet")
+        from ._paged import kvcache_paged           # paged / packed / tree calls
+        return kvcache_paged(query, k_cache, v_cache, key, value, cache_seqlens, block_table,
+                             cu_seqlens_q, tree_mask, is_causal=is_causal, scale=scale, window=window,
+                             alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks,
+                             return_lse=return_lse, out=out, precision=precision)
     new = key is not None
     kc = _cache_array(k_cache, "k_cache", new)
     vc = _cache_array(v_cache, "v_cache", new)

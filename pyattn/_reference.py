@@ -16,7 +16,7 @@ from ._checks import causal_code, compute_dtype
 __all__ = ["matmul", "softmax", "scaled_dot_product_attention", "multi_head_attention",
            "causal_mask", "dropout_keep", "linear", "merge_attention", "attention_with_kvcache",
            "window_mask", "alibi_bias", "scaled_dot_product_attention_backward",
-           "softmax_backward", "round_bf16"]
+           "softmax_backward", "round_bf16", "paged_rows", "attention_with_kvcache_paged"]
 
 
 def _f64(x):
@@ -386,6 +386,62 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
         lses.append(r[1])
     out, lse = np.stack(outs), np.stack(lses)
     return (out, kc, vc, lse) if return_lse else (out, kc, vc)
+
+
+def paged_rows(pool, table_row, n):
+    """Logical rows [0, n) of one sequence of a paged pool (num_blocks, H,
+    block_size, D): row r is row r % block_size of block table_row[r //
+    block_size] -> (H, n, D), a copy."""
+    bs = pool.shape[2]
+    r = np.arange(n)
+    return pool[np.asarray(table_row)[r // bs], :, r % bs, :].transpose(1, 0, 2).copy()
+
+
+def attention_with_kvcache_paged(query, k_pool, v_pool, key=None, value=None, *, cache_seqlens,
+                                 block_table, cu_seqlens_q=None, tree_mask=None, is_causal=True,
+                                 scale=None, window=None, alibi_slopes=None, softcap=None,
+                                 sinks=None, return_lse=False):
+    """attention_with_kvcache over paged pools, one sequence at a time: its
+    new rows written into copies of the pools through the block table, its
+    rows gathered in logical order (paged_rows), then the dense reference
+    with the tree mask among the new tokens as an explicit bool mask (the
+    cached rows before them visible). query (B, Hq, T, E), or packed
+    (total_q, Hq, E) with cu_seqlens_q (out packed the same way). Returns
+    (out, k_pool', v_pool'[, lse])."""
+    q = np.asarray(query)
+    kp, vp = np.array(k_pool), np.array(v_pool)
+    table = np.asarray(block_table)
+    B, bs = table.shape[0], kp.shape[2]
+    packed = cu_seqlens_q is not None
+    cu = np.asarray(cu_seqlens_q) if packed else np.arange(B + 1) * q.shape[2]
+    n = np.broadcast_to(np.asarray(cache_seqlens, dtype=np.int64), (B,))
+    outs, lses = [], []
+    for b in range(B):
+        T = int(cu[b + 1] - cu[b])
+        qb = q[cu[b]:cu[b + 1]].transpose(1, 0, 2) if packed else q[b]
+        m = int(n[b])
+        if key is not None:
+            kb = key[cu[b]:cu[b + 1]].transpose(1, 0, 2) if packed else key[b]
+            vb = value[cu[b]:cu[b + 1]].transpose(1, 0, 2) if packed else value[b]
+            for t in range(T):
+                r = m + t
+                kp[table[b, r // bs], :, r % bs] = kb[:, t]
+                vp[table[b, r // bs], :, r % bs] = vb[:, t]
+            m += T
+        mask = None
+        if tree_mask is not None:
+            tm = np.asarray(tree_mask)[b if tree_mask.shape[0] > 1 else 0, :, :T, :T]
+            mask = np.ones((tm.shape[0], T, m), bool)
+            mask[:, :, m - T:] = tm
+        r = scaled_dot_product_attention(
+            qb.astype(kp.dtype), paged_rows(kp, table[b], m), paged_rows(vp, table[b], m), mask, 0.0,
+            "bottom_right" if is_causal else False, scale, enable_gqa=True, window=window,
+            alibi_slopes=None if alibi_slopes is None else np.broadcast_to(alibi_slopes, (B, q.shape[-3 if not packed else 1]))[b],
+            softcap=softcap, sinks=sinks, return_lse=True, qoff=m - T)
+        outs.append(r[0].transpose(1, 0, 2) if packed else r[0])
+        lses.append(r[1].T if packed else r[1])
+    out, lse = (np.concatenate(outs), np.concatenate(lses)) if packed else (np.stack(outs), np.stack(lses))
+    return (out, kp, vp, lse) if return_lse else (out, kp, vp)
 
 
 def linear(x, w, b=None):

@@ -27,6 +27,7 @@ from ._checks import (as_array, check_numeric, compute_dtype, index_value, is16,
                       torch_bf16_hint)
 from ._grad import scaled_dot_product_attention_backward
 from ._kvcache import KVCache
+from ._paged import PagedKVCache
 
 __all__ = ["SelfAttention", "CausalAttention", "MultiHeadAttention"]
 
@@ -346,8 +347,11 @@ class _Attention:
     def _call_cached(self, x, cache, attn_mask, return_weights):
         """x (B, T, d_in) or (T, d_in): only the new tokens; their keys and
         values are appended to cache, and they attend to everything cached."""
+        if isinstance(cache, tuple):                  # (PagedKVCache, seqs, cu_seqlens_q)
+            return self._call_paged(x, *cache, attn_mask, return_weights)
         if not isinstance(cache, KVCache):
-            raise TypeError(f"cache must be a pyattn.KVCache (layer.new_cache(...)), got {type(cache).__name__}")
+            raise TypeError(f"cache must be a pyattn.KVCache (layer.new_cache(...)) or a "
+                            f"pyattn.PagedKVCache with seqs=, got {type(cache).__name__}")
         if attn_mask is not None or return_weights:
             raise ValueError("attn_mask and return_weights are not available with a cache")
         if self.training and self.dropout > 0:
@@ -371,6 +375,43 @@ class _Attention:
             out = _linear(out, self.out_proj_weight, self.out_proj_bias, dt)
         return out if x.ndim == 3 else out[0]
 
+    def _call_paged(self, x, cache, seqs, cu, attn_mask, return_weights):
+        """x (len(seqs), T, d_in), or packed (total, d_in) with cu_seqlens_q:
+        the new tokens of the sequences seqs of a PagedKVCache."""
+        if attn_mask is not None or return_weights:
+            raise ValueError("attn_mask and return_weights are not available with a cache")
+        if self.training and self.dropout > 0:
+            raise ValueError("a cache is for inference: call layer.eval() first (dropout is on in training mode)")
+        if seqs is None:
+            raise TypeError("a PagedKVCache needs seqs=[sequence ids] (one per row of x)")
+        H, hd = self.num_heads, self.d_out // self.num_heads
+        if cache.k.shape[1] != H or cache.k.shape[3] != hd or cache.v.shape[3] != hd:
+            raise ValueError(f"cache {cache!r} does not fit this layer: expected {H} heads of {hd} features")
+        if cu is None and x.ndim != 3:
+            raise ValueError(f"x must be (len(seqs), T, d_in) with a PagedKVCache (or packed (total, d_in) "
+                             f"with cu_seqlens_q), got shape {x.shape}")
+        if cu is not None and x.ndim != 2:
+            raise ValueError(f"x must be packed (total, d_in) with cu_seqlens_q, got shape {x.shape}")
+        dt = np.dtype(np.float32) if is16(cache.k.dtype) else cache.k.dtype
+        x3 = to_dtype(x if x.ndim == 3 else x[None], dt)
+        q, k, v = self._qkv(x3, dt)
+        if cu is not None:                            # (1, H, total, hd) -> (total, H, hd)
+            q, k, v = (t[0].transpose(1, 0, 2) for t in (q, k, v))
+        if self.context_length is not None:
+            ids = list(seqs)
+            Ts = np.diff(np.asarray(cu)) if cu is not None else [x.shape[1]] * len(ids)
+            for s, t in zip(ids, Ts):
+                if cache.length(s) + int(t) > self.context_length:
+                    raise ValueError(f"sequence {s} holds {cache.length(s)} tokens; {int(t)} more exceed "
+                                     f"context_length={self.context_length}")
+        ctx = cache.attend(seqs, q, k, v, cu_seqlens_q=cu, is_causal=bool(self.causal))
+        out = ctx.reshape(-1, self.d_out) if cu is not None else \
+            ctx.transpose(0, 2, 1, 3).reshape(x.shape[0], x.shape[1], self.d_out)
+        if self._has_out:
+            out = _linear(out[None] if cu is not None else out, self.out_proj_weight, self.out_proj_bias, dt)
+            out = out[0] if cu is not None else out
+        return out
+
     def _qkv(self, x3, dt):
         """The heads' q, k, v (B, H, T, head dim) of x3 (B, T, d_in): the
         projections, split from the last axis as the seeds do."""
@@ -381,7 +422,8 @@ class _Attention:
                                   (self.W_value, self.b_value)))
 
     # -- forward --------------------------------------------------------------
-    def __call__(self, x, attn_mask=None, return_weights=False, *args, cache=None):
+    def __call__(self, x, attn_mask=None, return_weights=False, *args, cache=None, seqs=None,
+                 cu_seqlens_q=None):
         """x (B, T, d_in) or (T, d_in) -> (B, T, d_out) [, weights (B, H, T, T)].
 
         Self-attention: queries, keys and values all come from ``x``.
@@ -399,7 +441,11 @@ class _Attention:
         layers), so generating token by token gives the rows of the
         full-sequence call. Inference only (eval mode or no dropout), no
         ``attn_mask`` or weights; the result has the cache's compute dtype
-        (float32 for 16-bit caches).
+        (float32 for 16-bit caches). A :class:`pyattn.PagedKVCache` (heads and
+        head dim as the layer's) takes ``seqs`` (its sequence ids, one per row
+        of ``x (len(seqs), T, d_in)``), or ``x`` packed ``(total, d_in)`` with
+        ``cu_seqlens_q`` (different token counts per sequence): the result is
+        shaped as ``x`` with ``d_out``.
 
         >>> import numpy as np
         >>> from pyattn.nn import MultiHeadAttention
@@ -409,6 +455,10 @@ class _Attention:
         (1, 3, 8)
         """
         x = np.asarray(x) if not isinstance(x, np.ndarray) else x
+        if isinstance(cache, PagedKVCache) or seqs is not None or cu_seqlens_q is not None:
+            if not isinstance(cache, PagedKVCache):
+                raise TypeError("seqs and cu_seqlens_q go with cache=pyattn.PagedKVCache(...)")
+            cache = (cache, seqs, cu_seqlens_q)
         if args or _input_not_mask(attn_mask, x) or _input_not_mask(return_weights, x):
             raise TypeError(
                 f"{type(self).__name__}(x, attn_mask=None, return_weights=False) got a second input "

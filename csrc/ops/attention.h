@@ -53,7 +53,39 @@ typedef struct {
     int bf16;                               /* precision "bf16": the tiled bfloat16 path */
     const uint16_t *kvp;                    /* bf16: K, V packed per key tile (pa_bf16_pack_kv), */
     pa_ssize kvp_tile;                      /* tile t at kvp + t * kvp_tile; or NULL */
+    const int64_t *bt_row;                  /* a paged cache (ops/paged.h): key j in row j % bsz */
+    pa_ssize bsz, k_blk, v_blk;             /* of block bt_row[j / bsz] (block strides k_blk, v_blk;
+                                               k_rs, v_rs within a block); NULL: rows j * k_rs */
 } pa_attn_args;
+
+/* THE element offsets of key row j in k and v (from a->k, a->v): through
+ * the block table of a paged cache, else j rows down. Every frame reads K
+ * and V rows through these (or, in the tiled paths, per run of rows that
+ * lie in one block: pa_attn_run). */
+static inline pa_ssize pa_attn_krow(const pa_attn_args *a, pa_ssize j)
+{
+    if (!a->bt_row) return j * a->k_rs;
+    return (pa_ssize)a->bt_row[j / a->bsz] * a->k_blk + (j % a->bsz) * a->k_rs;
+}
+static inline pa_ssize pa_attn_vrow(const pa_attn_args *a, pa_ssize j)
+{
+    if (!a->bt_row) return j * a->v_rs;
+    return (pa_ssize)a->bt_row[j / a->bsz] * a->v_blk + (j % a->bsz) * a->v_rs;
+}
+/* a read prefetch hint (the paged rows path's next block), where the compiler has one */
+static inline void pa_prefetch(const void *p)
+{
+#if defined(__GNUC__) || defined(__clang__)
+    __builtin_prefetch(p, 0, 1);
+#else
+    (void)p;
+#endif
+}
+/* the end of the run of rows from j that lie in one block (at most j1) */
+static inline pa_ssize pa_attn_run(const pa_attn_args *a, pa_ssize j, pa_ssize j1)
+{
+    return a->bt_row ? pa_min(j1, (j / a->bsz + 1) * a->bsz) : j1;
+}
 
 /* Element idx of q, k or v (stored as sd) in the compute dtype: the reads
  * of the exact path; the tiled paths widen whole tiles instead. */

@@ -7,6 +7,7 @@
  * description, pa_attn_call (ops.h).
  */
 #include "attention.h"
+#include "paged.h"
 
 /* element pointer of flat batch index b in operand o (elements of es bytes) */
 static const char *at(const pa_attn_call *c, const pa_operand *o, pa_ssize b, int dt)
@@ -64,5 +65,14 @@ void pa_attn_setup(pa_attn_args *out, const pa_family *fam, const pa_attn_call *
     a.bf16 = c->bf16;
     a.kvp = NULL;
     a.kvp_tile = 0;
+    a.bt_row = NULL;
+    a.bsz = a.k_blk = a.v_blk = 0;
+    if (c->block_table) {                           /* a paged cache (ops/paged.h) */
+        const pa_paged *pg = (const pa_paged *)c->block_table;
+        a.bt_row = pa_paged_row(c, b);
+        a.bsz = pg->block_size;
+        a.k_blk = pg->k_blk; a.v_blk = pg->v_blk;
+        a.k_rs = pg->k_rs; a.v_rs = pg->v_rs;
+    }
     *out = a;
 }

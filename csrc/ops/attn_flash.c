@@ -65,12 +65,12 @@ void pa_bf16_pack_kv(const pa_family *f, const pa_attn_args *a, pa_ssize j0, pa_
                 continue;
             }
             if (kf) {
-                const float *src = (const float *)a->k + (j0 + r) * a->k_rs;
+                const float *src = (const float *)a->k + pa_attn_krow(a, j0 + r);
                 for (pa_ssize e = 0; e < E; e++) dst[(e >> 1) * MR * 2 + (e & 1)] = pa_f32_to_bf16(src[e]);
             } else {
                 for (pa_ssize e = 0; e < E; e++)
                     dst[(e >> 1) * MR * 2 + (e & 1)] =
-                        pa_f32_to_bf16(pa_load_f32(a->k, (j0 + r) * a->k_rs + e * a->k_cs, a->k_dt));
+                        pa_f32_to_bf16(pa_load_f32(a->k, pa_attn_krow(a, j0 + r) + e * a->k_cs, a->k_dt));
             }
             for (pa_ssize e = E; e < e2; e++) dst[(e >> 1) * MR * 2 + (e & 1)] = 0;   /* pad: E odd or 0 */
         }
@@ -82,8 +82,8 @@ void pa_bf16_pack_kv(const pa_family *f, const pa_attn_args *a, pa_ssize j0, pa_
                 for (int j = 0; j < NR; j++) {
                     const pa_ssize d = c0 + j;
                     dst[2 * j] = (r < nj && d < Ev)
-                        ? pa_f32_to_bf16(vf ? ((const float *)a->v)[(j0 + r) * a->v_rs + d]
-                                            : pa_load_f32(a->v, (j0 + r) * a->v_rs + d * a->v_cs, a->v_dt))
+                        ? pa_f32_to_bf16(vf ? ((const float *)a->v)[pa_attn_vrow(a, j0 + r) + d]
+                                            : pa_load_f32(a->v, pa_attn_vrow(a, j0 + r) + d * a->v_cs, a->v_dt))
                         : 0;
                 }
             }

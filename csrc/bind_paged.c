@@ -1,0 +1,194 @@
+/*
+ * bind_paged.c -- _C.sdpa's paged caches (bind_paged.h): the pools and the
+ * block table checked and described for the frame (ops/paged.h), and the
+ * new rows written into their pages by the call's `before` hook (once
+ * everything is allocated: a failing call writes nothing). pyattn/_paged.py
+ * gives the user-facing checks and messages; these repeat what the C code
+ * relies on, so a direct call can raise but never crash.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <numpy/arrayobject.h>
+#include <string.h>
+
+#include "pyattn.h"
+#include "bind_paged.h"
+
+/* a 4-D pool / rows array or the 2-D table: its data, shape, element strides */
+typedef struct {
+    char *data;
+    int dtype;
+    pa_ssize shape[4], st[4];
+} parr;
+
+static int get_arr(PyObject *o, const char *name, int nd, int want_dt, int writeable, parr *r)
+{
+    if (!PyArray_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a numpy.ndarray, got %s", name, Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    PyArrayObject *a = (PyArrayObject *)o;
+    const int tn = PyArray_TYPE(a);
+    r->dtype = tn == NPY_FLOAT32 ? PA_F32 : tn == NPY_FLOAT64 ? PA_F64 : tn == NPY_HALF ? PA_F16
+             : tn == NPY_UINT16 ? PA_BF16 : tn == NPY_INT64 ? -2 : -1;
+    if (r->dtype != want_dt) {
+        PyErr_Format(PyExc_TypeError, "%s has the wrong dtype (%s expected)", name,
+                     want_dt == -2 ? "int64" : "the dtype of the matching cache operand");
+        return -1;
+    }
+    if (PyArray_NDIM(a) != nd || !PyArray_ISNOTSWAPPED(a) || !PyArray_ISALIGNED(a) ||
+        (writeable && !PyArray_ISWRITEABLE(a))) {
+        PyErr_Format(PyExc_ValueError, "%s must be %d-D, aligned, native%s", name, nd,
+                     writeable ? " and writeable" : "");
+        return -1;
+    }
+    const npy_intp is = PyArray_ITEMSIZE(a);
+    r->data = PyArray_BYTES(a);
+    for (int d = 0; d < nd; d++) {
+        if (PyArray_STRIDES(a)[d] % is != 0) {
+            PyErr_Format(PyExc_ValueError, "%s has a stride that is not a multiple of its item size", name);
+            return -1;
+        }
+        r->shape[d] = (pa_ssize)PyArray_DIMS(a)[d];
+        r->st[d] = (pa_ssize)(PyArray_STRIDES(a)[d] / is);
+    }
+    return 0;
+}
+
+/* the physical element offset of logical row r of sequence b in a pool */
+static pa_ssize page_off(const pa_paged_append *ap, int x, pa_ssize b, pa_ssize h, pa_ssize r)
+{
+    const pa_paged *pg = ap->pg;
+    const int64_t blk = pg->table[b * pg->tbs[0] + r / pg->block_size];
+    return (pa_ssize)blk * ap->pst[x][0] + h * ap->pst[x][1] + (r % pg->block_size) * ap->pst[x][2];
+}
+
+static void paged_append_run(void *ctx)
+{
+    const pa_paged_append *a = (const pa_paged_append *)ctx;
+    for (int x = 0; x < 2; x++) {
+        const pa_ssize es = (pa_ssize)a->es[x], D = a->D[x];
+        const pa_ssize *ps = a->pst[x], *rs = a->rst[x];
+        for (pa_ssize b = 0; b < a->B; b++)
+            for (pa_ssize h = 0; h < a->H; h++)
+                for (pa_ssize t = 0; t < a->T; t++) {
+                    char *dst = a->pool[x] + page_off(a, x, b, h, (pa_ssize)a->pos[b] + t) * es;
+                    const char *src = a->rows[x] + (b * rs[0] + h * rs[1] + t * rs[2]) * es;
+                    if (ps[3] == 1 && rs[3] == 1)
+                        memmove(dst, src, (size_t)(D * es));
+                    else
+                        for (pa_ssize e = 0; e < D; e++) memmove(dst + e * ps[3] * es, src + e * rs[3] * es, (size_t)es);
+                }
+    }
+}
+
+/* every entry of table row b for logical rows [0, n) in [0, nblocks) */
+static int check_entries(const int64_t *row, pa_ssize n, pa_ssize bs, pa_ssize nblocks, pa_ssize b)
+{
+    for (pa_ssize i = 0; i < (n + bs - 1) / bs; i++)
+        if (row[i] < 0 || row[i] >= (int64_t)nblocks) {
+            PyErr_Format(PyExc_ValueError, "block_table[%zd, %zd] is %lld: the call reads or writes "
+                         "that block, so it must be in [0, %zd); nothing was written",
+                         (Py_ssize_t)b, (Py_ssize_t)i, (long long)row[i], (Py_ssize_t)nblocks);
+            return -1;
+        }
+    return 0;
+}
+
+/* the new rows: key / value (B, H, T, E / Ev) as the pools are stored, and
+ * their positions (B,) int64, each with pos + T <= the table's rows */
+static int get_rows(PyObject *o, const parr *pool, pa_attn_call *c, pa_paged *pg, pa_paged_append *ap)
+{
+    static const char *rn[2] = {"key", "value"};
+    if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) != 3) {
+        PyErr_SetString(PyExc_TypeError, "append must be (key, value, positions) with paged=");
+        return -1;
+    }
+    parr r[2], pos;
+    for (int x = 0; x < 2; x++) {
+        if (get_arr(PyTuple_GET_ITEM(o, x), rn[x], 4, pool[x].dtype, 0, &r[x]) < 0) return -1;
+        if (r[x].shape[0] != c->bt.shape[0] || r[x].shape[1] != pool[x].shape[1] ||
+            r[x].shape[2] != r[0].shape[2] || r[x].shape[3] != pool[x].shape[3]) {
+            PyErr_Format(PyExc_ValueError, "%s must be (B, Hkv, T, %s) as the pools and the batch are",
+                         rn[x], x ? "Ev" : "E");
+            return -1;
+        }
+        ap->pool[x] = pool[x].data;
+        ap->rows[x] = r[x].data;
+        memcpy(ap->pst[x], pool[x].st, sizeof(ap->pst[x]));
+        memcpy(ap->rst[x], r[x].st, sizeof(ap->rst[x]));
+        ap->D[x] = pool[x].shape[3];
+        ap->es[x] = pa_elsize(pool[x].dtype);
+    }
+    if (get_arr(PyTuple_GET_ITEM(o, 2), "positions", 1, -2, 0, &pos) < 0) return -1;
+    const pa_ssize B = c->bt.shape[0], T = r[0].shape[2];
+    if (pos.shape[0] != B || pos.st[0] != 1) {
+        PyErr_SetString(PyExc_ValueError, "positions must be a contiguous (B,) int64 array");
+        return -1;
+    }
+    ap->pos = (const int64_t *)pos.data;
+    ap->B = B; ap->H = pool[0].shape[1]; ap->T = T; ap->pg = pg;
+    for (pa_ssize b = 0; b < B; b++) {
+        if (T > c->S || ap->pos[b] < 0 || ap->pos[b] > (int64_t)(c->S - T)) {
+            PyErr_Format(PyExc_ValueError, "cache_seqlens + T exceeds the block table: entry %zd is %lld, "
+                         "T = %zd, rows = %zd; nothing was written", (Py_ssize_t)b, (long long)ap->pos[b],
+                         (Py_ssize_t)T, (Py_ssize_t)c->S);
+            return -1;
+        }
+        if (check_entries(pg->table + b * pg->tbs[0], (pa_ssize)ap->pos[b] + T, pg->block_size,
+                          pool[0].shape[0], b) < 0)
+            return -1;
+    }
+    c->before = paged_append_run;
+    c->before_ctx = ap;
+    return 0;
+}
+
+int pa_bind_paged(PyObject *paged, PyObject *append, pa_attn_call *c, pa_paged *pg, pa_paged_append *ap)
+{
+    static const char *pn[2] = {"k_cache", "v_cache"};
+    if (PyArray_ImportNumPyAPI() < 0) return -1;
+    if (!PyTuple_Check(paged) || PyTuple_GET_SIZE(paged) != 3) {
+        PyErr_SetString(PyExc_TypeError, "paged must be (k_pool, v_pool, block_table)");
+        return -1;
+    }
+    parr pool[2], tb;
+    const int dts[2] = {c->k_dt, c->v_dt};
+    for (int x = 0; x < 2; x++) {
+        if (get_arr(PyTuple_GET_ITEM(paged, x), pn[x], 4, dts[x], append != Py_None, &pool[x]) < 0) return -1;
+        if (pool[x].shape[0] != pool[0].shape[0] || pool[x].shape[1] != pool[0].shape[1] ||
+            pool[x].shape[2] != pool[0].shape[2] || pool[x].shape[3] != (x ? c->Ev : c->E)) {
+            PyErr_Format(PyExc_ValueError, "%s must be (num_blocks, Hkv, block_size, %s), as k_cache", pn[x],
+                         x ? "Ev" : "E");
+            return -1;
+        }
+    }
+    if (get_arr(PyTuple_GET_ITEM(paged, 2), "block_table", 2, -2, 0, &tb) < 0) return -1;
+    const pa_ssize nblocks = pool[0].shape[0], H = pool[0].shape[1], bs = pool[0].shape[2];
+    if (bs < 1 || tb.st[1] != 1 || c->bt.nb < 2 || c->bt.shape[0] != tb.shape[0] || c->bt.shape[1] != H ||
+        tb.shape[1] > PTRDIFF_MAX / bs || tb.shape[1] * bs != c->S) {
+        PyErr_SetString(PyExc_ValueError, "paged: the batch axes must be (B, Hkv, ...) with B = the block "
+                        "table's rows, Hkv = the pools' heads, and S = its columns x block_size (>= 1)");
+        return -1;
+    }
+    memset(pg, 0, sizeof *pg);
+    pg->table = (const int64_t *)tb.data;
+    pg->tbs[0] = tb.st[0];
+    pg->block_size = bs;
+    pg->k_blk = pool[0].st[0]; pg->v_blk = pool[1].st[0];
+    pg->k_rs = pool[0].st[2]; pg->v_rs = pool[1].st[2];
+    pa_operand *kv[2] = {&c->k, &c->v};
+    for (int x = 0; x < 2; x++) {             /* element [0, h, 0, 0] of the pool per flat b */
+        kv[x]->p = pool[x].data;
+        for (int d = 0; d < c->bt.nb; d++) kv[x]->bs[d] = d == 1 ? pool[x].st[1] : 0;
+        kv[x]->rs = 0;                       /* rows through the table (pa_attn_krow) */
+        kv[x]->cs = pool[x].st[3];
+    }
+    c->block_table = pg;
+    for (pa_ssize b = 0; b < c->bt.count; b++) {   /* the rows the call reads */
+        const pa_ssize n = c->kv_len ? (pa_ssize)c->kv_len[b] : c->S;
+        if (check_entries(pa_paged_row(c, b), n, bs, nblocks, pa_batch_offset(&c->bt, pg->tbs, b) / (tb.st[0] ? tb.st[0] : 1)) < 0)
+            return -1;
+    }
+    return append == Py_None ? 0 : get_rows(append, pool, c, pg, ap);
+}

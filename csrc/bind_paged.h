@@ -1,0 +1,32 @@
+/*
+ * bind_paged.h -- the binding of paged KV caches (bind_paged.c): _C.sdpa's
+ * paged=(k_pool, v_pool, block_table) and its append of new rows into the
+ * pools' pages. module.c's py_sdpa calls it once attn_call_of has filled
+ * the call, before anything is allocated.
+ */
+#ifndef PYATTN_BIND_PAGED_H
+#define PYATTN_BIND_PAGED_H
+
+#include <Python.h>
+#include "ops/ops.h"
+#include "ops/paged.h"
+
+/* new rows of a paged call: key / value (B, H, T, E / Ev), stored as the
+ * pools are, written at logical rows [pos[b], pos[b] + T) of sequence b */
+typedef struct {
+    char *pool[2];
+    const char *rows[2];
+    pa_ssize pst[2][4], rst[2][4];  /* element strides */
+    pa_ssize B, H, T, D[2];
+    size_t es[2];
+    const int64_t *pos;
+    const pa_paged *pg;
+} pa_paged_append;
+
+/* paged = (k_pool, v_pool, block_table), append = (key, value, positions)
+ * or None: checked in full (every table entry the call reads or writes in
+ * [0, num_blocks)), then c->block_table = pg and, with new rows, c->before
+ * writes them. -1 with an exception set. */
+int pa_bind_paged(PyObject *paged, PyObject *append, pa_attn_call *c, pa_paged *pg, pa_paged_append *ap);
+
+#endif

@@ -1,0 +1,485 @@
+"""Paged and packed KV caches (API.md, "Paged and mixed-length KV caches"):
+``attention_with_kvcache(block_table=, cu_seqlens_q=, tree_mask=)`` and
+:class:`pyattn.PagedKVCache`.
+
+The C side reads the pools through the block table in place (csrc/ops/
+paged.h, csrc/bind_paged.c): no gathered copy of a cache exists. A call
+whose sequences bring different numbers of new tokens runs one kernel call
+per distinct count (every decode step of the batch in one, each prefill
+chunk length in one); every check is made before the first of them, and
+should a later one fail (MemoryError, KeyboardInterrupt) the rows the
+earlier ones wrote are put back, so a call that raises leaves the caches as
+they were.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ._api import _cache_array, _sdpa, _seqlens
+from ._checks import as_array, check_numeric, check_out, is16, number, real_scalar, to_dtype
+from ._spec import attn_spec
+
+__all__ = ["PagedKVCache", "CacheFullError"]
+
+
+class CacheFullError(MemoryError):
+    """A :class:`PagedKVCache` has too few free blocks for a call; raised
+    before anything is written (the cache is unchanged)."""
+
+
+def _int_array(x, name, ndim):
+    a = as_array(x, name)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be an integer array, got dtype {a.dtype}")
+    if a.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {a.shape}")
+    if a.dtype.kind == "u" and a.size and a.max() > np.iinfo(np.int64).max:
+        raise ValueError(f"{name} has entries past the int64 range")
+    return a.astype(np.int64)
+
+
+def _cu_seqlens(cu, B, total):
+    """cu_seqlens_q as (B + 1,) int64: 0 first, non-decreasing, total last."""
+    a = _int_array(cu, "cu_seqlens_q", 1)
+    if a.shape != (B + 1,):
+        raise ValueError(f"cu_seqlens_q has shape {a.shape}; expected ({B + 1},): one offset per "
+                         "sequence (the caches' batch or the block table's rows) plus the end")
+    if a[0] != 0:
+        raise ValueError(f"cu_seqlens_q must start at 0, got {int(a[0])} at position 0")
+    down = np.nonzero(np.diff(a) < 0)[0]
+    if down.size:
+        i = int(down[0]) + 1
+        raise ValueError(f"cu_seqlens_q must be non-decreasing: position {i} is {int(a[i])} after "
+                         f"{int(a[i - 1])}")
+    if a[-1] != total:
+        raise ValueError(f"cu_seqlens_q ends at {int(a[-1])} (position {B}), but query has {total} "
+                         "rows (axis 0): they must match")
+    return a
+
+
+def _check_table(table, kv_len, bs, nblk):
+    """Every entry a sequence needs (rows [0, kv_len)) in [0, nblk)."""
+    need = -(-kv_len // bs)
+    used = np.arange(table.shape[1])[None, :] < need[:, None]
+    bad = used & ((table < 0) | (table >= nblk))
+    if bad.any():
+        b, i = (int(x) for x in np.argwhere(bad)[0])
+        raise ValueError(f"block_table[{b}, {i}] is {int(table[b, i])}: sequence {b} reads or writes "
+                         f"rows [0, {int(kv_len[b])}), i.e. blocks 0..{int(need[b]) - 1} of its row, "
+                         f"which must be in [0, {nblk}) (num_blocks); nothing was written")
+
+
+def _written_rows(table, n, Ts, cu, bs):
+    """(block, row) of every row the call writes, in (sequence, token)
+    order, checked for two writes of one physical row."""
+    seq = np.repeat(np.arange(len(Ts)), Ts)
+    r = n[seq] + (np.arange(seq.size) - cu[seq])
+    blk, row = table[seq, r // bs], r % bs
+    phys = blk * bs + row
+    uniq, first, counts = np.unique(phys, return_index=True, return_counts=True)
+    if (counts > 1).any():
+        p = uniq[counts > 1][0]
+        who = sorted(set(seq[phys == p].tolist()))
+        raise ValueError(f"block_table: sequences {who} would all write row {int(p % bs)} of block "
+                         f"{int(p // bs)} in this call (a block shared between sequences: fork it "
+                         "first); nothing was written")
+    return blk, row
+
+
+def _tree(tree_mask, B, Hq, T):
+    m = as_array(tree_mask, "tree_mask")
+    if m.dtype.kind != "b":
+        raise TypeError(f"tree_mask must be bool (True = may attend), got dtype {m.dtype}")
+    if m.ndim != 4 or m.shape[0] not in (1, B) or m.shape[1] not in (1, Hq) or m.shape[2:] != (T, T):
+        raise ValueError(f"tree_mask has shape {m.shape}; expected (B or 1, Hq or 1, T, T) = "
+                         f"({B} or 1, {Hq} or 1, {T}, {T}) (T: the most new tokens of a sequence)")
+    return m
+
+
+def _tree_mask(tm, idx, T, base, S):
+    """The group's (len, Hq or 1, T, S) bool mask: cached keys before the new
+    tokens visible, the tree among them, nothing after."""
+    m = np.zeros((len(idx), tm.shape[1], T, S), np.bool_)
+    for i, b in enumerate(idx):
+        lo = int(base[b])
+        t = tm[b if tm.shape[0] > 1 else 0, :, :T, :T]
+        m[i, :, :, :max(lo, 0)] = True
+        c0 = max(lo, 0)
+        m[i, :, :, c0:lo + T] = t[:, :, c0 - lo:]
+    return m
+
+
+def kvcache_paged(query, k_cache, v_cache, key, value, cache_seqlens, block_table, cu_seqlens_q,
+                  tree_mask, *, is_causal, scale, window, alibi_slopes, softcap, sinks, return_lse,
+                  out, precision):
+    """attention_with_kvcache with block_table, cu_seqlens_q or tree_mask (its docstring)."""
+    new = key is not None
+    kc = _cache_array(k_cache, "k_cache", new)
+    vc = _cache_array(v_cache, "v_cache", new)
+    cd = np.dtype(np.float32) if is16(kc.dtype) else kc.dtype
+    if (np.dtype(np.float32) if is16(vc.dtype) else vc.dtype) != cd:
+        raise TypeError(f"k_cache ({kc.dtype}) and v_cache ({vc.dtype}) must compute in one dtype")
+    if vc.shape[:3] != kc.shape[:3]:
+        raise ValueError(f"v_cache has shape {vc.shape} and k_cache {kc.shape}: their first three "
+                         "axes must match")
+    paged = block_table is not None
+    if paged:                                   # pools (num_blocks, Hkv, block_size, E)
+        nblk, Hkv, bs, E = kc.shape
+        if bs == 0:
+            raise ValueError(f"k_cache has shape {kc.shape}: block_size (axis 2) must be >= 1")
+        table = _int_array(block_table, "block_table", 2)
+        B = table.shape[0]
+        S = table.shape[1] * bs
+    else:                                       # one block of S_max rows per sequence
+        B, Hkv, S, E = kc.shape
+        nblk, bs = B, max(S, 1)
+        table = np.arange(B, dtype=np.int64)[:, None]
+    Ev = vc.shape[3]
+    q = as_array(query, "query")
+    check_numeric(q, "query")
+    packed = cu_seqlens_q is not None
+    if packed:
+        if q.ndim != 3 or q.shape[2] != E:
+            raise ValueError(f"query must be (total_q, Hq, E) with cu_seqlens_q, E = {E} as the caches; "
+                             f"got shape {q.shape}")
+        cu = _cu_seqlens(cu_seqlens_q, B, q.shape[0])
+        Ts = np.diff(cu)
+        Hq = q.shape[1]
+    else:
+        if q.ndim != 4 or q.shape[0] != B or q.shape[3] != E:
+            raise ValueError(f"query must be (B, Hq, T, E) = ({B}, Hq, T, {E}) (B: "
+                             f"{'the block table rows' if paged else 'the caches batch'}); got {q.shape}")
+        Hq = q.shape[1]
+        Ts = np.full(B, q.shape[2], np.int64)
+        cu = np.arange(B + 1, dtype=np.int64) * q.shape[2]
+    if Hkv == 0 or Hq % Hkv:
+        raise ValueError(f"the query heads ({Hq}) must be a multiple of the cache heads "
+                         f"(k_cache shape {kc.shape})")
+    if not isinstance(is_causal, (bool, np.bool_)):
+        raise TypeError(f"is_causal must be a bool here, got {is_causal!r}")
+    T = int(Ts.max()) if B else 0
+    if new:
+        kn, vn = as_array(key, "key"), as_array(value, "value")
+        for x, nm, last in ((kn, "key", E), (vn, "value", Ev)):
+            check_numeric(x, nm)
+            want = (q.shape[0], Hkv, last) if packed else (B, Hkv, T, last)
+            if x.shape != want:
+                raise ValueError(f"{nm} has shape {x.shape}; expected {want} (as query, with the "
+                                 "cache heads and head dim)")
+    n = _seqlens(cache_seqlens, B, S, 0)
+    if new and (n > S - Ts).any():
+        b = int(np.argmax(n > S - Ts))
+        raise ValueError(f"the cache is too short: sequence {b} holds {int(n[b])} rows and brings "
+                         f"{int(Ts[b])} new, past its {S} rows (cache_seqlens + new tokens > "
+                         f"{'block_table columns x block_size' if paged else 'S_max'}); nothing was written")
+    kv_len = n + Ts if new else n
+    _check_table(table, kv_len, bs, nblk)
+    written = _written_rows(table, n, Ts, cu, bs) if new else None
+    tm = None if tree_mask is None else _tree(tree_mask, B, Hq, T)
+    sc = (1.0 / math.sqrt(E) if E > 0 else 1.0) if scale is None else real_scalar(scale, "scale")
+    shape = (q.shape[0], Hq, Ev) if packed else (B, Hq, T, Ev)
+    narrow = tuple(d for d in (q.dtype, kc.dtype, vc.dtype) if is16(d))
+    if out is not None:
+        check_out(out, shape, cd, narrow)
+    slopes = alibi_slopes
+    if slopes is not None:
+        slopes = as_array(slopes, "alibi_slopes")
+        if slopes.ndim == 2 and slopes.shape != (B, Hq):
+            raise ValueError(f"alibi_slopes has shape {slopes.shape}; expected (Hq,) or (B, Hq) = "
+                             f"({Hq},) or ({B}, {Hq})")
+    qd = q if is16(q.dtype) and cd == np.float32 else to_dtype(q, cd)
+    u16 = [c.view(np.uint16) if c.dtype.kind == "V" else c for c in (kc, vc)]
+    groups = {}
+    for b in range(B):
+        if Ts[b] or not packed:
+            groups.setdefault(int(Ts[b]), []).append(b)
+    whole = not packed and len(groups) == 1
+    res = None if whole else np.empty(shape, cd)
+    lse = None if whole or not return_lse else np.empty(shape[:-1], cd)
+    saved = None
+    if new and len(groups) > 1:                 # the rows, to put back if a later group fails
+        saved = [(c, c[written[0], :, written[1], :].copy()) for c in (kc, vc)]
+    try:
+        for Tg, idx in groups.items():
+            r = _group(qd, kc, vc, u16, table, kn if new else None, vn if new else None, idx, Tg, n,
+                       kv_len, cu, packed, whole, tm, S, Hkv, E, Ev, cd, is_causal, sc, window,
+                       slopes, softcap, sinks, precision, return_lse)
+            if whole:
+                res, lse = r if return_lse else (r, None)
+                break
+            o, lg = r if return_lse else (r, None)
+            for i, b in enumerate(idx):
+                if packed:
+                    res[cu[b]:cu[b + 1]] = o[i].transpose(1, 0, 2)
+                    if lse is not None:
+                        lse[cu[b]:cu[b + 1]] = lg[i].T
+                else:
+                    res[b] = o[i]
+                    if lse is not None:
+                        lse[b] = lg[i]
+    except BaseException:
+        if saved is not None:
+            for c, old in saved:
+                c[written[0], :, written[1], :] = old
+        raise
+    if res is None:                             # no sequence (B = 0)
+        res = np.empty(shape, cd)
+        lse = np.empty(shape[:-1], cd) if return_lse else None
+    if out is not None:
+        out[...] = res
+        res = out
+    return (res, lse) if return_lse else res
+
+
+def _group(qd, kc, vc, u16, table, kn, vn, idx, Tg, n, kv_len, cu, packed, whole, tm, S, Hkv, E, Ev,
+           cd, is_causal, sc, window, slopes, softcap, sinks, precision, return_lse):
+    """One kernel call: the sequences idx, each with Tg new tokens."""
+    ix = np.asarray(idx, np.int64)
+    if packed:
+        rows = cu[ix][:, None] + np.arange(Tg)[None, :]
+        qg = qd[rows].transpose(0, 2, 1, 3)
+    else:
+        qg = qd if whole else qd[ix]
+    views = []
+    for c, D in ((kc, E), (vc, Ev)):          # the call's k, v: shape only (C reads the pools)
+        first = c[:1, :, :1, :] if c.shape[0] and c.shape[2] else np.zeros((1, Hkv, 1, D), c.dtype)
+        views.append(np.broadcast_to(first, (len(idx), Hkv, S, D)))
+    append = None
+    if kn is not None:
+        rk, rv = [(x[rows].transpose(0, 2, 1, 3) if packed else (x if whole else x[ix])) for x in (kn, vn)]
+        rk, rv = [x.astype(c.dtype, order="C", copy=True) for x, c in ((rk, kc), (rv, vc))]
+        rk, rv = [x.view(np.uint16) if x.dtype.kind == "V" else x for x in (rk, rv)]
+        append = (rk, rv, np.ascontiguousarray(n[ix]))
+    mask = None
+    if tm is not None:
+        base = n if kn is not None else n - Tg
+        mask = _tree_mask(tm, idx, Tg, base, S)
+    sl = slopes
+    if sl is not None and sl.ndim == 2:
+        sl = sl[ix]
+    spec = attn_spec(qg, views[0], views[1], mask, 0.0, "bottom_right" if is_causal else False, sc,
+                     qg.shape[1] != Hkv, window=window, alibi_slopes=sl, softcap=softcap, sinks=sinks,
+                     precision=precision, return_lse=return_lse, kv_len=kv_len[ix][:, None])
+    paged = (u16[0], u16[1], np.ascontiguousarray(table[ix]))
+    return _sdpa(spec, None, append=append, paged=paged)
+
+
+class PagedKVCache:
+    """Key/value caches of many sequences in one pool of fixed-size blocks
+    (vLLM's paged attention, on NumPy arrays).
+
+    ``k (num_blocks, Hkv, block_size, E)`` and ``v (num_blocks, Hkv,
+    block_size, Ev)`` are allocated once (zeros): pyattn's head-major block
+    layout, read in place by :func:`pyattn.attention_with_kvcache` through a
+    block table. A sequence of length n holds ``ceil(n / block_size)`` blocks
+    from a free list; :meth:`fork` makes a sequence that shares its parent's
+    blocks (nothing is copied) and the first write into a shared block
+    copies that block first (copy-on-write, by reference counts), so the
+    parent's rows never change. ``k_scale``/``v_scale`` are None (they hold
+    the scales of quantized caches).
+
+    Parameters
+    ----------
+    num_blocks, block_size, num_kv_heads, head_dim : int
+    value_dim : int, optional (default ``head_dim``)
+    dtype : float32 (default), float64, float16 or ``ml_dtypes.bfloat16``
+    group_size : int, default 32 (the quantization group of int8/int4 caches;
+        unused by the float dtypes)
+
+    Raises
+    ------
+    ValueError
+        A negative size, ``block_size`` or ``num_kv_heads`` below 1.
+    TypeError
+        A dtype other than the four above, sizes that are not integers.
+
+    Examples
+    --------
+    >>> import numpy as np, pyattn
+    >>> cache = pyattn.PagedKVCache(num_blocks=8, block_size=4, num_kv_heads=2, head_dim=8)
+    >>> a = cache.add_sequence()
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = rng.standard_normal((3, 1, 2, 5, 8)).astype(np.float32)
+    >>> cache.attend([a], q, k, v).shape            # a prompt of 5 tokens
+    (1, 2, 5, 8)
+    >>> b = cache.fork(a)                            # shares a's 2 blocks
+    >>> cache.length(b), cache.blocks_free
+    (5, 6)
+    """
+
+    def __init__(self, num_blocks, block_size, num_kv_heads, head_dim, value_dim=None,
+                 dtype=np.float32, group_size=32):
+        names = ("num_blocks", "block_size", "num_kv_heads", "head_dim", "value_dim")
+        dims = []
+        for x, name in zip((num_blocks, block_size, num_kv_heads, head_dim,
+                            head_dim if value_dim is None else value_dim), names):
+            x = number(x, name, integer=True)
+            low = 1 if name in ("block_size", "num_kv_heads") else 0
+            if x < low:
+                raise ValueError(f"{name} must be >= {low}, got {x}")
+            dims.append(x)
+        gs = number(group_size, "group_size", integer=True)
+        if gs < 1:
+            raise ValueError(f"group_size must be >= 1, got {gs}")
+        try:
+            dt = np.dtype(dtype)
+        except TypeError:
+            raise TypeError(f"dtype must be a NumPy dtype, got {dtype!r}") from None
+        if dt not in (np.float32, np.float64) and not is16(dt):
+            raise TypeError(f"dtype must be float32, float64, float16 or bfloat16 (ml_dtypes), got {dt}")
+        N, bs, H, E, Ev = dims
+        limit = np.iinfo(np.intp).max
+        for D, what in ((E, "head_dim"), (Ev, "value_dim")):
+            if N * H * bs * D * dt.itemsize > limit:
+                raise ValueError(f"PagedKVCache(num_blocks={N}, block_size={bs}, num_kv_heads={H}, "
+                                 f"{what}={D}) would need more than {limit} bytes")
+        self.k = np.zeros((N, H, bs, E), dt)
+        self.v = np.zeros((N, H, bs, Ev), dt)
+        self.k_scale = self.v_scale = None
+        self.group_size = gs
+        self._free = list(range(N - 1, -1, -1))   # pop() hands out the lowest block first
+        self._refs = np.zeros(N, np.int64)
+        self._seqs = {}                            # id -> [blocks (list), length]
+        self._next = 0
+
+    @property
+    def block_size(self) -> int:
+        """Rows per block."""
+        return self.k.shape[2]
+
+    @property
+    def blocks_free(self) -> int:
+        """Blocks on the free list."""
+        return len(self._free)
+
+    def add_sequence(self) -> int:
+        """A new, empty sequence (no block yet); returns its id."""
+        sid = self._next
+        self._next += 1
+        self._seqs[sid] = [[], 0]
+        return sid
+
+    def _get(self, seq, name="seq"):
+        s = number(seq, name, integer=True)
+        if s not in self._seqs:
+            raise ValueError(f"{name} {s} is not a live sequence of this cache (ids: "
+                             f"{sorted(self._seqs)})")
+        return s
+
+    def fork(self, seq) -> int:
+        """A new sequence sharing ``seq``'s blocks and length (nothing copied;
+        a shared block is copied on its first write, by either sequence)."""
+        blocks, length = self._seqs[self._get(seq)]
+        sid = self.add_sequence()
+        self._seqs[sid] = [list(blocks), length]
+        self._refs[blocks] += 1
+        return sid
+
+    def free(self, seq) -> None:
+        """Forget ``seq``: its blocks go back to the free list once no other
+        sequence shares them."""
+        blocks, _ = self._seqs.pop(self._get(seq))
+        for b in reversed(blocks):
+            self._refs[b] -= 1
+            if self._refs[b] == 0:
+                self._free.append(b)
+
+    def length(self, seq) -> int:
+        """Rows filled in ``seq``."""
+        return self._seqs[self._get(seq)][1]
+
+    def _plan(self, ids, Ts):
+        """Block lists after writing Ts[i] rows to sequence ids[i]: new blocks
+        from the free list and copy-on-write copies of shared blocks. Returns
+        (lists, taken, copies); nothing changes here."""
+        bs = self.block_size
+        need = 0
+        for s, t in zip(ids, Ts):
+            blocks, n = self._seqs[s]
+            if t:
+                need += -(-(n + t) // bs) - len(blocks)
+                first = n // bs                      # blocks written: first .. end
+                need += sum(1 for b in blocks[first:] if self._refs[b] > 1)
+        if need > len(self._free):
+            raise CacheFullError(f"PagedKVCache: the call needs {need} free blocks, {len(self._free)} "
+                                 f"are free (of {self.k.shape[0]}); nothing was written")
+        free = list(self._free)
+        lists, copies = [], []
+        for s, t in zip(ids, Ts):
+            blocks, n = self._seqs[s]
+            blocks = list(blocks)
+            if t:
+                for j in range(n // bs, len(blocks)):
+                    if self._refs[blocks[j]] > 1:    # shared: copied before the write
+                        nb = free.pop()
+                        copies.append((blocks[j], nb))
+                        blocks[j] = nb
+                while len(blocks) * bs < n + t:
+                    blocks.append(free.pop())
+            lists.append(blocks)
+        return lists, free, copies
+
+    def attend(self, seqs, query, key, value, *, cu_seqlens_q=None, **kw):
+        """Write ``key``/``value`` after each sequence's rows, attend, advance the lengths.
+
+        ``query (len(seqs), Hq, T, E)`` (one T for all), or packed ``(total_q,
+        Hq, E)`` in ``seqs`` order with ``cu_seqlens_q``; ``key``/``value``
+        likewise with the cache heads. Other keywords are
+        :func:`pyattn.attention_with_kvcache`'s (``is_causal``, ``scale``,
+        ``window``, ``tree_mask``, ``return_lse``, ...). Returns ``out``
+        shaped as ``query`` with ``Ev`` (or ``(out, lse)``).
+
+        Raises :class:`CacheFullError` (a ``MemoryError``) when the free
+        blocks do not suffice, ``ValueError`` for unknown or repeated
+        sequence ids and the errors of :func:`pyattn.attention_with_kvcache`;
+        any error leaves the cache's sequences as they were (blocks it took
+        go back to the free list).
+        """
+        if isinstance(seqs, (int, np.integer)):
+            raise TypeError("seqs must be a sequence of sequence ids (a list), got an int")
+        ids = [self._get(s, "seqs entry") for s in seqs]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"seqs has a repeated sequence id: {ids}")
+        for x, name in ((key, "key"), (value, "value")):
+            if x is None:
+                raise TypeError(f"PagedKVCache.attend writes new rows: {name} is None")
+        for name in ("block_table", "cache_seqlens"):
+            if name in kw:
+                raise TypeError(f"PagedKVCache.attend takes no {name} (the cache holds them)")
+        q = as_array(query, "query")
+        if cu_seqlens_q is not None:
+            Ts = np.diff(_cu_seqlens(cu_seqlens_q, len(ids), q.shape[0] if q.ndim else -1)).tolist()
+        else:
+            if q.ndim != 4 or q.shape[0] != len(ids):
+                raise ValueError(f"query must be (len(seqs), Hq, T, E) = ({len(ids)}, Hq, T, E), got "
+                                 f"shape {q.shape} (or packed, with cu_seqlens_q)")
+            Ts = [q.shape[2]] * len(ids)
+        lists, free, copies = self._plan(ids, Ts)
+        width = max([len(b) for b in lists] + [1])
+        table = np.full((len(ids), width), -1, np.int64)
+        for i, b in enumerate(lists):
+            table[i, :len(b)] = b
+        lengths = np.array([self._seqs[s][1] for s in ids], np.int64)
+        for src, dst in copies:                      # into free blocks: no live row changes
+            self.k[dst] = self.k[src]
+            self.v[dst] = self.v[src]
+        from ._api import attention_with_kvcache
+        res = attention_with_kvcache(query, self.k, self.v, key, value, cache_seqlens=lengths,
+                                     block_table=table, cu_seqlens_q=cu_seqlens_q, **kw)
+        for src, _ in copies:                        # the writer leaves the shared block
+            self._refs[src] -= 1
+        for s, b, t in zip(ids, lists, Ts):
+            old = self._seqs[s][0]
+            for blk in b[len(old):] + [x for x, y in zip(b, old) if x != y]:
+                self._refs[blk] += 1
+            self._seqs[s] = [b, self._seqs[s][1] + t]
+        self._free = free
+        return res
+
+    def __repr__(self) -> str:
+        N, H, bs, E = self.k.shape
+        return (f"PagedKVCache(num_blocks={N}, block_size={bs}, num_kv_heads={H}, head_dim={E}, "
+                f"value_dim={self.v.shape[3]}, dtype={self.k.dtype}, sequences={len(self._seqs)}, "
+                f"blocks_free={self.blocks_free})")
