@@ -38,6 +38,7 @@
 #include "cpu.h"
 #include "ops/ops.h"
 #include "kernel_check.h"
+#include "bind_quant.h"
 
 #define PA_ALLOW_BOOL 1
 #define PA_ALLOW_16 2 /* float16 arrays, and uint16 arrays holding bfloat16 bits */
@@ -1331,6 +1332,8 @@ static PyMethodDef methods[] = {
     {"_alloc_hook", py_alloc_hook, METH_O,
      "_alloc_hook(n) -> (pending, live): tests only; the n-th allocation from now fails (0: off)"},
     {"_kernel_check", pa_py_kernel_check, METH_VARARGS, pa_kernel_check_doc},
+    {"quantize", pa_py_quantize, METH_VARARGS, pa_quantize_doc},
+    {"dequantize", pa_py_dequantize, METH_VARARGS, pa_dequantize_doc},
     {NULL, NULL, 0, NULL},
 };
 

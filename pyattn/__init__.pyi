@@ -11,6 +11,7 @@ __all__ = [
     "merge_attention", "attention_with_kvcache", "KVCache",
     "scaled_dot_product_attention_backward", "scaled_dot_product_attention_vjp", "softmax_backward",
     "set_num_threads", "get_num_threads", "show_config", "nn", "__version__",
+    "quantize", "dequantize",
 ]
 
 _Causal = Union[bool, Literal["top_left", "bottom_right"]]
@@ -142,3 +143,9 @@ def softmax_backward(grad_y: ArrayLike, y: ArrayLike, /, axis: int = ..., *,
 def set_num_threads(n: int) -> None: ...
 def get_num_threads() -> int: ...
 def show_config() -> None: ...
+
+_QDtype = Literal["int8", "int4"]
+def quantize(x: ArrayLike, /, dtype: _QDtype = ..., *, group_size: int = ...,
+             axis: int = ...) -> Tuple[NDArray[Any], NDArray[np.float32]]: ...
+def dequantize(q: ArrayLike, scale: ArrayLike, /, *, dtype: _QDtype = ..., group_size: int = ...,
+               axis: int = ..., out_dtype: DTypeLike = ...) -> NDArray[Any]: ...

@@ -16,7 +16,8 @@ from ._checks import causal_code, compute_dtype
 __all__ = ["matmul", "softmax", "scaled_dot_product_attention", "multi_head_attention",
            "causal_mask", "dropout_keep", "linear", "merge_attention", "attention_with_kvcache",
            "window_mask", "alibi_bias", "scaled_dot_product_attention_backward",
-           "softmax_backward", "round_bf16"]
+           "softmax_backward", "round_bf16", "quantize", "dequantize",
+           "unpack_int4"]
 
 
 def _f64(x):
@@ -417,3 +418,41 @@ def multi_head_attention(query, key, value, num_heads, w_q, w_k, w_v, w_o=None,
         o = linear(o, w_o, b_o)
     o = o.astype(dt)
     return (o, w.astype(dt)) if return_weights else o
+
+
+def quantize(x, dtype="int8", group_size=32, axis=-1):
+    """pyattn.quantize in float32 NumPy, bit for bit: per group, scale =
+    max|x_g| / qmax (float32 division), q = clip(rint(x / scale)) (float32
+    division, ties to even), 0 where scale == 0; int4 packed two per byte
+    (even index in the low nibble). No NaN/inf check (the op raises)."""
+    qmax = np.float32(127 if dtype == "int8" else 7)
+    x = np.moveaxis(np.asarray(x, np.float32), axis, -1)
+    E = x.shape[-1]
+    g = x.reshape(*x.shape[:-1], E // group_size, group_size)
+    scale = (np.max(np.abs(g), axis=-1) / qmax).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.rint(g / scale[..., None])
+    q = np.where(scale[..., None] == 0, 0, np.clip(r, -qmax, qmax)).astype(np.int8)
+    q = q.reshape(x.shape)
+    if dtype == "int4":
+        u = q.view(np.uint8) & 0xF
+        q = (u[..., 0::2] | (u[..., 1::2] << 4)).astype(np.uint8)
+    return np.moveaxis(q, -1, axis), np.moveaxis(scale, -1, axis)
+
+
+def unpack_int4(q, axis=-1):
+    """int4 bytes (uint8, two per byte) -> int8 values, twice as many along axis."""
+    q = np.moveaxis(np.asarray(q, np.uint8), axis, -1)
+    lo = (q & 0xF).astype(np.int8)
+    hi = (q >> 4).astype(np.int8)
+    v = np.stack([lo, hi], axis=-1).reshape(*q.shape[:-1], 2 * q.shape[-1])
+    v = np.where(v >= 8, v - 16, v).astype(np.int8)
+    return np.moveaxis(v, -1, axis)
+
+
+def dequantize(q, scale, dtype="int8", group_size=32, axis=-1):
+    """pyattn.dequantize in float32 NumPy: float32(q) * scale, bit for bit."""
+    v = unpack_int4(q, axis) if dtype == "int4" else np.asarray(q, np.int8)
+    v = np.moveaxis(v, axis, -1).astype(np.float32)
+    s = np.repeat(np.moveaxis(np.asarray(scale, np.float32), axis, -1), group_size, axis=-1)
+    return np.moveaxis((v * s).astype(np.float32), -1, axis)
