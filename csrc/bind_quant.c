@@ -9,6 +9,7 @@
  * on the first call */
 #include <numpy/arrayobject.h>
 
+#include <string.h>
 #include "threads.h"
 #include "ops/quant.h"
 
@@ -142,4 +143,110 @@ PyObject *pa_py_dequantize(PyObject *self, PyObject *args)
 {
     (void)self;
     return quant_call(args, 1);
+}
+
+/* a float32 scale array as a view: 4-D here or nd-D in a call; its element
+ * strides in st (nd of them) */
+static int scale_view(PyObject *o, const char *name, int nd, int writeable, PyArrayObject **arr, pa_ssize *st)
+{
+    if (PyArray_API == NULL && _import_array() < 0) return -1;
+    if (qview(o, name, NPY_FLOAT32, writeable, arr) < 0) return -1;
+    if (PyArray_NDIM(*arr) != nd) {
+        PyErr_Format(PyExc_ValueError, "%s must have %d dimensions, got %d", name, nd, PyArray_NDIM(*arr));
+        return -1;
+    }
+    for (int d = 0; d < nd; d++) st[d] = (pa_ssize)(PyArray_STRIDES(*arr)[d] / 4);
+    return 0;
+}
+
+/* the group size of D values with ng scales per row */
+static int group_of(const char *name, pa_ssize D, pa_ssize ng, pa_ssize *G)
+{
+    if (ng < 1 || D % ng != 0) {
+        PyErr_Format(PyExc_ValueError, "%s has %zd scales per row: it must divide the head dim %zd "
+                     "(one scale per group of head_dim / groups values)", name, (Py_ssize_t)ng, (Py_ssize_t)D);
+        return -1;
+    }
+    *G = D / ng;
+    return 0;
+}
+
+int pa_append_scales(PyObject *o, int x, pa_ssize B, pa_ssize H, pa_ssize S, pa_ssize D, float **sc,
+                     pa_ssize *st, pa_ssize *G)
+{
+    const char *name = x ? "v_scale" : "k_scale";
+    PyArrayObject *a;
+    if (o == Py_None) {
+        PyErr_Format(PyExc_ValueError, "the %s cache is quantized: %s is required", x ? "value" : "key", name);
+        return -1;
+    }
+    if (scale_view(o, name, 4, 1, &a, st) < 0) return -1;
+    const npy_intp *sh = PyArray_DIMS(a);
+    if (sh[0] != B || sh[1] != H || sh[2] != S) {
+        PyErr_Format(PyExc_ValueError, "%s must be (B, H, S_max, groups) = (%zd, %zd, %zd, groups) as its "
+                     "cache", name, (Py_ssize_t)B, (Py_ssize_t)H, (Py_ssize_t)S);
+        return -1;
+    }
+    *sc = (float *)PyArray_BYTES(a);
+    return group_of(name, D, (pa_ssize)sh[3], G);
+}
+
+/* one operand's scales: checks, then the operand of qs */
+static int call_scales(PyObject *o, const char *name, const char *what, int dt, const pa_attn_call *c,
+                       pa_ssize D, pa_ssize cs, pa_operand *op, pa_ssize *G)
+{
+    const int nb = c->bt.nb;
+    op->p = NULL;
+    *G = 1;
+    if (!pa_qbits(dt)) {
+        if (o != Py_None) {
+            PyErr_Format(PyExc_ValueError, "%s is given but the %s is not int8 / int4", name, what);
+            return -1;
+        }
+        return 0;
+    }
+    if (o == Py_None) {
+        PyErr_Format(PyExc_ValueError, "the %s is %s: %s (its float32 scales) is required", what,
+                     pa_dtypes[dt].name, name);
+        return -1;
+    }
+    if (cs != 1) {
+        PyErr_Format(PyExc_ValueError, "a quantized %s must be contiguous along its rows", what);
+        return -1;
+    }
+    PyArrayObject *a;
+    pa_ssize st[PA_MAXDIMS];
+    if (scale_view(o, name, nb + 2, 0, &a, st) < 0) return -1;
+    for (int d = 0; d < nb; d++)
+        if ((pa_ssize)PyArray_DIMS(a)[d] != c->bt.shape[d]) {
+            PyErr_Format(PyExc_ValueError, "%s must have the %s's leading axes", name, what);
+            return -1;
+        }
+    if ((pa_ssize)PyArray_DIMS(a)[nb] != c->S || st[nb + 1] != 1) {
+        PyErr_Format(PyExc_ValueError, "%s must be (..., S, groups) with S = %zd rows, contiguous groups",
+                     name, (Py_ssize_t)c->S);
+        return -1;
+    }
+    if (group_of(name, D, (pa_ssize)PyArray_DIMS(a)[nb + 1], G) < 0) return -1;
+    op->p = PyArray_BYTES(a);
+    for (int d = 0; d < nb; d++) op->bs[d] = st[d];
+    op->rs = st[nb];
+    op->cs = 1;
+    return 0;
+}
+
+int pa_bind_kv_scales(PyObject *ks, PyObject *vs, pa_attn_call *c, int want_w, pa_kv_scales *qs)
+{
+    memset(qs, 0, sizeof *qs);
+    if (call_scales(ks, "k_scale", "key", c->k_dt, c, c->E, c->k.cs, &qs->ks, &qs->kG) < 0 ||
+        call_scales(vs, "v_scale", "value", c->v_dt, c, c->Ev, c->v.cs, &qs->vs, &qs->vG) < 0)
+        return -1;
+    if (!qs->ks.p && !qs->vs.p) return 0;
+    if (want_w || c->bf16 || c->E > PA_FLASH_MAXD || c->Ev > PA_FLASH_MAXD) {
+        PyErr_Format(PyExc_ValueError, "int8 / int4 caches do not take %s",
+                     want_w ? "return_weights" : c->bf16 ? "precision='bf16'" : "head dims over 512");
+        return -1;
+    }
+    c->kv_scales = qs;
+    return 0;
 }

@@ -53,6 +53,12 @@ typedef struct {
     int bf16;                               /* precision "bf16": the tiled bfloat16 path */
     const uint16_t *kvp;                    /* bf16: K, V packed per key tile (pa_bf16_pack_kv), */
     pa_ssize kvp_tile;                      /* tile t at kvp + t * kvp_tile; or NULL */
+    /* a quantized K / V (k_dt, v_dt PA_I8 or PA_I4, float32 compute; their
+     * element and strides are bytes, rows contiguous): float32 scales, row j's
+     * at ks + j * ks_rs, one per group of kG values (V: vs, vs_rs, vG); NULL
+     * when not quantized */
+    const float *ks, *vs;
+    pa_ssize ks_rs, vs_rs, kG, vG;
 } pa_attn_args;
 
 /* Element idx of q, k or v (stored as sd) in the compute dtype: the reads

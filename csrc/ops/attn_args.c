@@ -7,6 +7,7 @@
  * description, pa_attn_call (ops.h).
  */
 #include "attention.h"
+#include "quant.h"
 
 /* element pointer of flat batch index b in operand o (elements of es bytes) */
 static const char *at(const pa_attn_call *c, const pa_operand *o, pa_ssize b, int dt)
@@ -64,5 +65,12 @@ void pa_attn_setup(pa_attn_args *out, const pa_family *fam, const pa_attn_call *
     a.bf16 = c->bf16;
     a.kvp = NULL;
     a.kvp_tile = 0;
+    const pa_kv_scales *qs = (const pa_kv_scales *)c->kv_scales;
+    a.ks = qs && qs->ks.p ? (const float *)qs->ks.p + pa_batch_offset(&c->bt, qs->ks.bs, b) : NULL;
+    a.vs = qs && qs->vs.p ? (const float *)qs->vs.p + pa_batch_offset(&c->bt, qs->vs.bs, b) : NULL;
+    a.ks_rs = qs ? qs->ks.rs : 0;
+    a.vs_rs = qs ? qs->vs.rs : 0;
+    a.kG = qs ? qs->kG : 1;
+    a.vG = qs ? qs->vG : 1;
     *out = a;
 }

@@ -31,6 +31,18 @@ typedef struct {
     pa_operand x, q, s;
 } pa_quant_call;
 
+/* A quantized KV cache's scales (pa_attn_call.kv_scales): per flat batch
+ * index b, float32 (S, E / kG) beside an int8 / int4 key and (S, Ev / vG)
+ * beside a value (p NULL: that operand is not quantized); element strides
+ * (bs: batch, rs: rows; the groups of a row are contiguous). */
+typedef struct {
+    pa_operand ks, vs;
+    pa_ssize kG, vG;
+} pa_kv_scales;
+
+/* bits of a storage dtype: 8 (PA_I8), 4 (PA_I4), 0 (not quantized) */
+static inline int pa_qbits(int dt) { return dt == PA_I8 ? 8 : dt == PA_I4 ? 4 : 0; }
+
 /* quantize: returns 0, 1 when x holds a NaN or an infinity (the outputs
  * are then incomplete: the caller discards them; *bad = the flat row index
  * of one such row), -1 when its workspace cannot be allocated. */
