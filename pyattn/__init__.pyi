@@ -74,7 +74,8 @@ def attention_with_kvcache(
     value: Optional[ArrayLike] = ..., *, cache_seqlens: Union[int, ArrayLike], is_causal: bool = ...,
     scale: Optional[float] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
     softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: Literal[False] = ...,
-    out: Optional[NDArray[Any]] = ...,
+    out: Optional[NDArray[Any]] = ..., k_scale: Optional[NDArray[np.float32]] = ...,
+    v_scale: Optional[NDArray[np.float32]] = ...,
 ) -> _F: ...
 @overload
 def attention_with_kvcache(
@@ -82,7 +83,8 @@ def attention_with_kvcache(
     value: Optional[ArrayLike] = ..., *, cache_seqlens: Union[int, ArrayLike], is_causal: bool = ...,
     scale: Optional[float] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
     softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: Literal[True],
-    out: Optional[NDArray[Any]] = ...,
+    out: Optional[NDArray[Any]] = ..., k_scale: Optional[NDArray[np.float32]] = ...,
+    v_scale: Optional[NDArray[np.float32]] = ...,
 ) -> Tuple[_F, _F]: ...
 @overload
 def attention_with_kvcache(
@@ -90,15 +92,18 @@ def attention_with_kvcache(
     value: Optional[ArrayLike] = ..., *, cache_seqlens: Union[int, ArrayLike], is_causal: bool = ...,
     scale: Optional[float] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
     softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: bool,
-    out: Optional[NDArray[Any]] = ...,
+    out: Optional[NDArray[Any]] = ..., k_scale: Optional[NDArray[np.float32]] = ...,
+    v_scale: Optional[NDArray[np.float32]] = ...,
 ) -> Union[_F, Tuple[_F, _F]]: ...
 
 class KVCache:
     k: NDArray[Any]
     v: NDArray[Any]
+    k_scale: Optional[NDArray[np.float32]]
+    v_scale: Optional[NDArray[np.float32]]
     lengths: NDArray[np.int64]
     def __init__(self, batch: int, num_kv_heads: int, max_len: int, head_dim: int,
-                 value_dim: Optional[int] = ..., dtype: DTypeLike = ...) -> None: ...
+                 value_dim: Optional[int] = ..., dtype: DTypeLike = ..., group_size: int = ...) -> None: ...
     @property
     def max_len(self) -> int: ...
     @overload
