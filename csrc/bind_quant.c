@@ -222,7 +222,7 @@ static int call_scales(PyObject *o, const char *name, const char *what, int dt, 
             PyErr_Format(PyExc_ValueError, "%s must have the %s's leading axes", name, what);
             return -1;
         }
-    if ((pa_ssize)PyArray_DIMS(a)[nb] != c->S || st[nb + 1] != 1) {
+    if ((pa_ssize)PyArray_DIMS(a)[nb] != c->S || (PyArray_DIMS(a)[nb + 1] > 1 && st[nb + 1] != 1)) {
         PyErr_Format(PyExc_ValueError, "%s must be (..., S, groups) with S = %zd rows, contiguous groups",
                      name, (Py_ssize_t)c->S);
         return -1;

@@ -364,28 +364,51 @@ def merge_attention(outputs, lses):
 
 def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cache_seqlens,
                            is_causal=True, scale=None, window=None, alibi_slopes=None,
-                           softcap=None, sinks=None, return_lse=False):
+                           softcap=None, sinks=None, return_lse=False, k_scale=None, v_scale=None):
     """Write key/value at rows [n_b, n_b + T) of copies of the caches, then
-    attend over the filled rows; returns (out, k_cache', v_cache'[, lse])."""
+    attend over the filled rows; returns (out, k_cache', v_cache'[, lse]).
+    int8 / int4 caches (with k_scale / v_scale): the new rows quantized into
+    copies of the caches and scales (returned as (cache, scale) pairs), the
+    attention over the dequantized caches."""
     q = np.asarray(query)
     kc, vc = np.array(k_cache), np.array(v_cache)
     B, Hq, T = q.shape[:3]
     n = np.broadcast_to(np.asarray(cache_seqlens, dtype=np.int64), (B,)).copy()
+    quant = []
+    for c, s in ((kc, k_scale), (vc, v_scale)):
+        if s is None:
+            quant.append(None)
+            continue
+        dt = "int8" if c.dtype == np.int8 else "int4"
+        G = c.shape[-1] * (1 if dt == "int8" else 2) // np.shape(s)[-1]
+        quant.append((dt, G, np.array(s, np.float32)))
     if key is not None:
         for b in range(B):
-            kc[b, :, n[b]:n[b] + T] = key[b]
-            vc[b, :, n[b]:n[b] + T] = value[b]
+            for c, x, qt in ((kc, key, quant[0]), (vc, value, quant[1])):
+                if qt is None:
+                    c[b, :, n[b]:n[b] + T] = x[b]
+                else:
+                    c[b, :, n[b]:n[b] + T], qt[2][b, :, n[b]:n[b] + T] = quantize(x[b], qt[0], qt[1])
         n = n + T
+    kd, vd = kc, vc
+    if quant[0]:
+        kd = dequantize(kc, quant[0][2], quant[0][0], quant[0][1])
+    if quant[1]:
+        vd = dequantize(vc, quant[1][2], quant[1][0], quant[1][1])
     outs, lses = [], []
     for b in range(B):
         r = scaled_dot_product_attention(
-            q[b].astype(kc.dtype), kc[b, :, :n[b]], vc[b, :, :n[b]], None, 0.0,
+            q[b].astype(kd.dtype), kd[b, :, :n[b]], vd[b, :, :n[b]], None, 0.0,
             "bottom_right" if is_causal else False, scale, enable_gqa=True, window=window,
             alibi_slopes=None if alibi_slopes is None else np.broadcast_to(alibi_slopes, (B, Hq))[b],
             softcap=softcap, sinks=sinks, return_lse=True, qoff=int(n[b]) - T)
         outs.append(r[0])
         lses.append(r[1])
     out, lse = np.stack(outs), np.stack(lses)
+    if quant[0]:
+        kc = (kc, quant[0][2])
+    if quant[1]:
+        vc = (vc, quant[1][2])
     return (out, kc, vc, lse) if return_lse else (out, kc, vc)
 
 

@@ -187,3 +187,236 @@ def test_llama_cpp_q8_0_differences_are_the_documented_ones():
     # the scale: float32 here, float16 in q8_0 (relative error up to 2^-11)
     rel = np.abs(ld.astype(np.float32) - s[:, 0]) / s[:, 0]
     assert rel.max() <= 2.0 ** -11 and (rel > 0).any()
+
+
+# ---- attention over int8 / int4 caches ---------------------------------------
+
+def qcache(rng, B, H, S, E, dtype, G=32, scale=1.0):
+    """(int k cache, its scales, the dequantized float32 cache)"""
+    x = (rng.standard_normal((B, H, S, E)) * scale).astype(np.float32)
+    q, s = pyattn.quantize(x, dtype, group_size=G)
+    return q, s, pyattn.dequantize(q, s, dtype=dtype, group_size=G)
+
+
+def close(a, b, tol=3e-6):
+    a, b = np.asarray(a), np.asarray(b)
+    assert a.shape == b.shape and a.dtype == b.dtype
+    err = np.max(np.abs(a - b)) if a.size else 0
+    assert err <= tol * (1 + np.max(np.abs(b))), err
+
+
+OPTIONS = [
+    {},
+    {"window": (37, 0)},
+    {"alibi_slopes": "slopes"},
+    {"softcap": 5.0},
+    {"sinks": "sinks"},
+    {"is_causal": False},
+]
+
+
+@pytest.mark.parametrize("kdt,vdt", [("int8", "int8"), ("int4", "int4"), ("int8", "int4")])
+@pytest.mark.parametrize("T", [1, 3, 12])
+@pytest.mark.parametrize("opt", range(len(OPTIONS)))
+def test_attention_equals_attention_over_the_dequantized_cache(kdt, vdt, T, opt):
+    rng = np.random.default_rng(100 * T + opt)
+    B, H, Hq, S, E = 2, 2, 8, 300, 64
+    kq, ks, kd = qcache(rng, B, H, S, E, kdt)
+    vq, vs, vd = qcache(rng, B, H, S, E, vdt, G=16)
+    q = rng.standard_normal((B, Hq, T, E)).astype(np.float32)
+    kw = dict(OPTIONS[opt])
+    if kw.get("alibi_slopes") == "slopes":
+        kw["alibi_slopes"] = rng.uniform(0.01, 0.2, Hq)
+    if kw.get("sinks") == "sinks":
+        kw["sinks"] = rng.standard_normal(Hq)
+    n = np.array([S - T - 9, 150 - T])
+    before = [a.copy() for a in (kq, ks, vq, vs)]
+    o = pyattn.attention_with_kvcache(q, kq, vq, cache_seqlens=n, k_scale=ks, v_scale=vs, **kw)
+    want = pyattn.attention_with_kvcache(q, kd, vd, cache_seqlens=n, **kw)
+    close(o, want)
+    for b, a in zip(before, (kq, ks, vq, vs)):
+        same_bits(a, b)                                  # read only
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+@pytest.mark.parametrize("G", [8, 32, 128])
+def test_long_decode_splits_and_matches_the_float64_reference(dtype, G):
+    rng = np.random.default_rng(G)
+    B, H, Hq, S, E = 1, 1, 4, 4200, 128                   # S >= 4096: the key chunks and their merge
+    kq, ks, kd = qcache(rng, B, H, S, E, dtype, G, scale=2.0)
+    vq, vs, vd = qcache(rng, B, H, S, E, dtype, G)
+    q = rng.standard_normal((B, Hq, 1, E)).astype(np.float32)
+    o, lse = pyattn.attention_with_kvcache(q, kq, vq, cache_seqlens=S - 7, k_scale=ks, v_scale=vs,
+                                           return_lse=True)
+    want = ref.attention_with_kvcache(q, kq, vq, cache_seqlens=S - 7, k_scale=ks, v_scale=vs)[0]
+    close(o, want.astype(np.float32), 2e-5)
+    w2, l2 = pyattn.attention_with_kvcache(q, kd, vd, cache_seqlens=S - 7, return_lse=True)
+    close(lse, l2)
+
+
+def test_layouts_strided_caches_and_scales():
+    rng = np.random.default_rng(7)
+    B, H, S, E = 2, 3, 200, 64
+    big = rng.standard_normal((B, 2 * H, S + 40, E)).astype(np.float32)
+    for dtype in ("int8", "int4"):
+        qb, sb = pyattn.quantize(big, dtype, group_size=16)
+        kq, ks = qb[:, ::2, 20:20 + S], sb[:, ::2, 20:20 + S]           # views: strided batch and heads
+        vq, vs = qb[::-1, 1::2, 40:], sb[::-1, 1::2, 40:]
+        kd = pyattn.dequantize(kq, ks, dtype=dtype, group_size=16)
+        vd = pyattn.dequantize(vq, vs, dtype=dtype, group_size=16)
+        for T in (1, 10):
+            q = rng.standard_normal((B, 2 * H, T, E)).astype(np.float32)[:, ::2]
+            o = pyattn.attention_with_kvcache(q, kq, vq, cache_seqlens=S - 3, k_scale=ks, v_scale=vs)
+            close(o, pyattn.attention_with_kvcache(q, kd, vd, cache_seqlens=S - 3))
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+def test_appending_equals_quantizing_the_full_sequence(dtype):
+    rng = np.random.default_rng(3)
+    B, H, Hq, S, E, G = 2, 2, 4, 64, 32, 16
+    full_k = rng.standard_normal((B, H, 40, E)).astype(np.float32)
+    full_v = rng.standard_normal((B, H, 40, E)).astype(np.float32)
+    cache = pyattn.KVCache(B, H, S, E, dtype=dtype, group_size=G)
+    t = 0
+    for T in (5, 1, 1, 12, 1, 20):
+        q = rng.standard_normal((B, Hq, T, E)).astype(np.float32)
+        k_before, s_before = cache.k.copy(), cache.k_scale.copy()
+        o = cache.attend(q, full_k[:, :, t:t + T], full_v[:, :, t:t + T])
+        # only the asked rows changed
+        same_bits(cache.k[:, :, :t], k_before[:, :, :t])
+        same_bits(cache.k[:, :, t + T:], k_before[:, :, t + T:])
+        same_bits(cache.k_scale[:, :, t + T:], s_before[:, :, t + T:])
+        t += T
+        kq, ks = pyattn.quantize(full_k[:, :, :t], dtype, group_size=G)
+        vq, vs = pyattn.quantize(full_v[:, :, :t], dtype, group_size=G)
+        same_bits(cache.k[:, :, :t], kq)
+        same_bits(cache.k_scale[:, :, :t], ks)
+        same_bits(cache.v[:, :, :t], vq)
+        same_bits(cache.v_scale[:, :, :t], vs)
+        kd = pyattn.dequantize(kq, ks, dtype=dtype, group_size=G)
+        vd = pyattn.dequantize(vq, vs, dtype=dtype, group_size=G)
+        qq = rng.standard_normal((B, Hq, 1, E)).astype(np.float32)
+        close(pyattn.attention_with_kvcache(qq, cache.k, cache.v, cache_seqlens=cache.lengths,
+                                            k_scale=cache.k_scale, v_scale=cache.v_scale),
+              pyattn.attention_with_kvcache(qq, kd, vd, cache_seqlens=t))
+        del o
+    assert cache.lengths.tolist() == [t, t]
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_nothing_is_written_on_an_error(bad):
+    rng = np.random.default_rng(4)
+    cache = pyattn.KVCache(1, 2, 16, 32, dtype="int8")
+    q, k, v = rng.standard_normal((3, 1, 2, 2, 32)).astype(np.float32)
+    cache.attend(q, k, v)
+    saved = [a.copy() for a in (cache.k, cache.v, cache.k_scale, cache.v_scale, cache.lengths)]
+    v2 = v.copy()
+    v2[0, 1, 1, 5] = bad                                 # the value's last row: the key is fine
+    with pytest.raises(ValueError, match="value holds NaN or infinity"):
+        cache.attend(q, k, v2)
+    for a, b in zip((cache.k, cache.v, cache.k_scale, cache.v_scale, cache.lengths), saved):
+        same_bits(a, b)
+
+
+def test_errors():
+    rng = np.random.default_rng(5)
+    kq, ks, kd = qcache(rng, 1, 2, 16, 32, "int8")
+    q = rng.standard_normal((1, 2, 1, 32)).astype(np.float32)
+    f = pyattn.attention_with_kvcache
+    with pytest.raises(ValueError, match="k_scale .* is required"):
+        f(q, kq, kq, cache_seqlens=4, v_scale=ks)
+    with pytest.raises(ValueError, match="v_scale is given but v_cache is float32"):
+        f(q, kq, kd, cache_seqlens=4, k_scale=ks, v_scale=ks)
+    with pytest.raises(TypeError, match="k_scale must be a float32"):
+        f(q, kq, kq, cache_seqlens=4, k_scale=ks.astype(np.float64), v_scale=ks)
+    with pytest.raises(ValueError, match="k_scale"):
+        f(q, kq, kq, cache_seqlens=4, k_scale=ks[:, :, :8], v_scale=ks)
+    with pytest.raises(ValueError, match="must divide the head dim"):
+        f(q, kq, kq, cache_seqlens=4, k_scale=np.ones((1, 2, 16, 3), np.float32), v_scale=ks)
+    with pytest.raises(ValueError, match="bf16"):
+        f(q, kq, kq, cache_seqlens=4, k_scale=ks, v_scale=ks, precision="bf16")
+    with pytest.raises(ValueError, match="contiguous"):
+        f(q, np.ascontiguousarray(kq[..., ::-1])[..., ::-1], kq, cache_seqlens=4, k_scale=ks, v_scale=ks)
+    big = np.zeros((1, 1, 4, 640), np.int8)
+    with pytest.raises(ValueError, match="head dims over 512"):
+        f(np.zeros((1, 1, 1, 640), np.float32), big, big, cache_seqlens=2,
+          k_scale=np.zeros((1, 1, 4, 20), np.float32), v_scale=np.zeros((1, 1, 4, 20), np.float32))
+    with pytest.raises(ValueError, match="group_size 48 must divide"):
+        pyattn.KVCache(1, 1, 4, 64, dtype="int4", group_size=48)
+    with pytest.raises(TypeError, match="int8"):
+        pyattn.KVCache(1, 1, 4, 64, dtype="int2")
+    with pytest.raises(TypeError):                       # the backward does not take int8 operands
+        pyattn._C.sdpa_backward(q, kq, kq, q, q, np.zeros((1, 2, 1), np.float32))
+
+
+def _decode_case(rng, dtype):
+    kq, ks, _ = qcache(rng, 1, 4, 4500, 128, dtype)
+    vq, vs, _ = qcache(rng, 1, 4, 4500, 128, dtype)
+    q = rng.standard_normal((1, 16, 1, 128)).astype(np.float32)
+    return lambda: pyattn.attention_with_kvcache(q, kq, vq, cache_seqlens=4400, k_scale=ks, v_scale=vs)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+def test_thread_counts_give_the_same_bits(dtype):
+    run = _decode_case(np.random.default_rng(11), dtype)
+    n = pyattn.get_num_threads()
+    try:
+        outs = []
+        for t in (1, 2, 5):
+            pyattn.set_num_threads(t)
+            outs.append(run())
+    finally:
+        pyattn.set_num_threads(n)
+    for o in outs[1:]:
+        same_bits(o, outs[0])
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+def test_every_simd_family_gives_the_same_bits(dtype):
+    from pyattn import _C
+    run = _decode_case(np.random.default_rng(12), dtype)
+    start = _C.config()["isa"]
+    got = {}
+    try:
+        for word, code, built in _C.families():
+            if built and word != "generic" and _C.select_isa(code) == code:
+                got[word] = run()
+        _C.select_isa(pyattn._ISA_CODES["generic"])
+        generic = run()
+    finally:
+        _C.select_isa(pyattn._ISA_CODES[start])
+    if not got:
+        pytest.skip("no SIMD family on this CPU")
+    first = next(iter(got.values()))
+    for o in got.values():
+        same_bits(o, first)
+    close(generic, first)                                # the generic family's exp differs
+
+
+def test_layer_new_cache_int8_int4():
+    from pyattn.nn import MultiHeadAttention
+    rng = np.random.default_rng(6)
+    m = MultiHeadAttention(32, 32, 4, rng=0).eval()
+    x = rng.standard_normal((2, 12, 32)).astype(np.float32)
+    full = m(x)
+    for dtype, tol in (("int8", 0.03), ("int4", 0.5)):
+        c = m.new_cache(2, 16, dtype=dtype, group_size=8)
+        inc = np.concatenate([m(x[:, :5], cache=c)] + [m(x[:, t:t + 1], cache=c) for t in range(5, 12)], axis=1)
+        assert inc.dtype == np.float32 and c.lengths.tolist() == [12, 12]
+        assert np.max(np.abs(inc - full)) <= tol * np.max(np.abs(full))   # quantization error only
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+def test_appending_matches_the_reference(dtype):
+    rng = np.random.default_rng(9)
+    kq, ks, _ = qcache(rng, 2, 2, 24, 32, dtype, G=16)
+    vq, vs, _ = qcache(rng, 2, 2, 24, 32, dtype, G=8)
+    q = rng.standard_normal((2, 4, 3, 32)).astype(np.float32)
+    k, v = rng.standard_normal((2, 2, 2, 3, 32))
+    n = np.array([5, 17])
+    want, (wk, wks), (wv, wvs) = ref.attention_with_kvcache(q, kq, vq, k, v, cache_seqlens=n,
+                                                           k_scale=ks, v_scale=vs)
+    o = pyattn.attention_with_kvcache(q, kq, vq, k, v, cache_seqlens=n, k_scale=ks, v_scale=vs)
+    for a, b in ((kq, wk), (ks, wks), (vq, wv), (vs, wvs)):
+        same_bits(a, b)
+    close(o, want.astype(np.float32))
