@@ -571,8 +571,8 @@ def _cache_array(x, name, writeable):
         raise TypeError(f"{name} must be a numpy.ndarray (it is read, and written, in place), "
                         f"got {type(x).__name__}")
     if x.dtype not in (np.float32, np.float64, np.int8, np.uint8) and not is16(x.dtype):
-        raise TypeError(f"{name} must be float32, float64, float16, bfloat16, int8 or uint8 (int4 "
-                        f"pairs), got dtype {x.dtype}")
+        raise TypeError(f"{name} must be float32, float64, float16 or bfloat16, or int8 / uint8 (int4 "
+                        f"pairs) with its scales, got dtype {x.dtype}")
     if x.ndim != 4:
         raise ValueError(f"{name} must be (B, Hkv, S_max, E), got shape {x.shape}")
     if writeable and not x.flags.writeable:
