@@ -300,6 +300,8 @@ def worker(args):
         generation(args, rng, run, torch, read_side)
     if want("flash"):
         flash(args, rng, run, torch)
+    if want("quant"):
+        quant_caches(args, rng, run, read_side)
     if want("training"):
         training(args, rng, run, torch)
     if want("varlen"):
@@ -485,6 +487,36 @@ def paged(args, rng, run):
     flops = 4.0 * Hq * E * (P * 512 * (S - 256) + D * S)
     run({"op": "paged mixed", "shape": f"{P}x512 prefill + {D} decode, S={S} Hq={Hq} Hkv={Hkv} E={E} bs={bs}"},
         flops, impls)
+
+
+def quant_caches(args, rng, run, read_side):
+    """The rows of issue #25, quantized KV caches: decode (GQA 32/8, E=128,
+    one new query) over float32, int8 and int4 caches (scales per 32), the
+    bytes of values and scales read against the read bandwidth probed in the
+    same rounds; and the same int8 step writing one new token (the cost of
+    quantizing on append)."""
+    import numpy as np
+    import pyattn
+    Hq, Hkv, E, G = 32, 8, 128, 32
+    for S in ([16384] if args.quick else [16384, 65536]):
+        q = rng.standard_normal((1, Hq, 1, E), dtype=np.float32)
+        k32 = rng.standard_normal((1, Hkv, S, E), dtype=np.float32)
+        v32 = rng.standard_normal((1, Hkv, S, E), dtype=np.float32)
+        caches = {"pyattn": (k32, v32, None, None)}
+        for dt in ("int8", "int4"):
+            (kq, ks), (vq, vs) = pyattn.quantize(k32, dt, group_size=G), pyattn.quantize(v32, dt, group_size=G)
+            caches[f"pyattn {dt} cache"] = (kq, vq, ks, vs)
+        impls = {name: (lambda kc=kc, vc=vc, ks=ks, vs=vs: pyattn.attention_with_kvcache(
+                     q, kc, vc, cache_seqlens=S, k_scale=ks, v_scale=vs))
+                 for name, (kc, vc, ks, vs) in caches.items()}
+        kq, vq, ks, vs = (a.copy() for a in caches["pyattn int8 cache"])
+        k1, v1 = rng.standard_normal((2, 1, Hkv, 1, E), dtype=np.float32)
+        impls["pyattn int8 cache, appending a token"] = lambda: pyattn.attention_with_kvcache(
+            q, kq, vq, k1, v1, cache_seqlens=S - 1, k_scale=ks, v_scale=vs)
+        nbytes = {n: sum(a.nbytes for a in c if a is not None) for n, c in caches.items()}
+        run({"op": "qdecode", "shape": f"B=1 Hq={Hq} Hkv={Hkv} L=1 S={S} E={E} G={G}"}, 4.0 * Hq * S * E,
+            impls, nbytes, side=read_side())
+        del caches, impls, k32, v32, kq, vq, ks, vs
 
 
 def training(args, rng, run, torch):
@@ -938,6 +970,23 @@ def targets(rows, mem):
                 ratio = c["min_ms"] / r["min_ms"]
                 line(f"mixed batch {r['shape']}, {r['threads']} thr, vs the parts", f"{ratio:.2f}x", ">= 0.9x",
                      ratio >= 0.9)
+    # quantized caches (issue #25): int8 / int4 vs float32 (the bandwidth rows come
+    # from the generic loop above: values and scales read), quantizing on append
+    for r in data:
+        if r["op"] != "qdecode" or r["impl"] != "pyattn":
+            continue
+        for name, goal in (("pyattn int8 cache", 3.2), ("pyattn int4 cache", 5.0)):
+            h = get("qdecode", r["shape"], name, r["threads"])
+            if h:
+                ratio = r["min_ms"] / h["min_ms"]
+                line(f"QDECODE {r['shape']}, {r['threads']} thr, {name[7:]} vs float32", f"{ratio:.2f}x",
+                     f">= {goal}x", ratio >= goal)
+        a, b = (get("qdecode", r["shape"], n, r["threads"])
+                for n in ("pyattn int8 cache, appending a token", "pyattn int8 cache"))
+        if a and b:
+            extra = 100 * (a["min_ms"] / b["min_ms"] - 1)
+            line(f"QDECODE {r['shape']}, {r['threads']} thr, quantizing on append (int8)",
+                 f"{extra:.1f} % of a decode step", "<= 5 %", extra <= 5)
     if mem is not None:
         line("causal L=S=32768 E=64: peak memory growth", f"{mem:.1f} MB", "< 64 MB", mem < 64)
     # FlashAttention's interface (pyattn.flash): within 5 % of pyattn's own API;
@@ -976,7 +1025,7 @@ def main():
     ap.add_argument("--md", default=None, help="also write the table with its context to this Markdown file")
     ap.add_argument("--no-memory", action="store_true", help="skip the 32768-token memory probe")
     ap.add_argument("--only", default=None, help="comma-separated sections to run: matmul, sdpa, decode, "
-                    "generation, training, varlen, bf16, mha, flash, paged (default: all)")
+                    "generation, quant, training, varlen, bf16, mha, flash, paged (default: all)")
     ap.add_argument("--from-json", default=None, help="re-render the table, targets and plot from a saved "
                     "results.json instead of measuring")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

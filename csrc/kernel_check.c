@@ -295,6 +295,8 @@ done:
     free(p);
 }
 
+#include "kernel_check_quant.inc"       /* qrowdot, qrowpv, qwiden */
+
 /* ---- the kinds: one check each, generated from the registry -------------- */
 /* the kernels that read operands stored in a dtype (rowdot, rowpv): every
  * registry row with the S flag, checked in its compute dtype */

@@ -39,9 +39,12 @@
 #include "ops/ops.h"
 #include "kernel_check.h"
 #include "bind_paged.h"
+#include "bind_quant.h"
+#include "ops/quant.h"
 
 #define PA_ALLOW_BOOL 1
 #define PA_ALLOW_16 2 /* float16 arrays, and uint16 arrays holding bfloat16 bits */
+#define PA_ALLOW_Q 4  /* int8 arrays, and uint8 arrays holding int4 pairs (quantized caches) */
 
 typedef struct {
     PyArrayObject *arr;     /* borrowed */
@@ -79,6 +82,8 @@ static int get_view(PyObject *obj, const char *name, int min_nd, int allow,
     else if (tn == NPY_BOOL && (allow & PA_ALLOW_BOOL)) v->dtype = PA_BOOL;
     else if (tn == NPY_HALF && (allow & PA_ALLOW_16)) v->dtype = PA_F16;
     else if (tn == NPY_UINT16 && (allow & PA_ALLOW_16)) v->dtype = PA_BF16;
+    else if (tn == NPY_INT8 && (allow & PA_ALLOW_Q)) v->dtype = PA_I8;
+    else if (tn == NPY_UINT8 && (allow & PA_ALLOW_Q)) v->dtype = PA_I4;
     else {
         PyErr_Format(PyExc_TypeError, "%s must be float32 or float64%s", name,
                      (allow & PA_ALLOW_BOOL) ? " (or bool)" :
@@ -112,6 +117,7 @@ static int get_view(PyObject *obj, const char *name, int min_nd, int allow,
         v->shape[d] = (pa_ssize)PyArray_DIMS(a)[d];
         v->st[d] = (pa_ssize)(s / is);
     }
+    if (v->dtype == PA_I4) v->shape[nd - 1] *= 2;   /* values; strides stay in bytes */
     return 0;
 }
 
@@ -123,7 +129,7 @@ static int compute_of(const view *const *vs, int n, const char *names)
     int cd = -1, n16 = 0;
     for (int t = 0; t < n; t++) {
         const int d = vs[t]->dtype;
-        if (d == PA_F16 || d == PA_BF16) { n16++; continue; }
+        if (d == PA_F16 || d == PA_BF16 || pa_qbits(d)) { n16++; continue; }
         if (cd >= 0 && cd != d) {
             PyErr_Format(PyExc_TypeError, "%s must have one compute dtype", names);
             return -1;
@@ -589,6 +595,9 @@ typedef struct {
     pa_ssize B, H, T, D[2];
     size_t es[2];
     const int64_t *pos;
+    int bits[2];                    /* 8 / 4: an int8 / int4 cache, its new rows float32 */
+    float *sc[2];                   /* its scales (B, H, S_max, D / G) */
+    pa_ssize sst[2][4], G[2];
 } kv_append;
 
 static void kv_append_run(void *ctx)
@@ -600,9 +609,15 @@ static void kv_append_run(void *ctx)
         for (pa_ssize b = 0; b < a->B; b++)
             for (pa_ssize h = 0; h < a->H; h++)
                 for (pa_ssize t = 0; t < a->T; t++) {
-                    char *dst = a->cache[x] + (b * cs[0] + h * cs[1] + ((pa_ssize)a->pos[b] + t) * cs[2]) * es;
+                    const pa_ssize at = b * cs[0] + h * cs[1] + ((pa_ssize)a->pos[b] + t) * cs[2];
                     const char *src = a->rows[x] + (b * rs[0] + h * rs[1] + t * rs[2]) * es;
-                    if (cs[3] == 1 && rs[3] == 1)
+                    char *dst = a->cache[x] + (a->bits[x] ? at : at * es);
+                    if (a->bits[x]) {       /* finite: get_append checked every row */
+                        const pa_ssize *ss = a->sst[x];
+                        float *srow = a->sc[x] + b * ss[0] + h * ss[1] + ((pa_ssize)a->pos[b] + t) * ss[2];
+                        (void)pa_quant_row(a->bits[x], (const float *)src, rs[3], D, a->G[x], dst, cs[3],
+                                           srow, ss[3]);
+                    } else if (cs[3] == 1 && rs[3] == 1)
                         memmove(dst, src, (size_t)(D * es));
                     else
                         for (pa_ssize e = 0; e < D; e++) memmove(dst + e * cs[3] * es, src + e * rs[3] * es, (size_t)es);
@@ -615,20 +630,28 @@ static void kv_append_run(void *ctx)
 static int get_append(PyObject *o, kv_append *ap)
 {
     static const char *cn[2] = {"k_cache", "v_cache"}, *rn[2] = {"key", "value"};
-    if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) != 5) {
-        PyErr_SetString(PyExc_TypeError, "append must be (k_cache, v_cache, key, value, positions)");
+    if (!PyTuple_Check(o) || (PyTuple_GET_SIZE(o) != 5 && PyTuple_GET_SIZE(o) != 7)) {
+        PyErr_SetString(PyExc_TypeError, "append must be (k_cache, v_cache, key, value, positions"
+                                         "[, k_scale, v_scale])");
         return -1;
     }
     view c[2], r[2];
     for (int x = 0; x < 2; x++) {
-        if (get_view(PyTuple_GET_ITEM(o, x), cn[x], 4, PA_ALLOW_16, 1, &c[x]) < 0 ||
+        if (get_view(PyTuple_GET_ITEM(o, x), cn[x], 4, PA_ALLOW_16 | PA_ALLOW_Q, 1, &c[x]) < 0 ||
             get_view(PyTuple_GET_ITEM(o, 2 + x), rn[x], 4, PA_ALLOW_16, 0, &r[x]) < 0)
             return -1;
         if (c[x].nd != 4 || r[x].nd != 4) {
             PyErr_Format(PyExc_ValueError, "%s and %s must be 4-D", cn[x], rn[x]);
             return -1;
         }
-        if (r[x].dtype != c[x].dtype) {
+        ap->bits[x] = pa_qbits(c[x].dtype);
+        if (ap->bits[x]) {
+            if (r[x].dtype != PA_F32) {
+                PyErr_Format(PyExc_TypeError, "%s must be float32 for the %s cache %s (it is quantized "
+                             "as it is written)", rn[x], dtype_name(c[x].dtype), cn[x]);
+                return -1;
+            }
+        } else if (r[x].dtype != c[x].dtype) {
             PyErr_Format(PyExc_TypeError, "%s must be stored as %s is (%s), got %s", rn[x], cn[x],
                          dtype_name(c[x].dtype), dtype_name(r[x].dtype));
             return -1;
@@ -649,7 +672,10 @@ static int get_append(PyObject *o, kv_append *ap)
         memcpy(ap->cst[x], c[x].st, sizeof(ap->cst[x]));
         memcpy(ap->rst[x], r[x].st, sizeof(ap->rst[x]));
         ap->D[x] = c[x].shape[3];
-        ap->es[x] = pa_elsize(c[x].dtype);
+        ap->es[x] = pa_elsize(ap->bits[x] ? r[x].dtype : c[x].dtype);
+        if (ap->bits[x] && pa_append_scales(PyTuple_GET_SIZE(o) == 7 ? PyTuple_GET_ITEM(o, 5 + x) : Py_None,
+                                            x, B, H, S, ap->D[x], &ap->sc[x], ap->sst[x], &ap->G[x]) < 0)
+            return -1;
     }
     const void *pp;
     if (get_perbatch(PyTuple_GET_ITEM(o, 4), "cache_seqlens", NPY_INT64, B, &pp) < 0) return -1;
@@ -662,6 +688,21 @@ static int get_append(PyObject *o, kv_append *ap)
             return -1;
         }
     ap->B = B; ap->H = H; ap->T = T;
+    for (int x = 0; x < 2; x++)         /* quantized: every new row finite, before anything is written */
+        if (ap->bits[x])
+            for (pa_ssize b = 0; b < B; b++)
+                for (pa_ssize h = 0; h < H; h++)
+                    for (pa_ssize t = 0; t < T; t++) {
+                        const float *src = (const float *)ap->rows[x] +
+                                           (b * ap->rst[x][0] + h * ap->rst[x][1] + t * ap->rst[x][2]);
+                        if (!pa_quant_finite(src, ap->rst[x][3], ap->D[x])) {
+                            PyErr_Format(PyExc_ValueError, "%s holds NaN or infinity (batch %zd, head %zd, "
+                                         "row %zd): the %s cache's scales cannot hold it; nothing was "
+                                         "written", rn[x], (Py_ssize_t)b, (Py_ssize_t)h, (Py_ssize_t)t,
+                                         dtype_name(c[x].dtype));
+                            return -1;
+                        }
+                    }
     return 0;
 }
 
@@ -676,12 +717,14 @@ typedef struct {
     unsigned long long key;
     Py_ssize_t left, right, row_div;
     PyObject *cuq, *cuk;        /* packed sequences' offsets (varlen), or None */
+    PyObject *k_scale, *v_scale;    /* a quantized cache's scales, or None */
+    pa_kv_scales *qsc;              /* where attn_call_of puts them (NULL: not accepted) */
 } call_args;
 
 static void call_args_init(call_args *a, int allow)
 {
     memset(a, 0, sizeof *a);
-    a->mask = a->slopes = a->sinks = a->kv_len = a->qoff = Py_None;
+    a->mask = a->slopes = a->sinks = a->kv_len = a->qoff = a->k_scale = a->v_scale = Py_None;
     a->allow = allow;
     a->scale = 1.0;
     a->left = a->right = -1;
@@ -843,6 +886,7 @@ static int attn_call_of(const call_args *a, pa_attn_call *c, view *qkv)
     c->left = window_side(a->left, S, L, c->qoff);
     c->right = window_side(a->right, S, L, c->qoff);
     if (get_cu(a, c) < 0) return -1;
+    if (a->qsc && pa_bind_kv_scales(a->k_scale, a->v_scale, c, a->want_w, a->qsc) < 0) return -1;
     return get_perhead(a, c);
 }
 
@@ -850,14 +894,17 @@ PyDoc_STRVAR(sdpa_doc,
 "sdpa(q, k, v, out=None, mask=None, causal=0, scale=1.0, dropout_p=0.0,\n"
 "     dropout_key=0, want_weights=False, want_lse=False, left=-1, right=-1,\n"
 "     softcap=0.0, slopes=None, sinks=None, kv_len=None, row_div=1, qoff=None,\n"
-"     nthreads=0, bf16=False, append=None, cu_seqlens_q=None, cu_seqlens_k=None, paged=None)\n"
+"     nthreads=0, bf16=False, append=None, cu_seqlens_q=None, cu_seqlens_k=None, paged=None,\n"
+"     k_scale=None, v_scale=None)\n"
 "     -> (out, weights or None, lse or None)\n\n"
 "Private kernel entry: fused attention, all operands with equal batch axes;\n"
 "slopes, sinks (float64) and kv_len (int64) hold one value per flat batch\n"
 "index; append = (k_cache, v_cache, key, value, positions): new cache rows\n"
-"written once everything is checked and allocated; paged = (k_pool, v_pool,\n"
-"block_table): a paged cache (bind_paged.c; append then (key, value,\n"
-"positions)). Use\n"
+"written once everything is checked and allocated (quantized caches: 7\n"
+"entries, + k_scale, v_scale of the caches; float32 rows quantized as\n"
+"written); k_scale, v_scale: float32 scales of int8 / int4 (uint8) k, v;\n"
+"paged = (k_pool, v_pool, block_table): a paged cache (bind_paged.c; append\n"
+"then (key, value, positions)). Use\n"
 "pyattn.scaled_dot_product_attention.");
 
 static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
@@ -865,9 +912,12 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
     static char *kwlist[] = {"q", "k", "v", "out", "mask", "causal", "scale", "dropout_p",
                              "dropout_key", "want_weights", "want_lse", "left", "right",
                              "softcap", "slopes", "sinks", "kv_len", "row_div", "qoff", "nthreads",
-                             "bf16", "append", "cu_seqlens_q", "cu_seqlens_k", "paged", NULL};
+                             "bf16", "append", "cu_seqlens_q", "cu_seqlens_k", "paged", "k_scale", "v_scale",
+                             NULL};
     call_args a;
-    call_args_init(&a, PA_ALLOW_16);
+    pa_kv_scales qsc;
+    call_args_init(&a, PA_ALLOW_16 | PA_ALLOW_Q);
+    a.qsc = &qsc;
     PyObject *outo = Py_None, *appo = Py_None, *pago = Py_None;
     int req_threads = 0, want_lse = 0;
     kv_append ap;
@@ -876,15 +926,19 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
     pa_attn_call c;
     view qkv[3], o, w, lv;
     PyArrayObject *res = NULL, *wres = NULL, *lres = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOiddKppnndOOOnOipOOOO:sdpa", kwlist, &a.q, &a.k, &a.v,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOiddKppnndOOOnOipOOOOOO:sdpa", kwlist, &a.q, &a.k, &a.v,
                                      &outo, &a.mask, &a.causal, &a.scale, &a.dropout_p, &a.key,
                                      &a.want_w, &want_lse, &a.left, &a.right, &a.softcap, &a.slopes,
                                      &a.sinks, &a.kv_len, &a.row_div, &a.qoff, &req_threads, &a.bf16,
-                                     &appo, &a.cuq, &a.cuk, &pago))
+                                     &appo, &a.cuq, &a.cuk, &pago, &a.k_scale, &a.v_scale))
         return NULL;
     if (attn_call_of(&a, &c, qkv) < 0) goto fail;
-    if ((appo != Py_None || pago != Py_None) && c.cu_seqlens_q) {
-        PyErr_SetString(PyExc_ValueError, "cu_seqlens exclude append and paged");
+    if ((appo != Py_None || pago != Py_None || c.kv_scales) && c.cu_seqlens_q) {
+        PyErr_SetString(PyExc_ValueError, "cu_seqlens exclude append, paged and quantized caches");
+        goto fail;
+    }
+    if (pago != Py_None && c.kv_scales) {
+        PyErr_SetString(PyExc_ValueError, "paged caches are not quantized (k_scale, v_scale excluded)");
         goto fail;
     }
     if (pago != Py_None) {              /* a paged cache (bind_paged.c), checked in full */
@@ -1419,6 +1473,8 @@ static PyMethodDef methods[] = {
     {"_alloc_hook", py_alloc_hook, METH_O,
      "_alloc_hook(n) -> (pending, live): tests only; the n-th allocation from now fails (0: off)"},
     {"_kernel_check", pa_py_kernel_check, METH_VARARGS, pa_kernel_check_doc},
+    {"quantize", pa_py_quantize, METH_VARARGS, pa_quantize_doc},
+    {"dequantize", pa_py_dequantize, METH_VARARGS, pa_dequantize_doc},
     {NULL, NULL, 0, NULL},
 };
 

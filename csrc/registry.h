@@ -35,13 +35,19 @@
  *   C, S, W    0/1: it indexes kernels of shape C (a compute dtype), S
  *              (operands a kernel reads stored as it), W (widened to its
  *              compute dtype by a widen kernel)
- * bool is a storage code of masks only (no kernel reads it). */
+ * bool is a storage code of masks only (no kernel reads it). int8 and int4
+ * are a quantized KV cache's storage (ops/quant.h: symmetric, per group,
+ * float32 scales beside the rows; int4 two values per byte, its "element"
+ * and its strides are bytes): the kinds qrowdot, qrowpv, qwiden read them
+ * with their scales (one kernel per family, the bits as an argument). */
 #define PA_DTYPES(X, ...)                                                   \
     X(F32,  f32,      "float32",  4, PA_F32, 1, 1, 0, __VA_ARGS__)          \
     X(F64,  f64,      "float64",  8, PA_F64, 1, 1, 0, __VA_ARGS__)          \
     X(F16,  f16_f32,  "float16",  2, PA_F32, 0, 1, 1, __VA_ARGS__)          \
     X(BF16, bf16_f32, "bfloat16", 2, PA_F32, 0, 1, 1, __VA_ARGS__)          \
-    X(BOOL, b8,       "bool",     1, -1,     0, 0, 0, __VA_ARGS__)
+    X(BOOL, b8,       "bool",     1, -1,     0, 0, 0, __VA_ARGS__)          \
+    X(I8,   i8_f32,   "int8",     1, PA_F32, 0, 0, 0, __VA_ARGS__)          \
+    X(I4,   i4_f32,   "int4",     1, PA_F32, 0, 0, 0, __VA_ARGS__)
 
 /* ---- kernel kinds -----------------------------------------------------------
  * X(kind, shape, return type, (parameters), ...): the kind's signature is
@@ -72,7 +78,15 @@
     X(rowpv, S, void, (const void *P, pa_ssize ps, pa_ssize R, const void *V, pa_ssize vrs,     \
                        pa_ssize nj, pa_ssize Ev, void *acc, pa_ssize ald), __VA_ARGS__)        \
     X(widen, W, void, (float *dst, const uint16_t *src, pa_ssize n), __VA_ARGS__)              \
-    X(read_probe, F, float, (const float *p, size_t n), __VA_ARGS__)
+    X(read_probe, F, float, (const float *p, size_t n), __VA_ARGS__)                           \
+    X(qrowdot, F, void, (const float *Q, pa_ssize qrs, pa_ssize R, const void *K, pa_ssize krs,  \
+                         const float *ks, pa_ssize ksrs, pa_ssize nj, pa_ssize E, pa_ssize G,  \
+                         int bits, float *s, pa_ssize ss), __VA_ARGS__)                        \
+    X(qrowpv, F, void, (const float *P, pa_ssize ps, pa_ssize R, const void *V, pa_ssize vrs,   \
+                        const float *vs, pa_ssize vsrs, pa_ssize nj, pa_ssize Ev, pa_ssize G,  \
+                        int bits, float *acc, pa_ssize ald), __VA_ARGS__)                      \
+    X(qwiden, F, void, (float *dst, const void *src, const float *scale, pa_ssize n, pa_ssize G, \
+                        int bits), __VA_ARGS__)
 
 /* ---- kernel families --------------------------------------------------------
  * X(CODE, word, isa, arch, ...)

@@ -33,6 +33,7 @@ from ._kvcache import KVCache
 from ._varlen import (scaled_dot_product_attention_varlen, scaled_dot_product_attention_varlen_backward,
                       scaled_dot_product_attention_varlen_vjp)
 from ._paged import CacheFullError, PagedKVCache
+from ._quant import dequantize, quantize
 
 __version__ = "0.1.0"
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "scaled_dot_product_attention_varlen", "scaled_dot_product_attention_varlen_backward",
     "scaled_dot_product_attention_varlen_vjp",
     "PagedKVCache", "CacheFullError",
+    "quantize", "dequantize",
 ]
 
 # The kernel families, PYATTN_ISA's word -> code, as the C extension lists

@@ -14,6 +14,7 @@ __all__ = [
     "scaled_dot_product_attention_varlen", "scaled_dot_product_attention_varlen_backward",
     "scaled_dot_product_attention_varlen_vjp",
     "PagedKVCache", "CacheFullError",
+    "quantize", "dequantize",
 ]
 
 _Causal = Union[bool, Literal["top_left", "bottom_right"]]
@@ -88,6 +89,7 @@ def attention_with_kvcache(
     cache_batch_idx: Optional[ArrayLike] = ...,
     block_table: Optional[ArrayLike] = ..., cu_seqlens_q: Optional[ArrayLike] = ...,
     tree_mask: Optional[ArrayLike] = ...,
+    k_scale: Optional[NDArray[np.float32]] = ..., v_scale: Optional[NDArray[np.float32]] = ...,
 ) -> _F: ...
 @overload
 def attention_with_kvcache(
@@ -101,6 +103,7 @@ def attention_with_kvcache(
     cache_batch_idx: Optional[ArrayLike] = ...,
     block_table: Optional[ArrayLike] = ..., cu_seqlens_q: Optional[ArrayLike] = ...,
     tree_mask: Optional[ArrayLike] = ...,
+    k_scale: Optional[NDArray[np.float32]] = ..., v_scale: Optional[NDArray[np.float32]] = ...,
 ) -> Tuple[_F, _F]: ...
 @overload
 def attention_with_kvcache(
@@ -114,14 +117,17 @@ def attention_with_kvcache(
     cache_batch_idx: Optional[ArrayLike] = ...,
     block_table: Optional[ArrayLike] = ..., cu_seqlens_q: Optional[ArrayLike] = ...,
     tree_mask: Optional[ArrayLike] = ...,
+    k_scale: Optional[NDArray[np.float32]] = ..., v_scale: Optional[NDArray[np.float32]] = ...,
 ) -> Union[_F, Tuple[_F, _F]]: ...
 
 class KVCache:
     k: NDArray[Any]
     v: NDArray[Any]
+    k_scale: Optional[NDArray[np.float32]]
+    v_scale: Optional[NDArray[np.float32]]
     lengths: NDArray[np.int64]
     def __init__(self, batch: int, num_kv_heads: int, max_len: int, head_dim: int,
-                 value_dim: Optional[int] = ..., dtype: DTypeLike = ...) -> None: ...
+                 value_dim: Optional[int] = ..., dtype: DTypeLike = ..., group_size: int = ...) -> None: ...
     @property
     def max_len(self) -> int: ...
     @overload
@@ -216,3 +222,9 @@ def scaled_dot_product_attention_varlen_vjp(
     rng: _Rng = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
     softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ...,
 ) -> Tuple[_F, Callable[[ArrayLike], Tuple[_F, ...]]]: ...
+
+_QDtype = Literal["int8", "int4"]
+def quantize(x: ArrayLike, /, dtype: _QDtype = ..., *, group_size: int = ...,
+             axis: int = ...) -> Tuple[NDArray[Any], NDArray[np.float32]]: ...
+def dequantize(q: ArrayLike, scale: ArrayLike, /, *, dtype: _QDtype = ..., group_size: int = ...,
+               axis: int = ..., out_dtype: DTypeLike = ...) -> NDArray[Any]: ...

@@ -338,12 +338,18 @@ def _sdpa(spec, out=None, *, nthreads=0, append=None, paged=None):
     everything); nthreads is the task's share of a worker (pyattn.dask)."""
     dt, L, S, E, Ev = spec.dtype, spec.L, spec.S, spec.E, spec.Ev
     groups, hkv, full_batch = spec.groups, spec.hkv, spec.full_batch
-    q, k, v = store16(spec.query, dt), store16(spec.key, dt), store16(spec.value, dt)
+    qkv = spec.kv_scales is not None               # int8 / int4 k, v and their scales
+    q = store16(spec.query, dt)
+    sk, sv = spec.kv_scales if qkv else (None, None)
+    k = spec.key if sk is not None else store16(spec.key, dt)
+    v = spec.value if sv is not None else store16(spec.value, dt)
     mask = spec.mask
     if groups > 1:
         q = split_axis(q, -3, hkv, groups)
         k = k[..., None, :, :]
         v = v[..., None, :, :]
+        sk = None if sk is None else sk[..., None, :, :]
+        sv = None if sv is None else sv[..., None, :, :]
         batch = full_batch[:-1] + (hkv, groups)
         if mask is not None:
             mask = split_axis(mask, -3, hkv, groups)
@@ -357,10 +363,14 @@ def _sdpa(spec, out=None, *, nthreads=0, append=None, paged=None):
              and spec.slopes is None and spec.sinks is None and groups <= 48
              and spec.cu_seqlens_q is None)
     q = bcast(q, batch + (L, E))
-    k = bcast(k, batch + (S, E))
-    v = bcast(v, batch + (S, Ev))
+    k = bcast(k, batch + (S, k.shape[-1] if qkv else E))      # int4: E / 2 bytes
+    v = bcast(v, batch + (S, v.shape[-1] if qkv else Ev))
+    sk = None if sk is None else bcast(sk, batch + sk.shape[-2:])
+    sv = None if sv is None else bcast(sv, batch + sv.shape[-2:])
     if stack:
         q, k, v = q[..., 0, :], k[..., 0, :, :], v[..., 0, :, :]
+        sk = None if sk is None else sk[..., 0, :, :]
+        sv = None if sv is None else sv[..., 0, :, :]
         batch = batch[:-1]
     shape = spec.out_shape
     extra = spec.c_kwargs()
@@ -379,6 +389,10 @@ def _sdpa(spec, out=None, *, nthreads=0, append=None, paged=None):
         extra["append"] = append
     if paged is not None:                    # a paged cache (pyattn/_paged.py)
         extra["paged"] = paged
+    if sk is not None:
+        extra["k_scale"] = sk
+    if sv is not None:
+        extra["v_scale"] = sv
     if nthreads:
         extra["nthreads"] = int(nthreads)
     if spec.dropout_p > 0:
@@ -566,8 +580,9 @@ def _cache_array(x, name, writeable):
     if not isinstance(x, np.ndarray):
         raise TypeError(f"{name} must be a numpy.ndarray (it is read, and written, in place), "
                         f"got {type(x).__name__}")
-    if x.dtype not in (np.float32, np.float64) and not is16(x.dtype):
-        raise TypeError(f"{name} must be float32, float64, float16 or bfloat16, got dtype {x.dtype}")
+    if x.dtype not in (np.float32, np.float64, np.int8, np.uint8) and not is16(x.dtype):
+        raise TypeError(f"{name} must be float32, float64, float16 or bfloat16, or int8 / uint8 (int4 "
+                        f"pairs) with its scales, got dtype {x.dtype}")
     if x.ndim != 4:
         raise ValueError(f"{name} must be (B, Hkv, S_max, E), got shape {x.shape}")
     if writeable and not x.flags.writeable:
@@ -609,12 +624,18 @@ def _seqlens(cache_seqlens, B, limit, T):
     return np.array(vals, dtype=np.int64)
 
 
+def _qcache(c):
+    """Values per stored element of a quantized cache: 1 (int8), 2 (int4 in
+    uint8); 0 for a float cache."""
+    return 1 if c.dtype == np.int8 else 2 if c.dtype == np.uint8 else 0
+
+
 def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cache_seqlens,
                            is_causal=True, scale=None, window=None, alibi_slopes=None,
                            softcap=None, sinks=None, return_lse=False, out=None, precision=None,
                            rotary_cos=None, rotary_sin=None, rotary_interleaved=False,
                            cache_leftpad=None, cache_batch_idx=None, block_table=None, cu_seqlens_q=None,
-                           tree_mask=None):
+                           tree_mask=None, k_scale=None, v_scale=None):
     """Attention over a KV cache, appending new keys/values in place first (FlashAttention's
     ``flash_attn_with_kvcache``).
 
@@ -696,6 +717,17 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
         uses the top-left ``T_b x T_b`` corner), which may see which (True);
         every cached row before them stays visible; combined with
         ``is_causal``. See :class:`pyattn.PagedKVCache` for a managed pool.
+    k_scale, v_scale : ndarray, float32 ``(B, Hkv, S_max, E / group)``, optional
+        The scales of an int8 cache (``np.int8 (B, Hkv, S_max, E)``) or an
+        int4 cache (``np.uint8 (B, Hkv, S_max, E / 2)``, two values per byte
+        as :func:`pyattn.quantize` packs them): required with such a cache,
+        the group size is ``E / k_scale.shape[-1]``. New keys/values are
+        rounded to float32 and quantized as they are written (the rule of
+        :func:`pyattn.quantize`: only their rows and scales change; NaN or
+        inf in them is a ValueError and nothing is written); the kernels
+        read the rows and scales in place and dequantize in registers. The
+        result equals attention over ``dequantize(cache)`` to float32
+        tolerance. Not with ``precision="bf16"`` or head dims over 512.
 
     Returns
     -------
@@ -733,6 +765,10 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
     """
     if (key is None) != (value is None):
         raise ValueError("give both key and value to append, or neither")
+    if (k_scale is not None or v_scale is not None) and any(
+            x is not None for x in (cache_leftpad, cache_batch_idx, block_table, cu_seqlens_q, tree_mask)):
+        raise NotImplementedError("quantized caches (k_scale, v_scale) with cache_leftpad, cache_batch_idx, "
+                                  "block_table, cu_seqlens_q or tree_mask are not supported yet")
     if cache_leftpad is not None or cache_batch_idx is not None:
         return _kvextra.per_sequence(
             attention_with_kvcache, query, k_cache, v_cache, key, value, cache_seqlens, cache_batch_idx,
@@ -752,14 +788,25 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
     new = key is not None
     kc = _cache_array(k_cache, "k_cache", new)
     vc = _cache_array(v_cache, "v_cache", new)
-    cd = np.dtype(np.float32) if is16(kc.dtype) else kc.dtype    # the compute dtype
-    if (np.dtype(np.float32) if is16(vc.dtype) else vc.dtype) != cd:
+    kq, vq = _qcache(kc), _qcache(vc)
+    for c, sc, nm, sn in ((kc, k_scale, "k_cache", "k_scale"), (vc, v_scale, "v_cache", "v_scale")):
+        if _qcache(c) and sc is None:
+            raise ValueError(f"{nm} is an {'int8' if _qcache(c) == 1 else 'int4'} cache: {sn} (its float32 "
+                             "scales, (B, Hkv, S_max, E / group)) is required")
+        if not _qcache(c) and sc is not None:
+            raise ValueError(f"{sn} is given but {nm} is {c.dtype}, not an int8 / int4 cache")
+        if sc is not None and not (isinstance(sc, np.ndarray) and sc.dtype == np.float32):
+            raise TypeError(f"{sn} must be a float32 numpy.ndarray, got "
+                            f"{getattr(sc, 'dtype', type(sc).__name__)}")
+    cd = np.dtype(np.float32) if is16(kc.dtype) or kq else kc.dtype    # the compute dtype
+    if (np.dtype(np.float32) if is16(vc.dtype) or vq else vc.dtype) != cd:
         raise TypeError(f"k_cache ({kc.dtype}) and v_cache ({vc.dtype}) must compute in one dtype")
     B, Hkv, S_max, E = kc.shape
+    E *= kq or 1
     if vc.shape[:3] != (B, Hkv, S_max):
         raise ValueError(f"v_cache has shape {vc.shape} and k_cache {kc.shape}: their first three "
                          "axes (B, Hkv, S_max) must match")
-    Ev = vc.shape[3]
+    Ev = vc.shape[3] * (vq or 1)
     q = as_array(query, "query")
     check_numeric(q, "query")
     if q.ndim != 4:
@@ -788,10 +835,12 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
                                     bool(is_causal) or window is not None, cd)
         # the new rows in the caches' storage (a copy: never a view of a cache);
         # _C.sdpa writes them once everything is checked and allocated
-        rows = [x.astype(c.dtype, order="C", copy=True) for x, c in ((kn, kc), (vn, vc))]
+        # (quantized caches: float32 rows, quantized as they are written)
+        rows = [x.astype(np.float32 if _qcache(c) else c.dtype, order="C", copy=True)
+                for x, c in ((kn, kc), (vn, vc))]
         kv = [c.view(np.uint16) if c.dtype.kind == "V" else c for c in (kc, vc)]
         rows = [r.view(np.uint16) if r.dtype.kind == "V" else r for r in rows]
-        append = (kv[0], kv[1], rows[0], rows[1], n)
+        append = (kv[0], kv[1], rows[0], rows[1], n) + ((k_scale, v_scale) if kq or vq else ())
         n = n + Tk
     else:
         if rotary_cos is not None or rotary_sin is not None:
@@ -801,7 +850,15 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
     # a 16-bit query is read in place (bfloat16 as such: _sdpa views its bits);
     # anything else is converted to the caches' compute dtype
     qd = q if is16(q.dtype) and cd == np.float32 else to_dtype(q, cd)
-    spec = attn_spec(qd, kc, vc, None, 0.0, "bottom_right" if is_causal else False, sc, Hq != Hkv,
+    # a quantized cache is described by a float32 stand-in of its shape (the
+    # spec's checks), then the spec carries the cache and its scales
+    ks = np.broadcast_to(np.float32(0), kc.shape[:3] + (E,)) if kq else kc
+    vs = np.broadcast_to(np.float32(0), vc.shape[:3] + (Ev,)) if vq else vc
+    spec = attn_spec(qd, ks, vs, None, 0.0, "bottom_right" if is_causal else False, sc, Hq != Hkv,
                      window=window, alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks,
                      precision=precision, return_lse=return_lse, kv_len=n[:, None])
+    if kq or vq:
+        if spec.bf16:
+            raise ValueError("precision='bf16' is not available with int8 / int4 caches")
+        spec = spec._replace(key=kc, value=vc, kv_scales=(k_scale, v_scale))
     return _sdpa(spec, out, append=append)

@@ -25,9 +25,24 @@ class KVCache:
     ----------
     batch, num_kv_heads, max_len, head_dim : int
     value_dim : int, optional (default ``head_dim``)
-    dtype : float32 (default), float64, float16 or ``ml_dtypes.bfloat16``
+    dtype : float32 (default), float64, float16, ``ml_dtypes.bfloat16``, ``"int8"`` or ``"int4"``
         16-bit caches take half the memory and half the bytes to read per
         decode step; new rows are rounded into them, arithmetic stays float32.
+        ``"int8"`` / ``"int4"``: quantized caches (``k`` is ``np.int8 (B,
+        Hkv, max_len, E)`` or ``np.uint8 (B, Hkv, max_len, E / 2)``, two
+        values per byte) with float32 scales ``k_scale (B, Hkv, max_len, E /
+        group_size)`` (``v``, ``v_scale`` likewise): new rows are quantized
+        as they are written (:func:`pyattn.quantize`'s rule), the kernels
+        read them in place; 1.125 / 0.625 bytes per value with groups of 32.
+    group_size : int, default 32
+        Values per scale of an int8 / int4 cache (it must divide head_dim and
+        value_dim). Ignored by float caches.
+
+    Attributes
+    ----------
+    k, v : ndarray
+    k_scale, v_scale : ndarray float32, or None for a float cache
+    lengths : ndarray int64 (B,)
 
     Examples
     --------
@@ -41,7 +56,8 @@ class KVCache:
     array([3])
     """
 
-    def __init__(self, batch, num_kv_heads, max_len, head_dim, value_dim=None, dtype=np.float32):
+    def __init__(self, batch, num_kv_heads, max_len, head_dim, value_dim=None, dtype=np.float32,
+                 group_size=32):
         dims = []
         names = ("batch", "num_kv_heads", "max_len", "head_dim", "value_dim")
         for n, name in zip((batch, num_kv_heads, max_len, head_dim,
@@ -50,23 +66,40 @@ class KVCache:
             if n < 0 or (n == 0 and name == "num_kv_heads"):
                 raise ValueError(f"{name} must be {'positive' if name == 'num_kv_heads' else '>= 0'}, got {n}")
             dims.append(n)
-        try:
-            dt = np.dtype(dtype)
-        except TypeError:
-            raise TypeError(f"dtype must be a NumPy dtype, got {dtype!r}") from None
-        if dt not in (np.float32, np.float64) and not is16(dt):
-            raise TypeError(f"dtype must be float32, float64, float16 or bfloat16 (ml_dtypes), got {dt}")
+        quant = dtype if isinstance(dtype, str) and dtype in ("int8", "int4") else None
+        if quant:
+            dt = np.dtype(np.int8 if quant == "int8" else np.uint8)
+        else:
+            try:
+                dt = np.dtype(dtype)
+            except TypeError:
+                raise TypeError(f"dtype must be a NumPy dtype, 'int8' or 'int4', got {dtype!r}") from None
+            if dt not in (np.float32, np.float64) and not is16(dt):
+                raise TypeError(f"dtype must be float32, float64, float16, bfloat16 (ml_dtypes), 'int8' "
+                                f"or 'int4', got {dt}")
         B, H, S, E, Ev = dims
+        G = 1
+        if quant:
+            G = number(group_size, "group_size", integer=True)
+            if G < 1 or E % G or Ev % G or (quant == "int4" and (E % 2 or Ev % 2)):
+                raise ValueError(f"group_size {G} must divide head_dim {E} and value_dim {Ev}"
+                                 + (" (which must be even for int4)" if quant == "int4" else ""))
         limit = np.iinfo(np.intp).max                  # Python ints: nothing wraps
-        for nbytes, what in ((B * H * S * E * dt.itemsize, "batch, num_kv_heads, max_len, head_dim"),
-                             (B * H * S * Ev * dt.itemsize, "batch, num_kv_heads, max_len, value_dim"),
+        for nbytes, what in ((B * H * S * E * max(dt.itemsize, 4 if quant else 1),
+                              "batch, num_kv_heads, max_len, head_dim"),
+                             (B * H * S * Ev * max(dt.itemsize, 4 if quant else 1),
+                              "batch, num_kv_heads, max_len, value_dim"),
                              (B * 8, "batch")):
             if nbytes > limit:
                 raise ValueError(f"KVCache(batch={B}, num_kv_heads={H}, max_len={S}, head_dim={E}, "
                                  f"value_dim={Ev}) would need more than {limit} bytes ({what} too large)")
-        self.k = np.zeros((B, H, S, E), dt)
-        self.v = np.zeros((B, H, S, Ev), dt)
+        per = 2 if quant == "int4" else 1                # values per stored element
+        self.k = np.zeros((B, H, S, E // per), dt)
+        self.v = np.zeros((B, H, S, Ev // per), dt)
+        self.k_scale = np.zeros((B, H, S, E // G), np.float32) if quant else None
+        self.v_scale = np.zeros((B, H, S, Ev // G), np.float32) if quant else None
         self.lengths = np.zeros(B, np.int64)
+        self._quant = quant
 
     @property
     def max_len(self) -> int:
@@ -93,7 +126,8 @@ class KVCache:
         res = attention_with_kvcache(query, self.k, self.v, key, value, cache_seqlens=self.lengths,
                                      is_causal=is_causal, scale=scale, window=window,
                                      alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks,
-                                     return_lse=return_lse, out=out, precision=precision)
+                                     return_lse=return_lse, out=out, precision=precision,
+                                     k_scale=self.k_scale, v_scale=self.v_scale)
         self.lengths += np.shape(key)[2]
         return res
 
@@ -103,5 +137,8 @@ class KVCache:
 
     def __repr__(self) -> str:
         B, H, S, E = self.k.shape
-        return (f"KVCache(batch={B}, num_kv_heads={H}, max_len={S}, head_dim={E}, "
-                f"value_dim={self.v.shape[3]}, dtype={self.k.dtype}, lengths={self.lengths.tolist()})")
+        per = 2 if self._quant == "int4" else 1
+        q = "" if not self._quant else f", group_size={E * per // self.k_scale.shape[3]}"
+        return (f"KVCache(batch={B}, num_kv_heads={H}, max_len={S}, head_dim={E * per}, "
+                f"value_dim={self.v.shape[3] * per}, dtype={self._quant or self.k.dtype}{q}, "
+                f"lengths={self.lengths.tolist()})")

@@ -16,7 +16,8 @@ from ._checks import causal_code, compute_dtype
 __all__ = ["matmul", "softmax", "scaled_dot_product_attention", "multi_head_attention",
            "causal_mask", "dropout_keep", "linear", "merge_attention", "attention_with_kvcache",
            "window_mask", "alibi_bias", "scaled_dot_product_attention_backward",
-           "softmax_backward", "round_bf16", "paged_rows", "attention_with_kvcache_paged"]
+           "softmax_backward", "round_bf16", "paged_rows", "attention_with_kvcache_paged", "quantize",
+           "dequantize", "unpack_int4"]
 
 
 def _f64(x):
@@ -363,28 +364,51 @@ def merge_attention(outputs, lses):
 
 def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cache_seqlens,
                            is_causal=True, scale=None, window=None, alibi_slopes=None,
-                           softcap=None, sinks=None, return_lse=False):
+                           softcap=None, sinks=None, return_lse=False, k_scale=None, v_scale=None):
     """Write key/value at rows [n_b, n_b + T) of copies of the caches, then
-    attend over the filled rows; returns (out, k_cache', v_cache'[, lse])."""
+    attend over the filled rows; returns (out, k_cache', v_cache'[, lse]).
+    int8 / int4 caches (with k_scale / v_scale): the new rows quantized into
+    copies of the caches and scales (returned as (cache, scale) pairs), the
+    attention over the dequantized caches."""
     q = np.asarray(query)
     kc, vc = np.array(k_cache), np.array(v_cache)
     B, Hq, T = q.shape[:3]
     n = np.broadcast_to(np.asarray(cache_seqlens, dtype=np.int64), (B,)).copy()
+    quant = []
+    for c, s in ((kc, k_scale), (vc, v_scale)):
+        if s is None:
+            quant.append(None)
+            continue
+        dt = "int8" if c.dtype == np.int8 else "int4"
+        G = c.shape[-1] * (1 if dt == "int8" else 2) // np.shape(s)[-1]
+        quant.append((dt, G, np.array(s, np.float32)))
     if key is not None:
         for b in range(B):
-            kc[b, :, n[b]:n[b] + T] = key[b]
-            vc[b, :, n[b]:n[b] + T] = value[b]
+            for c, x, qt in ((kc, key, quant[0]), (vc, value, quant[1])):
+                if qt is None:
+                    c[b, :, n[b]:n[b] + T] = x[b]
+                else:
+                    c[b, :, n[b]:n[b] + T], qt[2][b, :, n[b]:n[b] + T] = quantize(x[b], qt[0], qt[1])
         n = n + T
+    kd, vd = kc, vc
+    if quant[0]:
+        kd = dequantize(kc, quant[0][2], quant[0][0], quant[0][1])
+    if quant[1]:
+        vd = dequantize(vc, quant[1][2], quant[1][0], quant[1][1])
     outs, lses = [], []
     for b in range(B):
         r = scaled_dot_product_attention(
-            q[b].astype(kc.dtype), kc[b, :, :n[b]], vc[b, :, :n[b]], None, 0.0,
+            q[b].astype(kd.dtype), kd[b, :, :n[b]], vd[b, :, :n[b]], None, 0.0,
             "bottom_right" if is_causal else False, scale, enable_gqa=True, window=window,
             alibi_slopes=None if alibi_slopes is None else np.broadcast_to(alibi_slopes, (B, Hq))[b],
             softcap=softcap, sinks=sinks, return_lse=True, qoff=int(n[b]) - T)
         outs.append(r[0])
         lses.append(r[1])
     out, lse = np.stack(outs), np.stack(lses)
+    if quant[0]:
+        kc = (kc, quant[0][2])
+    if quant[1]:
+        vc = (vc, quant[1][2])
     return (out, kc, vc, lse) if return_lse else (out, kc, vc)
 
 
@@ -509,3 +533,41 @@ def scaled_dot_product_attention_varlen(query, key, value, cu_seqlens_q, cu_seql
         out[cq[i]:cq[i + 1]] = o.transpose(1, 0, 2)
         lse[cq[i]:cq[i + 1]] = ls.T
     return (out, lse) if return_lse else out
+
+
+def quantize(x, dtype="int8", group_size=32, axis=-1):
+    """pyattn.quantize in float32 NumPy, bit for bit: per group, scale =
+    max|x_g| / qmax (float32 division), q = clip(rint(x / scale)) (float32
+    division, ties to even), 0 where scale == 0; int4 packed two per byte
+    (even index in the low nibble). No NaN/inf check (the op raises)."""
+    qmax = np.float32(127 if dtype == "int8" else 7)
+    x = np.moveaxis(np.asarray(x, np.float32), axis, -1)
+    E = x.shape[-1]
+    g = x.reshape(*x.shape[:-1], E // group_size, group_size)
+    scale = (np.max(np.abs(g), axis=-1) / qmax).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.rint(g / scale[..., None])
+    q = np.where(scale[..., None] == 0, 0, np.clip(r, -qmax, qmax)).astype(np.int8)
+    q = q.reshape(x.shape)
+    if dtype == "int4":
+        u = q.view(np.uint8) & 0xF
+        q = (u[..., 0::2] | (u[..., 1::2] << 4)).astype(np.uint8)
+    return np.moveaxis(q, -1, axis), np.moveaxis(scale, -1, axis)
+
+
+def unpack_int4(q, axis=-1):
+    """int4 bytes (uint8, two per byte) -> int8 values, twice as many along axis."""
+    q = np.moveaxis(np.asarray(q, np.uint8), axis, -1)
+    lo = (q & 0xF).astype(np.int8)
+    hi = (q >> 4).astype(np.int8)
+    v = np.stack([lo, hi], axis=-1).reshape(*q.shape[:-1], 2 * q.shape[-1])
+    v = np.where(v >= 8, v - 16, v).astype(np.int8)
+    return np.moveaxis(v, -1, axis)
+
+
+def dequantize(q, scale, dtype="int8", group_size=32, axis=-1):
+    """pyattn.dequantize in float32 NumPy: float32(q) * scale, bit for bit."""
+    v = unpack_int4(q, axis) if dtype == "int4" else np.asarray(q, np.int8)
+    v = np.moveaxis(v, axis, -1).astype(np.float32)
+    s = np.repeat(np.moveaxis(np.asarray(scale, np.float32), axis, -1), group_size, axis=-1)
+    return np.moveaxis((v * s).astype(np.float32), -1, axis)

@@ -337,12 +337,13 @@ class _Attention:
         return layer.load_state_dict(state).train(training)
 
     # -- generation -----------------------------------------------------------
-    def new_cache(self, batch, max_len, dtype=np.float32):
+    def new_cache(self, batch, max_len, dtype=np.float32, group_size=32):
         """A :class:`pyattn.KVCache` for this layer: ``batch`` sequences of up to
         ``max_len`` tokens, one cache head per attention head (``d_out / num_heads``
-        features), float32 (default), float64, float16 or bfloat16."""
+        features), float32 (default), float64, float16, bfloat16, or quantized
+        ``"int8"`` / ``"int4"`` with a float32 scale per ``group_size`` values."""
         hd = self.d_out // self.num_heads
-        return KVCache(batch, self.num_heads, max_len, hd, hd, dtype)
+        return KVCache(batch, self.num_heads, max_len, hd, hd, dtype, group_size)
 
     def _call_cached(self, x, cache, attn_mask, return_weights):
         """x (B, T, d_in) or (T, d_in): only the new tokens; their keys and
@@ -358,14 +359,15 @@ class _Attention:
             raise ValueError("a cache is for inference: call layer.eval() first (dropout is on in training mode)")
         H, hd = self.num_heads, self.d_out // self.num_heads
         B = 1 if x.ndim == 2 else x.shape[0]
-        if cache.k.shape[:2] != (B, H) or cache.k.shape[3] != hd or cache.v.shape[3] != hd:
+        per = 2 if cache.k.dtype == np.uint8 else 1             # int4: two values per byte
+        if cache.k.shape[:2] != (B, H) or cache.k.shape[3] * per != hd or cache.v.shape[3] * per != hd:
             raise ValueError(f"cache {cache!r} does not fit this layer and input: expected batch {B}, "
                              f"{H} heads of {hd} features (layer.new_cache(batch, max_len))")
         T = x.shape[-2]
         if self.context_length is not None and (cache.lengths + T > self.context_length).any():
             raise ValueError(f"the cache holds {cache.lengths.tolist()} tokens; {T} more exceed "
                              f"context_length={self.context_length}")
-        dt = np.dtype(np.float32) if is16(cache.k.dtype) else cache.k.dtype   # compute dtype
+        dt = np.dtype(np.float32) if is16(cache.k.dtype) or cache.k.dtype.kind in "iu" else cache.k.dtype
         x3 = to_dtype(x if x.ndim == 3 else x[None], dt)
         q, k, v = self._qkv(x3, dt)
         ctx = np.empty((B, T, H, hd), dt)

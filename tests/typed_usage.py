@@ -1,7 +1,7 @@
 """Typed use of pyattn's public API, checked with `mypy --strict` in CI
 (.ci/run) against the stubs (pyattn/*.pyi): a user's annotated code must
 type-check without casts. Also runs as a plain script."""
-from typing import Tuple
+from typing import Any, Optional, Tuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -97,3 +97,14 @@ def rejected_by_the_stubs(x: NDArray[np.float32]) -> None:
     line fails the check if the stubs stop rejecting it). Never called."""
     pyattn.matmul(x, x, precision="tf32")  # type: ignore[arg-type]
     pyattn.scaled_dot_product_attention(x, x, x, precision="fp8")  # type: ignore[call-overload]
+
+
+def quantized_cache(x: NDArray[np.float32]) -> None:
+    """int8 / int4 caches (issue #25): quantize, dequantize, KVCache's scales."""
+    q, s = pyattn.quantize(x, "int4", group_size=16)
+    y: NDArray[Any] = pyattn.dequantize(q, s, dtype="int4", group_size=16, out_dtype=np.float64)
+    c = pyattn.KVCache(1, 2, 32, 16, dtype="int8", group_size=8)
+    ks: Optional[NDArray[np.float32]] = c.k_scale
+    o = pyattn.attention_with_kvcache(x, c.k, c.v, cache_seqlens=0, k_scale=c.k_scale, v_scale=c.v_scale)
+    print(y.shape, ks, o.shape)
+    pyattn.quantize(x, "int2")  # type: ignore[arg-type]

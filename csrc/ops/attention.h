@@ -56,6 +56,12 @@ typedef struct {
     const int64_t *bt_row;                  /* a paged cache (ops/paged.h): key j in row j % bsz */
     pa_ssize bsz, k_blk, v_blk;             /* of block bt_row[j / bsz] (block strides k_blk, v_blk;
                                                k_rs, v_rs within a block); NULL: rows j * k_rs */
+    /* a quantized K / V (k_dt, v_dt PA_I8 or PA_I4, float32 compute; their
+     * element and strides are bytes, rows contiguous): float32 scales, row j's
+     * at ks + j * ks_rs, one per group of kG values (V: vs, vs_rs, vG); NULL
+     * when not quantized */
+    const float *ks, *vs;
+    pa_ssize ks_rs, vs_rs, kG, vG;
 } pa_attn_args;
 
 /* THE element offsets of key row j in k and v (from a->k, a->v): through

@@ -8,6 +8,7 @@
  */
 #include "attention.h"
 #include "paged.h"
+#include "quant.h"
 
 /* element pointer of flat batch index b in operand o (elements of es bytes) */
 static const char *at(const pa_attn_call *c, const pa_operand *o, pa_ssize b, int dt)
@@ -74,5 +75,12 @@ void pa_attn_setup(pa_attn_args *out, const pa_family *fam, const pa_attn_call *
         a.k_blk = pg->k_blk; a.v_blk = pg->v_blk;
         a.k_rs = pg->k_rs; a.v_rs = pg->v_rs;
     }
+    const pa_kv_scales *qs = (const pa_kv_scales *)c->kv_scales;
+    a.ks = qs && qs->ks.p ? (const float *)qs->ks.p + pa_batch_offset(&c->bt, qs->ks.bs, b) : NULL;
+    a.vs = qs && qs->vs.p ? (const float *)qs->vs.p + pa_batch_offset(&c->bt, qs->vs.bs, b) : NULL;
+    a.ks_rs = qs ? qs->ks.rs : 0;
+    a.vs_rs = qs ? qs->vs.rs : 0;
+    a.kG = qs ? qs->kG : 1;
+    a.vG = qs ? qs->vG : 1;
     *out = a;
 }

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <string.h>
 #include "attention.h"
+#include "quant.h"
 #include "threads.h"
 
 /* n rows x cols of a strided operand stored in 16 bits (sd: PA_F16 or
@@ -21,6 +22,16 @@ static void widen_rows(const pa_family *f, int sd, const void *p, pa_ssize rs, p
         for (pa_ssize r = 0; r < n; r++)
             for (pa_ssize c = 0; c < cols; c++) dst[r * ld + c] = pa_load_f32(h, r * rs + c * cs, sd);
     }
+}
+
+/* n rows of a quantized operand (bits 8 / 4; rows of bytes at p + r * rs,
+ * their scales at sc + r * srs, groups of G), dequantized into dst (row
+ * stride ld) by the family's qwiden: the tiled paths' key tiles */
+static void qwiden_rows(const pa_family *f, int bits, const void *p, pa_ssize rs, const float *sc,
+                        pa_ssize srs, pa_ssize G, pa_ssize n, pa_ssize cols, float *dst, pa_ssize ld)
+{
+    for (pa_ssize r = 0; r < n; r++)
+        f->qwiden.fn(dst + r * ld, (const char *)p + r * rs, sc + r * srs, cols, G, bits);
 }
 
 #define PA_TEMPLATE "ops/attn_flash.inc"

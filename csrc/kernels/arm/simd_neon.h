@@ -51,6 +51,18 @@ PA_NEON_FN float32x4_t pa_neon_widen_bf16_f32(const uint16_t *p)
 {
     return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16));
 }
+/* 4 int8 / int4 values (a quantized cache's) as floats, exactly */
+PA_NEON_FN float32x4_t pa_neon_widen_i8_f32(const int8_t *p)
+{
+    const int32_t v[4] = {p[0], p[1], p[2], p[3]};
+    return vcvtq_f32_s32(vld1q_s32(v));
+}
+PA_NEON_FN float32x4_t pa_neon_widen_i4_f32(const uint8_t *p)
+{
+    const int32_t v[4] = {(int32_t)((uint32_t)p[0] << 28) >> 28, (int32_t)((uint32_t)p[0] << 24) >> 28,
+                          (int32_t)((uint32_t)p[1] << 28) >> 28, (int32_t)((uint32_t)p[1] << 24) >> 28};
+    return vcvtq_f32_s32(vld1q_s32(v));
+}
 
 /* The 16-partial sum of the decode kernels (vocab.h, vhsum16): p[l] +
  * p[l + 8], then + 4, + 2, + 1 */

@@ -20,6 +20,9 @@
  * and, for f32 only:
  *   vwiden_f16(p) vwiden_bf16(p)  VL 16-bit values (float16 / bfloat16 bits)
  *                             at p, as floats (exact)
+ *   vwiden_i8(p) vwiden_i4(p) VL int8 values at p / VL int4 values in the
+ *                             VL / 2 bytes at p (kernels/ref/quant_ref.h),
+ *                             as floats (exact)
  * and, for both dtypes:
  *   vhsum16(a)                the sum of 16 partials held in a[0 .. 16/VL):
  *                             p[l] + p[l + 8], then + 4, + 2, + 1
@@ -59,6 +62,8 @@
 #define vpow2i PA_V(pow2i)
 #define vwiden_f16 PA_V(widen_f16)
 #define vwiden_bf16 PA_V(widen_bf16)
+#define vwiden_i8 PA_V(widen_i8)
+#define vwiden_i4 PA_V(widen_i4)
 #define vhsum16 PA_V(hsum16)
 #define vexp PA_CAT(vexp_, PA_DT)        /* exp_vec.inc */
 #define VP PA_V(p)                       /* softmax piece sums (two-piece vectors only) */

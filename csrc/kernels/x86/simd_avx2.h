@@ -45,6 +45,22 @@ PA_AVX2_FN __m256 pa_avx2_widen_bf16_f32(const uint16_t *p)
     const __m256i x = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
 }
+/* 8 int8 / int4 values (a quantized cache's, kernels/ref/quant_ref.h) as
+ * floats, exactly: int4 from 4 bytes, each byte twice, shifted so that its
+ * nibble is the top one, then an arithmetic shift back (sign extension) */
+PA_AVX2_FN __m256 pa_avx2_widen_i8_f32(const int8_t *p)
+{
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+PA_AVX2_FN __m256 pa_avx2_widen_i4_f32(const uint8_t *p)
+{
+    int32_t w;
+    __builtin_memcpy(&w, p, 4);
+    const __m128i b = _mm_cvtsi32_si128(w);
+    const __m256i x = _mm256_cvtepu8_epi32(_mm_unpacklo_epi8(b, b));
+    const __m256i sh = _mm256_setr_epi32(28, 24, 28, 24, 28, 24, 28, 24);
+    return _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_sllv_epi32(x, sh), 28));
+}
 
 /* The 16-partial sum of the decode kernels (vocab.h, vhsum16): a[0..NV)
  * hold partials p[0..15]; p[l] + p[l + 8], then + 4, + 2, + 1. */

@@ -71,6 +71,18 @@ PA_AVX512_FN __m512 pa_avx512_widen_bf16_f32(const uint16_t *p)
     const __m512i x = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
 }
+/* 16 int8 / int4 values as floats, exactly (as simd_avx2.h's) */
+PA_AVX512_FN __m512 pa_avx512_widen_i8_f32(const int8_t *p)
+{
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+PA_AVX512_FN __m512 pa_avx512_widen_i4_f32(const uint8_t *p)
+{
+    const __m128i b = _mm_loadl_epi64((const __m128i *)p);
+    const __m512i x = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(b, b));
+    const __m512i sh = _mm512_set4_epi32(24, 28, 24, 28);      /* lanes 28, 24, 28, 24, ... */
+    return _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_sllv_epi32(x, sh), 28));
+}
 PA_AVX512_FN __m512 pa_avx512_add_f32(__m512 a, __m512 b) { return _mm512_add_ps(a, b); }
 PA_AVX512_FN __m512 pa_avx512_sub_f32(__m512 a, __m512 b) { return _mm512_sub_ps(a, b); }
 PA_AVX512_FN __m512 pa_avx512_mul_f32(__m512 a, __m512 b) { return _mm512_mul_ps(a, b); }

@@ -54,6 +54,14 @@ PA_AVX2_FN pa_emu_v_f32 pa_emu_widen_bf16_f32(const uint16_t *p)
 {
     return (pa_emu_v_f32){pa_avx2_widen_bf16_f32(p), pa_avx2_widen_bf16_f32(p + 8)};
 }
+PA_AVX2_FN pa_emu_v_f32 pa_emu_widen_i8_f32(const int8_t *p)
+{
+    return (pa_emu_v_f32){pa_avx2_widen_i8_f32(p), pa_avx2_widen_i8_f32(p + 8)};
+}
+PA_AVX2_FN pa_emu_v_f32 pa_emu_widen_i4_f32(const uint8_t *p)
+{
+    return (pa_emu_v_f32){pa_avx2_widen_i4_f32(p), pa_avx2_widen_i4_f32(p + 4)};
+}
 PA_EMU_OPS(f64, double, pa_emu_v_f64, 4)
 /* softmax piece sums: the two halves, low first (simd_avx512.h) */
 typedef __m256 pa_emu_p_f32;

@@ -1,0 +1,119 @@
+/* quant.c -- symmetric per-group quantization and its inverse (quant.h):
+ * portable C over rows, threaded over fixed blocks of rows (each value's
+ * arithmetic depends on its own group only, so any thread count gives the
+ * same bits). */
+#include <math.h>
+#include "quant.h"
+#include "../threads.h"
+
+#define PA_QUANT_ROWS 64          /* rows per task */
+
+int pa_quant_finite(const float *x, pa_ssize xcs, pa_ssize E)
+{
+    int ok = 1;
+    for (pa_ssize e = 0; e < E; e++) ok &= isfinite(x[e * xcs]) != 0;
+    return ok;
+}
+
+/* value x of a group with this scale (> 0) as an integer in [-qmax, qmax] */
+static inline int pa_quant_value(float x, float scale, float qmax)
+{
+    const float r = rintf(x / scale);
+    return (int)(r > qmax ? qmax : r < -qmax ? -qmax : r);
+}
+
+int pa_quant_row(int bits, const float *x, pa_ssize xcs, pa_ssize E, pa_ssize G, void *q,
+                 pa_ssize qcs, float *s, pa_ssize scs)
+{
+    if (!pa_quant_finite(x, xcs, E)) return 1;
+    const float qmax = bits == 8 ? 127.0f : 7.0f;
+    int8_t *q8 = (int8_t *)q;
+    uint8_t *q4 = (uint8_t *)q;
+    for (pa_ssize g0 = 0; g0 < E; g0 += G) {
+        float amax = 0;
+        for (pa_ssize e = g0; e < g0 + G; e++) {
+            const float a = fabsf(x[e * xcs]);
+            amax = a > amax ? a : amax;
+        }
+        const float scale = amax / qmax;
+        s[(g0 / G) * scs] = scale;
+        for (pa_ssize e = g0; e < g0 + G; e++) {
+            const int v = scale == 0 ? 0 : pa_quant_value(x[e * xcs], scale, qmax);
+            if (bits == 8) {
+                q8[e * qcs] = (int8_t)v;
+            } else {
+                uint8_t *byte = q4 + (e >> 1) * qcs;
+                const unsigned nib = (unsigned)v & 0xfu;
+                *byte = (e & 1) ? (uint8_t)((*byte & 0x0fu) | (nib << 4)) : (uint8_t)((*byte & 0xf0u) | nib);
+            }
+        }
+    }
+    return 0;
+}
+
+/* one row of q, s -> x (float32): (float)q * scale */
+static void pa_dequant_row(int bits, const void *q, pa_ssize qcs, const float *s, pa_ssize scs,
+                           pa_ssize E, pa_ssize G, float *x, pa_ssize xcs)
+{
+    const int8_t *q8 = (const int8_t *)q;
+    const uint8_t *q4 = (const uint8_t *)q;
+    for (pa_ssize e = 0; e < E; e++) {
+        int v;
+        if (bits == 8) {
+            v = q8[e * qcs];
+        } else {
+            const unsigned nib = (e & 1) ? (unsigned)q4[(e >> 1) * qcs] >> 4 : (unsigned)q4[(e >> 1) * qcs] & 0xfu;
+            v = (int)nib - (int)((nib & 8u) << 1);
+        }
+        x[e * xcs] = (float)v * s[(e / G) * scs];
+    }
+}
+
+typedef struct {
+    const pa_quant_call *c;
+    int dequant;
+    pa_ssize bad[PA_MAX_THREADS];   /* per thread: a failing row it met, or -1 */
+} quant_ctx;
+
+static void quant_task(void *ctx_, pa_ssize task, int tid)
+{
+    quant_ctx *ctx = (quant_ctx *)ctx_;
+    const pa_quant_call *c = ctx->c;
+    const pa_ssize r1 = pa_min((task + 1) * PA_QUANT_ROWS, c->bt.count);
+    for (pa_ssize r = task * PA_QUANT_ROWS; r < r1; r++) {
+        const float *x = (const float *)c->x.p + pa_batch_offset(&c->bt, c->x.bs, r);
+        char *q = (char *)c->q.p + pa_batch_offset(&c->bt, c->q.bs, r);
+        const float *s = (const float *)c->s.p + pa_batch_offset(&c->bt, c->s.bs, r);
+        if (ctx->dequant)
+            pa_dequant_row(c->bits, q, c->q.cs, s, c->s.cs, c->E, c->G, (float *)x, c->x.cs);
+        else if (pa_quant_row(c->bits, x, c->x.cs, c->E, c->G, q, c->q.cs, (float *)s, c->s.cs))
+            ctx->bad[tid] = r;  /* any failing row will do: the call fails */
+    }
+}
+
+static int quant_run(const pa_quant_call *c, int dequant, int nthreads, pa_ssize *bad)
+{
+    static const int cap = PA_MAX_THREADS;
+    quant_ctx *ctx = pa_alloc64(sizeof *ctx);
+    if (!ctx) return -1;
+    ctx->c = c;
+    ctx->dequant = dequant;
+    for (int t = 0; t < cap; t++) ctx->bad[t] = -1;
+    const pa_ssize ntasks = (c->bt.count + PA_QUANT_ROWS - 1) / PA_QUANT_ROWS;
+    if (ntasks > 0 && c->E > 0) pa_parallel_for(ntasks, quant_task, ctx, nthreads < cap ? nthreads : cap);
+    pa_ssize b = -1;
+    for (int t = 0; t < cap; t++) b = ctx->bad[t] >= 0 ? ctx->bad[t] : b;
+    pa_free64(ctx);
+    if (bad) *bad = b;
+    return b >= 0;
+}
+
+int pa_quantize(const pa_quant_call *c, int nthreads, pa_ssize *bad)
+{
+    return quant_run(c, 0, nthreads, bad);
+}
+
+int pa_dequantize(const pa_quant_call *c, int nthreads)
+{
+    return quant_run(c, 1, nthreads, NULL);
+}

@@ -1,0 +1,61 @@
+/*
+ * quant.h -- symmetric per-group quantization (pyattn.quantize / dequantize,
+ * and the rows a quantized KV cache is written with). No Python here.
+ *
+ * THE rule (API.md, "Quantized KV caches"), per group of G consecutive
+ * values x_g of a row (float32):
+ *   amax  = max |x_g|                         (exact)
+ *   scale = amax / QMAX                       (float32 division, rounded to
+ *                                              nearest; QMAX 127 int8, 7 int4)
+ *   q     = scale == 0 ? 0
+ *         : clamp(rint(x / scale), -QMAX, QMAX)   (x / scale: one float32
+ *                                              division, rounded to nearest;
+ *                                              rint: ties to even)
+ * int8: one int8 per value. int4: two per byte along the row, value 2i in
+ * the low nibble of byte i, value 2i + 1 in the high one, two's complement.
+ * Dequantized: (float)q * scale, one float32 multiply.
+ */
+#ifndef PYATTN_OPS_QUANT_H
+#define PYATTN_OPS_QUANT_H
+
+#include "ops.h"
+
+/* One call: rows over the batch bt (all axes but the quantized one),
+ * E values per row, groups of G (E % G == 0; int4: E even). Strides in
+ * elements: x float32 (row: cs), q int8 / uint8 bytes (int4: E / 2 bytes per
+ * row, stride cs between bytes), s float32 (E / G per row, stride cs). */
+typedef struct {
+    int bits;                 /* 8 or 4 */
+    pa_batch bt;
+    pa_ssize E, G;
+    pa_operand x, q, s;
+} pa_quant_call;
+
+/* A quantized KV cache's scales (pa_attn_call.kv_scales): per flat batch
+ * index b, float32 (S, E / kG) beside an int8 / int4 key and (S, Ev / vG)
+ * beside a value (p NULL: that operand is not quantized); element strides
+ * (bs: batch, rs: rows; the groups of a row are contiguous). */
+typedef struct {
+    pa_operand ks, vs;
+    pa_ssize kG, vG;
+} pa_kv_scales;
+
+/* bits of a storage dtype: 8 (PA_I8), 4 (PA_I4), 0 (not quantized) */
+static inline int pa_qbits(int dt) { return dt == PA_I8 ? 8 : dt == PA_I4 ? 4 : 0; }
+
+/* quantize: returns 0, 1 when x holds a NaN or an infinity (the outputs
+ * are then incomplete: the caller discards them; *bad = the flat row index
+ * of one such row), -1 when its workspace cannot be allocated. */
+int pa_quantize(const pa_quant_call *c, int nthreads, pa_ssize *bad);
+/* dequantize: x = q * s; returns 0, or -1 (no workspace). */
+int pa_dequantize(const pa_quant_call *c, int nthreads);
+
+/* One row: E float32 values at x (stride xcs) -> q, s (strides qcs, scs).
+ * Returns 1 (writing nothing) when the row holds a NaN or an infinity. The
+ * KV cache's append calls it row by row (module.c). */
+int pa_quant_row(int bits, const float *x, pa_ssize xcs, pa_ssize E, pa_ssize G, void *q,
+                 pa_ssize qcs, float *s, pa_ssize scs);
+/* 1 when the E values at x (stride xcs) are all finite */
+int pa_quant_finite(const float *x, pa_ssize xcs, pa_ssize E);
+
+#endif

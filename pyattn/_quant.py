@@ -1,0 +1,151 @@
+"""Symmetric per-group quantization: pyattn.quantize and pyattn.dequantize
+(the C op is csrc/ops/quant.c; the float64-free NumPy oracle is
+pyattn._reference.quantize)."""
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+
+from . import _C
+
+__all__ = ["quantize", "dequantize"]
+
+_BITS = {"int8": 8, "int4": 4}
+
+
+def _bits(dtype) -> int:
+    if isinstance(dtype, str) and dtype in _BITS:
+        return _BITS[dtype]
+    raise ValueError(f"dtype must be 'int8' or 'int4', got {dtype!r}")
+
+
+def _group(group_size) -> int:
+    try:
+        g = operator.index(group_size)
+    except TypeError:
+        raise TypeError(f"group_size must be an integer, got {group_size!r}") from None
+    if g < 1:
+        raise ValueError(f"group_size must be >= 1, got {g}")
+    return g
+
+
+def _axis(axis, nd: int, name: str = "x") -> int:
+    try:
+        a = operator.index(axis)
+    except TypeError:
+        raise TypeError(f"axis must be an integer, got {axis!r}") from None
+    if not -nd <= a < nd:
+        raise ValueError(f"axis {a} is out of range for {name} with {nd} dimensions")
+    return a % nd
+
+
+def quantize(x, /, dtype="int8", *, group_size=32, axis=-1):
+    """Quantize ``x`` symmetrically per group of ``group_size`` values along ``axis``.
+
+    For each group ``x_g`` (float32 values; other float dtypes are rounded to
+    float32 first):
+
+    - ``scale = max|x_g| / 127`` (int8) or ``/ 7`` (int4): one float32
+      division, rounded to nearest;
+    - ``q = clip(rint(x / scale), -127, 127)`` (int4: ``-7, 7``), where
+      ``x / scale`` is one float32 division of the float32 value by the
+      float32 scale, rounded to nearest, and ``rint`` rounds ties to even;
+      ``q = 0`` wherever ``scale == 0``.
+
+    ``dequantize(q, scale)`` is ``float32(q) * scale``. The same rule writes
+    the rows of an int8 / int4 :class:`KVCache`.
+
+    Shapes: ``x (..., E, ...)`` with ``E = x.shape[axis]`` a multiple of
+    ``group_size`` (even for int4). Returns ``(q, scale)``: ``q`` is
+    ``np.int8`` of ``x``'s shape (int8), or ``np.uint8`` with ``E / 2``
+    along ``axis`` (int4: two values per byte, value ``2i`` in the low nibble
+    of byte ``i``, ``2i + 1`` in the high one, two's complement); ``scale``
+    is float32 with ``E / group_size`` along ``axis``.
+
+    Raises ValueError for NaN or +-inf in ``x`` (a scale cannot hold them),
+    a ``group_size`` that does not divide ``E``, a ``dtype`` other than
+    ``"int8"``/``"int4"``; TypeError for a non-float ``x``.
+
+    Unlike llama.cpp's q8_0 (``d = amax / 127`` stored as float16,
+    ``q = roundf(x * (1 / d))``: ties away from zero, a multiply by the
+    float32 reciprocal), the scale stays float32 and the value is divided by
+    it; where the two rules give the same scale and no tie or reciprocal
+    rounding intervenes, the integers agree (tests/test_quant.py).
+
+    >>> import numpy as np, pyattn
+    >>> q, s = pyattn.quantize(np.array([[1.0, -0.5, 0.25, 2.0]]), group_size=2)
+    >>> q, s
+    (array([[127, -64,  16, 127]], dtype=int8), array([[0.00787402, 0.01574803]], dtype=float32))
+    """
+    bits = _bits(dtype)
+    g = _group(group_size)
+    x = np.asarray(x)
+    if x.dtype.kind != "f":
+        raise TypeError(f"x must hold floating-point values, got dtype {x.dtype}")
+    if x.ndim == 0:
+        raise ValueError("x must have at least one dimension")
+    a = _axis(axis, x.ndim)
+    E = x.shape[a]
+    if E % g != 0 or (bits == 4 and E % 2 != 0):
+        raise ValueError(f"group_size {g} must divide x.shape[{a}] = {E}"
+                         + (" (which must be even for int4)" if bits == 4 else ""))
+    qshape = list(x.shape)
+    qshape[a] = E if bits == 8 else E // 2
+    sshape = list(x.shape)
+    sshape[a] = E // g
+    q = np.empty(qshape, np.int8 if bits == 8 else np.uint8)
+    s = np.empty(sshape, np.float32)
+    with np.errstate(over="ignore"):          # a float64 beyond float32 becomes inf: ValueError
+        xf = np.require(x, np.float32, "A")    # float32 (rounded), aligned, native order
+        _C.quantize(np.moveaxis(xf, a, -1), np.moveaxis(q, a, -1), np.moveaxis(s, a, -1), bits, g)
+    return q, s
+
+
+def dequantize(q, scale, /, *, dtype="int8", group_size=32, axis=-1, out_dtype=np.float32):
+    """The inverse of :func:`quantize`: ``x = float32(q) * scale`` per group.
+
+    Shapes: ``q (..., E, ...)`` ``np.int8`` (int8) or ``(..., E/2, ...)``
+    ``np.uint8`` (int4, packed as :func:`quantize` packs); ``scale`` float32
+    with ``E / group_size`` along ``axis`` and ``q``'s other axes. The
+    product is one float32 multiply, rounded to nearest; ``out_dtype``
+    (float32, float64 or float16) then rounds or widens it.
+
+    Raises TypeError for a ``q`` or ``scale`` of the wrong dtype, ValueError
+    for mismatched shapes or a ``group_size`` that does not divide ``E``.
+
+    >>> import numpy as np, pyattn
+    >>> x = np.array([[1.0, -0.5, 0.25, 2.0]], np.float32)
+    >>> pyattn.dequantize(*pyattn.quantize(x, group_size=2), group_size=2)
+    array([[ 1.       , -0.503937 ,  0.2519685,  2.       ]], dtype=float32)
+    """
+    bits = _bits(dtype)
+    g = _group(group_size)
+    q = np.asarray(q)
+    scale = np.asarray(scale)
+    want = np.int8 if bits == 8 else np.uint8
+    if q.dtype != want:
+        raise TypeError(f"q must be {np.dtype(want)} for dtype={dtype!r}, got {q.dtype}")
+    if scale.dtype != np.float32:
+        raise TypeError(f"scale must be float32, got {scale.dtype}")
+    od = np.dtype(out_dtype)
+    if od not in (np.float32, np.float64, np.float16):
+        raise TypeError(f"out_dtype must be float32, float64 or float16, got {od}")
+    if q.ndim == 0:
+        raise ValueError("q must have at least one dimension")
+    a = _axis(axis, q.ndim, "q")
+    E = q.shape[a] * (1 if bits == 8 else 2)
+    if E % g != 0:
+        raise ValueError(f"group_size {g} must divide the axis length {E}")
+    sshape = list(q.shape)
+    sshape[a] = E // g
+    if scale.shape != tuple(sshape):
+        raise ValueError(f"scale must have shape {tuple(sshape)} (q's with axis {a} of E/group_size "
+                         f"= {E // g}), got {scale.shape}")
+    q = np.require(q, None, "A")
+    scale = np.require(scale, None, "A")
+    xshape = list(q.shape)
+    xshape[a] = E
+    x = np.empty(xshape, np.float32)
+    _C.dequantize(np.moveaxis(q, a, -1), np.moveaxis(scale, a, -1), np.moveaxis(x, a, -1), bits, g)
+    return x if od == np.float32 else x.astype(od)
