@@ -38,6 +38,7 @@
 #include "cpu.h"
 #include "ops/ops.h"
 #include "kernel_check.h"
+#include "bind_blockmask.h"
 
 #define PA_ALLOW_BOOL 1
 #define PA_ALLOW_16 2 /* float16 arrays, and uint16 arrays holding bfloat16 bits */
@@ -808,22 +809,23 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
     static char *kwlist[] = {"q", "k", "v", "out", "mask", "causal", "scale", "dropout_p",
                              "dropout_key", "want_weights", "want_lse", "left", "right",
                              "softcap", "slopes", "sinks", "kv_len", "row_div", "qoff", "nthreads",
-                             "bf16", "append", NULL};
+                             "bf16", "append", "block_mask", NULL};
     call_args a;
     call_args_init(&a, PA_ALLOW_16);
-    PyObject *outo = Py_None, *appo = Py_None;
+    PyObject *outo = Py_None, *appo = Py_None, *bmo = Py_None;
+    pa_bm_arg bma = {.nbuf = 0};
     int req_threads = 0, want_lse = 0;
     kv_append ap;
     pa_attn_call c;
     view qkv[3], o, w, lv;
     PyArrayObject *res = NULL, *wres = NULL, *lres = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOiddKppnndOOOnOipO:sdpa", kwlist, &a.q, &a.k, &a.v,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOiddKppnndOOOnOipOO:sdpa", kwlist, &a.q, &a.k, &a.v,
                                      &outo, &a.mask, &a.causal, &a.scale, &a.dropout_p, &a.key,
                                      &a.want_w, &want_lse, &a.left, &a.right, &a.softcap, &a.slopes,
                                      &a.sinks, &a.kv_len, &a.row_div, &a.qoff, &req_threads, &a.bf16,
-                                     &appo))
+                                     &appo, &bmo))
         return NULL;
-    if (attn_call_of(&a, &c, qkv) < 0) goto fail;
+    if (attn_call_of(&a, &c, qkv) < 0 || pa_bm_get(bmo, &c, &bma) < 0) goto fail;
     if (appo != Py_None) {              /* checked in full before anything is allocated */
         if (get_append(appo, &ap) < 0) goto fail;
         c.before = kv_append_run;
@@ -854,9 +856,11 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
     PA_STOPPABLE_CALL((double)c.bt.count * (double)c.L * (double)c.S * (double)(c.E + c.Ev + 16),
                       rc = pa_attention(fam, &c, nt), (void)0);
     if (rc < 0) { PyErr_NoMemory(); goto fail; }
+    pa_bm_release(&bma);
     return Py_BuildValue("(NNN)", res, wres ? (PyObject *)wres : Py_NewRef(Py_None),
                          lres ? (PyObject *)lres : Py_NewRef(Py_None));
 fail:
+    pa_bm_release(&bma);
     Py_XDECREF(res);
     Py_XDECREF(wres);
     Py_XDECREF(lres);
@@ -942,22 +946,24 @@ static PyObject *py_sdpa_backward(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"q", "k", "v", "o", "go", "lse", "mask", "causal", "scale",
                              "dropout_p", "dropout_key", "left", "right", "softcap", "slopes",
-                             "sinks", "reduce", "nthreads", NULL};
+                             "sinks", "reduce", "nthreads", "block_mask", NULL};
     call_args a;
     call_args_init(&a, 0);
-    PyObject *io[3], *redo = NULL;
+    PyObject *io[3], *redo = NULL, *bmo = Py_None;
+    pa_bm_arg bma = {.nbuf = 0};
     int req_threads = 0, reduce[PA_MAXDIMS];
     pa_attn_call c;
     pa_attn_grads g;
     view qkv[3], dqv, dkv, dvv;
     PyArrayObject *dq = NULL, *dk = NULL, *dv = NULL, *ds = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOO|OiddKnndOOOi:sdpa_backward", kwlist, &a.q, &a.k,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOO|OiddKnndOOOiO:sdpa_backward", kwlist, &a.q, &a.k,
                                      &a.v, &io[0], &io[1], &io[2], &a.mask, &a.causal, &a.scale,
                                      &a.dropout_p, &a.key, &a.left, &a.right, &a.softcap, &a.slopes,
-                                     &a.sinks, &redo, &req_threads))
+                                     &a.sinks, &redo, &req_threads, &bmo))
         return NULL;
     memset(&g, 0, sizeof g);
-    if (attn_call_of(&a, &c, qkv) < 0 || get_bwd_inputs(io, qkv, &c, &g) < 0) goto fail;
+    if (attn_call_of(&a, &c, qkv) < 0 || get_bwd_inputs(io, qkv, &c, &g) < 0 || pa_bm_get(bmo, &c, &bma) < 0)
+        goto fail;
     const int nd = qkv[0].nd, nb = nd - 2, cd = c.dtype;
     if (get_reduce(redo, nb, reduce) < 0) goto fail;
     pa_ssize kshape[PA_MAXDIMS];
@@ -992,8 +998,10 @@ static PyObject *py_sdpa_backward(PyObject *self, PyObject *args, PyObject *kw)
     PA_STOPPABLE_CALL(2.0 * (double)c.bt.count * (double)c.L * (double)c.S * (double)(c.E + c.Ev + 16),
                       rc = pa_attention_backward(fam, &c, &g, nt), zero_all(dq, dk, dv, ds));
     if (rc < 0) { PyErr_NoMemory(); goto fail; }
+    pa_bm_release(&bma);
     return Py_BuildValue("(NNNN)", dq, dk, dv, ds ? (PyObject *)ds : Py_NewRef(Py_None));
 fail:
+    pa_bm_release(&bma);
     Py_XDECREF(dq);
     Py_XDECREF(dk);
     Py_XDECREF(dv);
@@ -1331,6 +1339,7 @@ static PyMethodDef methods[] = {
     {"_alloc_hook", py_alloc_hook, METH_O,
      "_alloc_hook(n) -> (pending, live): tests only; the n-th allocation from now fails (0: off)"},
     {"_kernel_check", pa_py_kernel_check, METH_VARARGS, pa_kernel_check_doc},
+    {"_bm_pack", pa_py_bm_pack, METH_VARARGS, pa_bm_pack_doc},
     {NULL, NULL, 0, NULL},
 };
 
