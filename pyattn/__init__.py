@@ -30,6 +30,8 @@ from ._api import (attention_with_kvcache, matmul, merge_attention, multi_head_a
 from ._grad import (scaled_dot_product_attention_backward, scaled_dot_product_attention_vjp,
                     softmax_backward)
 from ._kvcache import KVCache
+from ._blockmask import BlockMask
+from . import masks
 
 __version__ = "0.1.0"
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
     "merge_attention", "attention_with_kvcache", "KVCache",
     "scaled_dot_product_attention_backward", "scaled_dot_product_attention_vjp", "softmax_backward",
     "set_num_threads", "get_num_threads", "show_config", "nn", "__version__",
+    "BlockMask", "masks",
 ]
 
 # The kernel families, PYATTN_ISA's word -> code, as the C extension lists

@@ -195,7 +195,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                  is_causal=False, scale=None, enable_gqa=False, *,
                                  rng=None, return_weights=False, out=None, window=None,
                                  alibi_slopes=None, softcap=None, sinks=None, return_lse=False,
-                                 precision=None):
+                                 precision=None, block_mask=None):
     """Fused attention ``softmax(query @ key.T * scale + mask) @ value``, in one C kernel.
 
     Argument names and defaults match ``torch.nn.functional.scaled_dot_product_attention``.
@@ -268,6 +268,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         the tiles so far) are rounded to bfloat16 before they multiply
         ``value``, as PyTorch's bfloat16 flash kernel rounds them; the
         softmax sums stay float32. ``pyattn._reference`` models it.
+    block_mask : pyattn.BlockMask, optional
+        A mask given as a map of tiles (:meth:`pyattn.BlockMask.from_mask_mod`,
+        :mod:`pyattn.masks`), of shape ``(B or 1, H or 1, L, S)`` broadcasting
+        to the batch axes (heads last): empty tiles are never computed, full
+        ones take no mask test. Intersects with every other mask and option.
 
     Scores follow API.md's order: ``scale * q.k``, softcap, a float mask is
     added, ALiBi is added, then the bool mask, causal rule and window decide
@@ -321,7 +326,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     return _sdpa(attn_spec(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                            rng=rng, window=window, alibi_slopes=alibi_slopes, softcap=softcap,
                            sinks=sinks, precision=precision, return_weights=return_weights,
-                           return_lse=return_lse), out)
+                           return_lse=return_lse, block_mask=block_mask), out)
 
 
 def _sdpa(spec, out=None, *, nthreads=0, append=None):
@@ -347,7 +352,7 @@ def _sdpa(spec, out=None, *, nthreads=0, append=None):
     # the group (row_div: rows per query position); per-head options keep
     # the head-by-head layout
     stack = (groups > 1 and L == 1 and mask is None and spec.dropout_p == 0 and not spec.return_weights
-             and spec.slopes is None and spec.sinks is None and groups <= 48)
+             and spec.slopes is None and spec.sinks is None and groups <= 48 and spec.block_mask is None)
     q = bcast(q, batch + (L, E))
     k = bcast(k, batch + (S, E))
     v = bcast(v, batch + (S, Ev))
@@ -601,7 +606,8 @@ def _seqlens(cache_seqlens, B, limit, T):
 
 def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cache_seqlens,
                            is_causal=True, scale=None, window=None, alibi_slopes=None,
-                           softcap=None, sinks=None, return_lse=False, out=None, precision=None):
+                           softcap=None, sinks=None, return_lse=False, out=None, precision=None,
+                           block_mask=None):
     """Attention over a KV cache, appending new keys/values in place first (FlashAttention's
     ``flash_attn_with_kvcache``).
 
@@ -640,6 +646,10 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
         As in :func:`scaled_dot_product_attention` (positions are cache positions;
         ``precision="bf16"`` with float32 / float16 / bfloat16 caches runs the
         tiled bfloat16 path, not yet a decode-specialised kernel).
+    block_mask : pyattn.BlockMask, optional
+        Over the cache: ``kv_idx`` is the cache row, ``q_idx`` the query's
+        cache position; its S must be ``S_max`` and its L at least the
+        filled length (``n_b + T``).
     out : ndarray, optional
 
     Returns
@@ -722,5 +732,5 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
     qd = q if is16(q.dtype) and cd == np.float32 else to_dtype(q, cd)
     spec = attn_spec(qd, kc, vc, None, 0.0, "bottom_right" if is_causal else False, sc, Hq != Hkv,
                      window=window, alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks,
-                     precision=precision, return_lse=return_lse, kv_len=n[:, None])
+                     precision=precision, return_lse=return_lse, kv_len=n[:, None], block_mask=block_mask)
     return _sdpa(spec, out, append=append)
