@@ -239,10 +239,21 @@ class BlockMask:
             raise ValueError(f"block_mask has shape {self._shape}: (B, H) = {(Bm, Hm)} does not broadcast "
                              f"to {what} {tuple(full_batch)} (heads last)") from None
 
-    def _c_arg(self, full_batch, q_extra=0, k_extra=0):
-        """The tuple _C.sdpa / _C.sdpa_backward take as block_mask."""
-        return (self._state, self._index, self._bits, self._slabs(full_batch), self._shape[2],
-                self._shape[3], int(q_extra), int(k_extra))
+    def _c_arg(self, full_batch, q_extra=0, k_extra=0, slabs=None):
+        """The tuple _C.sdpa / _C.sdpa_backward take as block_mask (slabs: the
+        slab of each flat index, when not those of full_batch: pyattn.dask's
+        blocks of a larger batch)."""
+        sl = self._slabs(full_batch) if slabs is None else np.ascontiguousarray(slabs, dtype=np.int64).reshape(-1)
+        return (self._state, self._index, self._bits, sl, self._shape[2], self._shape[3], int(q_extra),
+                int(k_extra))
+
+    def _any(self, slabs, q0, q1, k0, k1):
+        """Whether a tile of slabs (an int64 array) meets positions [q0, q1) x
+        keys [k0, k1) and is not empty (pyattn.dask: which key chunks get a task)."""
+        if q0 >= q1 or k0 >= k1:
+            return False
+        st = self._state[np.unique(slabs), q0 // QB:(q1 - 1) // QB + 1, k0 // KB:(k1 - 1) // KB + 1]
+        return bool((st != 0).any())
 
 
 def check_block_mask(block_mask, L, S, full_batch, kv_len=None, q_extra=0, k_extra=0):
