@@ -4,6 +4,8 @@ import numpy as np
 from numpy.typing import ArrayLike, DTypeLike, NDArray
 
 from . import nn as nn
+from . import masks as masks
+from ._blockmask import BlockMask as BlockMask
 
 __version__: str
 __all__ = [
@@ -11,6 +13,7 @@ __all__ = [
     "merge_attention", "attention_with_kvcache", "KVCache",
     "scaled_dot_product_attention_backward", "scaled_dot_product_attention_vjp", "softmax_backward",
     "set_num_threads", "get_num_threads", "show_config", "nn", "__version__",
+    "BlockMask", "masks",
 ]
 
 _Causal = Union[bool, Literal["top_left", "bottom_right"]]
@@ -33,6 +36,7 @@ def scaled_dot_product_attention(
     enable_gqa: bool = ..., *, rng: _Rng = ..., return_weights: Literal[False] = ...,
     out: Optional[NDArray[Any]] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
     softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: Literal[False] = ...,
+    block_mask: Optional[BlockMask] = ...,
 ) -> _F: ...
 @overload
 def scaled_dot_product_attention(
@@ -41,6 +45,7 @@ def scaled_dot_product_attention(
     enable_gqa: bool = ..., *, rng: _Rng = ..., return_weights: Literal[True],
     out: Optional[NDArray[Any]] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
     softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: Literal[False] = ...,
+    block_mask: Optional[BlockMask] = ...,
 ) -> Tuple[_F, _F]: ...
 @overload
 def scaled_dot_product_attention(
@@ -49,6 +54,7 @@ def scaled_dot_product_attention(
     enable_gqa: bool = ..., *, rng: _Rng = ..., return_weights: Literal[False] = ...,
     out: Optional[NDArray[Any]] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
     softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: Literal[True],
+    block_mask: Optional[BlockMask] = ...,
 ) -> Tuple[_F, _F]: ...
 @overload
 def scaled_dot_product_attention(
@@ -57,6 +63,7 @@ def scaled_dot_product_attention(
     enable_gqa: bool = ..., *, rng: _Rng = ..., return_weights: Literal[True],
     out: Optional[NDArray[Any]] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
     softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: Literal[True],
+    block_mask: Optional[BlockMask] = ...,
 ) -> Tuple[_F, _F, _F]: ...
 @overload
 def scaled_dot_product_attention(
@@ -65,6 +72,7 @@ def scaled_dot_product_attention(
     enable_gqa: bool = ..., *, rng: _Rng = ..., return_weights: bool = ...,
     out: Optional[NDArray[Any]] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
     softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: bool = ...,
+    block_mask: Optional[BlockMask] = ...,
 ) -> Union[_F, Tuple[_F, _F], Tuple[_F, _F, _F]]: ...
 def merge_attention(outputs: Union[ArrayLike, Sequence[ArrayLike]], lses: Union[ArrayLike, Sequence[ArrayLike]], /) -> Tuple[_F, _F]: ...
 @overload
@@ -74,6 +82,7 @@ def attention_with_kvcache(
     scale: Optional[float] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
     softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: Literal[False] = ...,
     out: Optional[NDArray[Any]] = ...,
+    block_mask: Optional[BlockMask] = ...,
 ) -> _F: ...
 @overload
 def attention_with_kvcache(
@@ -82,6 +91,7 @@ def attention_with_kvcache(
     scale: Optional[float] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
     softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: Literal[True],
     out: Optional[NDArray[Any]] = ...,
+    block_mask: Optional[BlockMask] = ...,
 ) -> Tuple[_F, _F]: ...
 @overload
 def attention_with_kvcache(
@@ -90,6 +100,7 @@ def attention_with_kvcache(
     scale: Optional[float] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
     softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: bool,
     out: Optional[NDArray[Any]] = ...,
+    block_mask: Optional[BlockMask] = ...,
 ) -> Union[_F, Tuple[_F, _F]]: ...
 
 class KVCache:
@@ -130,12 +141,14 @@ def scaled_dot_product_attention_backward(
     is_causal: _Causal = ..., scale: Optional[float] = ..., enable_gqa: bool = ..., *,
     rng: _Rng = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
     softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ...,
+    block_mask: Optional[BlockMask] = ...,
 ) -> Tuple[_F, ...]: ...
 def scaled_dot_product_attention_vjp(
     query: ArrayLike, key: ArrayLike, value: ArrayLike, attn_mask: Optional[ArrayLike] = ...,
     dropout_p: float = ..., is_causal: _Causal = ..., scale: Optional[float] = ...,
     enable_gqa: bool = ..., *, rng: _Rng = ..., window: _Window = ...,
     alibi_slopes: Optional[ArrayLike] = ..., softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ...,
+    block_mask: Optional[BlockMask] = ...,
 ) -> Tuple[_F, Callable[[ArrayLike], Tuple[_F, ...]]]: ...
 def softmax_backward(grad_y: ArrayLike, y: ArrayLike, /, axis: int = ..., *,
                      scale: Optional[float] = ...) -> _F: ...

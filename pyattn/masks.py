@@ -319,3 +319,7 @@ def or_masks(*mask_mods):
     [[1, 1, 0], [1, 1, 0], [1, 1, 1]]
     """
     return _Or(_check_mods(mask_mods, "or_masks"))
+
+
+def __dir__():
+    return sorted(__all__)
