@@ -20,7 +20,7 @@ from .masks import tile_states
 __all__ = ["BlockMask"]
 
 QB, KB = 96, 60
-_BATCH_TILES = 256          # tiles per mask_mod call: 256 x 96 x 60 bools (1.4 MB)
+_BATCH_TILES = 128          # tiles per mask_mod call: 128 x 96 x 60 bools (0.7 MB)
 _NOT_VECTORISED = ("truth value of an array", "only length-1 arrays", "only integer scalar arrays",
                    "can only convert an array of size 1")
 
@@ -114,7 +114,7 @@ class BlockMask:
         ``q_idx (n, 96, 1)``, ``kv_idx (n, 1, 60)`` for a batch of n tiles,
         indices within ``[0, L) x [0, S)``) and returns a bool array that
         broadcasts to their shape. It is evaluated batch of tiles by batch of
-        tiles (at most 256 tiles, 1.4 MB of bools, at a time; never an ``(L,
+        tiles (at most 128 tiles, 0.7 MB of bools, at a time; never an ``(L,
         S)`` array); each tile is classified and packed in C. The masks of
         :mod:`pyattn.masks` (and their ``and_masks`` / ``or_masks``) have
         closed forms: only their tiles that are neither empty nor full are
@@ -166,12 +166,10 @@ class BlockMask:
                 st.reshape(-1)[part] = got
                 bits.append((s * nqt * nkt + part[got == 2], w[got == 2]))
         index = np.full(state.shape, -1, np.int64)
-        if bits:
+        if bits:        # positions come in order (slab, row, column): the canonical order
             pos = np.concatenate([p for p, _ in bits])
+            index.reshape(-1)[pos] = np.arange(len(pos))
             words = np.concatenate([w for _, w in bits])
-            order = np.argsort(pos, kind="stable")   # canonical: slab, row, column
-            index.reshape(-1)[pos[order]] = np.arange(len(pos))
-            words = np.ascontiguousarray(words[order])
         else:
             words = np.zeros((0, QB), np.uint64)
         return cls((Bm, Hm, L, S), state, index, words)
