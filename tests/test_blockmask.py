@@ -249,36 +249,6 @@ def test_dask():
     assert np.allclose(res, pyattn.scaled_dot_product_attention(q, k, v, block_mask=bm), rtol=0, atol=1e-13)
 
 
-def test_vs_torch():
-    """F.scaled_dot_product_attention with the dense mask, and flex_attention
-    (eager, CPU) with the same mask_mod where this torch runs it."""
-    torch = pytest.importorskip("torch")
-    F = torch.nn.functional
-    rng = np.random.default_rng(9)
-    q, k, v = _qkv(rng, (1, 2, 256, 32), (1, 2, 256, 32), np.float64)
-    ids = np.arange(256) // 100
-    bm = BM.from_mask_mod(M.and_masks(M.causal, M.document(ids)), None, None, 256, 256)
-    o = pyattn.scaled_dot_product_attention(q, k, v, block_mask=bm)
-    t = [torch.from_numpy(x) for x in (q, k, v)]
-    ref = F.scaled_dot_product_attention(*t, attn_mask=torch.from_numpy(bm.to_dense())).numpy()
-    w = R.scaled_dot_product_attention(q, k, v, block_mask=bm, return_weights=True)[1]
-    check(o, ref, mag_attention(q, k, v, w, 32 ** -0.5), inexact=2)
-    try:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-        tid = torch.from_numpy(ids)
-
-        def doc_causal(b, h, qi, ki):
-            return (qi >= ki) & (tid[qi] == tid[ki])
-        fbm = create_block_mask(doc_causal, None, None, 256, 256, device="cpu")
-        import warnings
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            fo = flex_attention(*t, block_mask=fbm).numpy()
-    except Exception as exc:  # pragma: no cover - depends on the torch build
-        pytest.skip(f"flex_attention does not run on this CPU / torch: {exc}")
-    check(o, fo, mag_attention(q, k, v, w, 32 ** -0.5), inexact=2)
-
-
 def test_build_never_allocates_L_by_S():
     """tracemalloc: a build at L = S = 65536 (ready-made masks: closed forms)
     and a mask_mod called on batches of tiles stay far below L * S bytes."""
@@ -391,8 +361,8 @@ def test_property_random_tables():
     hypothesis = pytest.importorskip("hypothesis")
     from hypothesis import given, settings, strategies as st
 
-    @settings(max_examples=25, deadline=None, derandomize=True)
-    @given(L=st.integers(1, 250), S=st.integers(1, 200), p=st.floats(0, 1), seed=st.integers(0, 2 ** 16))
+    @settings(max_examples=15, deadline=None, derandomize=True)
+    @given(L=st.integers(1, 200), S=st.integers(1, 130), p=st.floats(0, 1), seed=st.integers(0, 2 ** 16))
     def run(L, S, p, seed):
         rng = np.random.default_rng(seed)
         table = rng.random((L, S)) < p
