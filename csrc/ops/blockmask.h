@@ -96,10 +96,15 @@ static inline int pa_bm_tile(const pa_bm_head *h, pa_ssize i0, pa_ssize i1, pa_s
                 for (; t < e; t++) s[t * ss] = (T)-INFINITY;                        \
             } else if (h->state[x] == PA_BM_FULL) {                                 \
                 t = e;                                                              \
-            } else {                                                                \
-                const uint64_t w = h->bits[h->index[x] * PA_BM_QB + r];             \
-                for (; t < e; t++)                                                  \
-                    if (!((w >> (j0 + t + h->koff - kb)) & 1u)) s[t * ss] = (T)-INFINITY; \
+            } else {                    /* the row's word: all set, none, or bit by bit */ \
+                const pa_ssize c0 = k - kb, c1 = c0 + (e - t);                      \
+                const uint64_t seg = (c1 - c0 == 64 ? ~(uint64_t)0                  \
+                                      : (((uint64_t)1 << (c1 - c0)) - 1)) << c0;    \
+                const uint64_t w = h->bits[h->index[x] * PA_BM_QB + r] & seg;       \
+                if (w == seg) t = e;                                                \
+                else if (w == 0) for (; t < e; t++) s[t * ss] = (T)-INFINITY;       \
+                else for (pa_ssize c = c0; t < e; t++, c++)                         \
+                    if (!((w >> c) & 1u)) s[t * ss] = (T)-INFINITY;                 \
             }                                                                       \
         }                                                                           \
     }
