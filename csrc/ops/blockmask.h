@@ -73,6 +73,50 @@ static inline int pa_bm_tile(const pa_bm_head *h, pa_ssize i0, pa_ssize i1, pa_s
     return all ? PA_BM_FULL : any ? PA_BM_PARTIAL : PA_BM_EMPTY;
 }
 
+/* The sub-tile cut narrowed by the block mask, for the frame tile of the
+ * query block [i0, i0 + nq) (qc columns, padding columns taking row nq - 1)
+ * and keys [j0, j0 + nj): per group u of NR columns, [lo[u], hi[u]) (the
+ * key rule's, pa_attn_cut) is cut to the keys some row of the group may
+ * see under the block mask (empty: lo = hi = j0). A sub-tile outside is
+ * left out with scores -inf, as pa_bm_admit_* would make them: same bits. */
+static inline void pa_bm_cut(const pa_bm_head *h, pa_ssize i0, pa_ssize nq, pa_ssize qc, int NR, pa_ssize j0,
+                             pa_ssize nj, pa_ssize *lo, pa_ssize *hi)
+{
+    const pa_ssize ka = pa_max(j0 + h->koff, 0), kz = pa_min(j0 + nj + h->koff, h->S);
+    for (pa_ssize c0 = 0, u = 0; c0 < qc; c0 += NR, u++) {
+        pa_ssize klo = PTRDIFF_MAX, khi = PTRDIFF_MIN;
+        const pa_ssize ra = i0 + pa_min(c0, nq - 1), rb = pa_max(i0 + pa_min(c0 + NR, nq), ra + 1);
+        for (pa_ssize i = ra; i < rb; i++) {
+            const pa_ssize p = i / h->div + h->qoff;
+            if (p < 0 || p >= h->L) continue;
+            const pa_ssize tq = p / PA_BM_QB, r = p % PA_BM_QB;
+            for (pa_ssize k = ka; k < kz;) {
+                const pa_ssize tk = k / PA_BM_KB, kb = tk * PA_BM_KB, ke = pa_min(kb + PA_BM_KB, kz);
+                const pa_ssize x = tq * h->nkt + tk;
+                if (h->state[x] == PA_BM_FULL) {
+                    klo = pa_min(klo, k);
+                    khi = pa_max(khi, ke);
+                } else if (h->state[x] == PA_BM_PARTIAL) {
+                    const uint64_t seg = ((((uint64_t)1 << (ke - kb)) - 1) >> (k - kb)) << (k - kb);
+                    const uint64_t w = h->bits[h->index[x] * PA_BM_QB + r] & seg;
+                    if (w) {
+                        klo = pa_min(klo, kb + __builtin_ctzll(w));
+                        khi = pa_max(khi, kb + 64 - __builtin_clzll(w));
+                    }
+                }
+                k = ke;
+            }
+        }
+        if (klo >= khi) {
+            lo[u] = hi[u] = j0;
+        } else {
+            lo[u] = pa_max(lo[u], klo - h->koff);
+            hi[u] = pa_min(hi[u], khi - h->koff);
+            if (hi[u] < lo[u]) hi[u] = lo[u];
+        }
+    }
+}
+
 /* The block mask on n scores s[t*ss] of keys j0 + t of row i: an excluded
  * score becomes -inf (the admissibility rule's other half, pa_admit_*). */
 #define PA_DEFINE_BM_ADMIT(T, DT)                                                   \
