@@ -341,8 +341,58 @@ def worker(args):
             impls["pyattn"] = lambda: layer(x)
         flops = 2.0 * B * T * D * D * 4 + 4.0 * B * T * T * D
         run({"op": "mha", "shape": f"B={B} T={T} D={D} H={H}"}, flops, impls)
+    if want("blockmask") and args.threads == 1:
+        blockmask(args, rng, run, emit)
     if args.threads == 1:
         emit({"kind": "kernel", "threads": 1, "rounds": len(mm) + len(attn) + 2, "kernel_pct": _kernel_pct(kbest)})
+
+
+def _blockmask_cases(L, rng):
+    """The issue's masks (issue #26): 16 documents of random lengths, prefix-LM
+    (L/4), chunked causal (L/8), sliding window (L/8) + documents."""
+    import numpy as np
+    import pyattn
+    M = pyattn.masks
+    cuts = np.sort(rng.choice(np.arange(1, L), 15, replace=False))
+    ids = np.searchsorted(cuts, np.arange(L), side="right")
+    return {"document (16 docs)": M.document(ids), f"prefix-LM {L // 4}": M.prefix_lm(L // 4),
+            f"chunked causal {L // 8}": M.chunked_causal(L // 8),
+            f"window {L // 8} + document": M.and_masks(M.sliding_window(L // 8), M.document(ids))}
+
+
+def blockmask(args, rng, run, emit):
+    """Block masks, 1 thread, B1 H8 E64 (L = S = 8192; 2048 with --quick): per
+    mask the forward and the backward with block_mask=, with no mask (the
+    dense kernel) and with the same mask as a dense bool array; the tile
+    share; the BlockMask build time (the targets are in targets())."""
+    import numpy as np
+    import pyattn
+    L, E, H = (2048 if args.quick else 8192), 64, 8
+    q, k, v = (rng.standard_normal((1, H, L, E), dtype=np.float32) for _ in range(3))
+    fl = 4.0 * H * L * L * E
+    for name, mm in _blockmask_cases(L, rng).items():
+        t0 = time.perf_counter()
+        bm = pyattn.BlockMask.from_mask_mod(mm, None, None, L, L)
+        build = time.perf_counter() - t0
+        for _ in range(2):
+            t0 = time.perf_counter()
+            pyattn.BlockMask.from_mask_mod(mm, None, None, L, L)
+            build = min(build, time.perf_counter() - t0)
+        dense = bm.to_dense()[0, 0]
+        emit({"kind": "blockmask", "mask": name, "L": L, "share": 1.0 - bm.sparsity(), "sparsity": bm.sparsity(),
+              "build_ms": 1e3 * build, "threads": 1})
+        o, lse = pyattn.scaled_dot_product_attention(q, k, v, block_mask=bm, return_lse=True)
+        od, lsed = pyattn.scaled_dot_product_attention(q, k, v, return_lse=True)
+        go = np.ones_like(o)
+        case = {"op": "blockmask fwd", "shape": f"B=1 H={H} L=S={L} E={E} {name}"}
+        run(case, fl, {"block_mask": lambda: pyattn.scaled_dot_product_attention(q, k, v, block_mask=bm),
+                       "no mask": lambda: pyattn.scaled_dot_product_attention(q, k, v),
+                       "bool mask": lambda: pyattn.scaled_dot_product_attention(q, k, v, dense)})
+        case = {"op": "blockmask bwd", "shape": f"B=1 H={H} L=S={L} E={E} {name}"}
+        bwd = pyattn.scaled_dot_product_attention_backward
+        run(case, 2.5 * fl, {"block_mask": lambda: bwd(go, q, k, v, o, lse, block_mask=bm),
+                             "no mask": lambda: bwd(go, q, k, v, od, lsed),
+                             "bool mask": lambda: bwd(go, q, k, v, o, lse, dense)})
 
 
 def generation(args, rng, run, torch, read_side):
@@ -987,6 +1037,25 @@ def targets(rows, mem):
             extra = 100 * (a["min_ms"] / b["min_ms"] - 1)
             line(f"QDECODE {r['shape']}, {r['threads']} thr, quantizing on append (int8)",
                  f"{extra:.1f} % of a decode step", "<= 5 %", extra <= 5)
+    # block masks (issue #26), 1 thread: time <= 1.1 x (dense-kernel time x share of
+    # non-empty tiles), >= 2x the same mask as a bool array where sparsity >= 50 %,
+    # the build <= 5 % of one forward
+    for b in (r for r in rows if r.get("kind") == "blockmask"):
+        shape = f"B=1 H=8 L=S={b['L']} E=64 {b['mask']}"
+        for op in ("blockmask fwd", "blockmask bwd"):
+            bm_, nm, bo = (get(op, shape, i, 1) for i in ("block_mask", "no mask", "bool mask"))
+            if not (bm_ and nm and bo):
+                continue
+            ratio = bm_["min_ms"] / (nm["min_ms"] * b["share"])
+            line(f"{op[10:]} {b['mask']} (L=S={b['L']}, {100 * b['share']:.0f} % of tiles): time / (dense time x "
+                 "tile share)", f"{ratio:.2f}", "<= 1.1", ratio <= 1.1)
+            if b["sparsity"] >= 0.5:
+                sp = bo["min_ms"] / bm_["min_ms"]
+                line(f"{op[10:]} {b['mask']}: vs the mask as a bool array", f"{sp:.2f}x", ">= 2x", sp >= 2)
+            if op == "blockmask fwd":
+                frac = 100 * b["build_ms"] / bm_["min_ms"]
+                line(f"BlockMask build, {b['mask']} (L=S={b['L']}): % of one forward",
+                     f"{frac:.2f} % ({b['build_ms']:.1f} ms)", "<= 5 %", frac <= 5)
     if mem is not None:
         line("causal L=S=32768 E=64: peak memory growth", f"{mem:.1f} MB", "< 64 MB", mem < 64)
     # FlashAttention's interface (pyattn.flash): within 5 % of pyattn's own API;
@@ -1025,7 +1094,7 @@ def main():
     ap.add_argument("--md", default=None, help="also write the table with its context to this Markdown file")
     ap.add_argument("--no-memory", action="store_true", help="skip the 32768-token memory probe")
     ap.add_argument("--only", default=None, help="comma-separated sections to run: matmul, sdpa, decode, "
-                    "generation, quant, training, varlen, bf16, mha, flash, paged (default: all)")
+                    "generation, quant, training, varlen, bf16, mha, flash, paged, blockmask (default: all)")
     ap.add_argument("--from-json", default=None, help="re-render the table, targets and plot from a saved "
                     "results.json instead of measuring")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

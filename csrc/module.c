@@ -41,6 +41,7 @@
 #include "bind_paged.h"
 #include "bind_quant.h"
 #include "ops/quant.h"
+#include "bind_blockmask.h"
 
 #define PA_ALLOW_BOOL 1
 #define PA_ALLOW_16 2 /* float16 arrays, and uint16 arrays holding bfloat16 bits */
@@ -913,12 +914,13 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
                              "dropout_key", "want_weights", "want_lse", "left", "right",
                              "softcap", "slopes", "sinks", "kv_len", "row_div", "qoff", "nthreads",
                              "bf16", "append", "cu_seqlens_q", "cu_seqlens_k", "paged", "k_scale", "v_scale",
-                             NULL};
+                             "block_mask", NULL};
     call_args a;
     pa_kv_scales qsc;
     call_args_init(&a, PA_ALLOW_16 | PA_ALLOW_Q);
     a.qsc = &qsc;
-    PyObject *outo = Py_None, *appo = Py_None, *pago = Py_None;
+    PyObject *outo = Py_None, *appo = Py_None, *pago = Py_None, *bmo = Py_None;
+    pa_bm_arg bma = {.nbuf = 0};
     int req_threads = 0, want_lse = 0;
     kv_append ap;
     pa_paged pg;
@@ -926,21 +928,22 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
     pa_attn_call c;
     view qkv[3], o, w, lv;
     PyArrayObject *res = NULL, *wres = NULL, *lres = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOiddKppnndOOOnOipOOOOOO:sdpa", kwlist, &a.q, &a.k, &a.v,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOiddKppnndOOOnOipOOOOOOO:sdpa", kwlist, &a.q, &a.k, &a.v,
                                      &outo, &a.mask, &a.causal, &a.scale, &a.dropout_p, &a.key,
                                      &a.want_w, &want_lse, &a.left, &a.right, &a.softcap, &a.slopes,
                                      &a.sinks, &a.kv_len, &a.row_div, &a.qoff, &req_threads, &a.bf16,
-                                     &appo, &a.cuq, &a.cuk, &pago, &a.k_scale, &a.v_scale))
+                                     &appo, &a.cuq, &a.cuk, &pago, &a.k_scale, &a.v_scale, &bmo))
         return NULL;
     if (attn_call_of(&a, &c, qkv) < 0) goto fail;
-    if ((appo != Py_None || pago != Py_None || c.kv_scales) && c.cu_seqlens_q) {
-        PyErr_SetString(PyExc_ValueError, "cu_seqlens exclude append, paged and quantized caches");
+    if ((appo != Py_None || pago != Py_None || c.kv_scales || bmo != Py_None) && c.cu_seqlens_q) {
+        PyErr_SetString(PyExc_ValueError, "cu_seqlens exclude append, paged and quantized caches and block_mask");
         goto fail;
     }
     if (pago != Py_None && c.kv_scales) {
         PyErr_SetString(PyExc_ValueError, "paged caches are not quantized (k_scale, v_scale excluded)");
         goto fail;
     }
+    if (pa_bm_get(bmo, &c, &bma) < 0) goto fail;
     if (pago != Py_None) {              /* a paged cache (bind_paged.c), checked in full */
         if (pa_bind_paged(pago, appo, &c, &pg, &pap) < 0) goto fail;
     } else if (appo != Py_None) {       /* checked in full before anything is allocated */
@@ -973,9 +976,11 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
     PA_STOPPABLE_CALL((double)c.bt.count * (double)c.L * (double)c.S * (double)(c.E + c.Ev + 16),
                       rc = pa_attention(fam, &c, nt), (void)0);
     if (rc < 0) { PyErr_NoMemory(); goto fail; }
+    pa_bm_release(&bma);
     return Py_BuildValue("(NNN)", res, wres ? (PyObject *)wres : Py_NewRef(Py_None),
                          lres ? (PyObject *)lres : Py_NewRef(Py_None));
 fail:
+    pa_bm_release(&bma);
     Py_XDECREF(res);
     Py_XDECREF(wres);
     Py_XDECREF(lres);
@@ -1083,22 +1088,25 @@ static PyObject *py_sdpa_backward(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"q", "k", "v", "o", "go", "lse", "mask", "causal", "scale",
                              "dropout_p", "dropout_key", "left", "right", "softcap", "slopes",
-                             "sinks", "reduce", "nthreads", "cu_seqlens_q", "cu_seqlens_k", "qoff", NULL};
+                             "sinks", "reduce", "nthreads", "cu_seqlens_q", "cu_seqlens_k", "qoff", "block_mask",
+                             NULL};
     call_args a;
     call_args_init(&a, 0);
-    PyObject *io[3], *redo = NULL;
+    PyObject *io[3], *redo = NULL, *bmo = Py_None;
+    pa_bm_arg bma = {.nbuf = 0};
     int req_threads = 0, reduce[PA_MAXDIMS];
     pa_attn_call c;
     pa_attn_grads g;
     view qkv[3], dqv, dkv, dvv;
     PyArrayObject *dq = NULL, *dk = NULL, *dv = NULL, *ds = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOO|OiddKnndOOOiOOO:sdpa_backward", kwlist, &a.q, &a.k,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOO|OiddKnndOOOiOOOO:sdpa_backward", kwlist, &a.q, &a.k,
                                      &a.v, &io[0], &io[1], &io[2], &a.mask, &a.causal, &a.scale,
                                      &a.dropout_p, &a.key, &a.left, &a.right, &a.softcap, &a.slopes,
-                                     &a.sinks, &redo, &req_threads, &a.cuq, &a.cuk, &a.qoff))
+                                     &a.sinks, &redo, &req_threads, &a.cuq, &a.cuk, &a.qoff, &bmo))
         return NULL;
     memset(&g, 0, sizeof g);
-    if (attn_call_of(&a, &c, qkv) < 0 || get_bwd_inputs(io, qkv, &c, &g) < 0) goto fail;
+    if (attn_call_of(&a, &c, qkv) < 0 || get_bwd_inputs(io, qkv, &c, &g) < 0 || pa_bm_get(bmo, &c, &bma) < 0)
+        goto fail;
     const int nd = qkv[0].nd, nb = nd - 2, cd = c.dtype;
     if (get_reduce(redo, nb, reduce) < 0) goto fail;
     pa_ssize kshape[PA_MAXDIMS];
@@ -1134,8 +1142,10 @@ static PyObject *py_sdpa_backward(PyObject *self, PyObject *args, PyObject *kw)
     PA_STOPPABLE_CALL(2.0 * (double)c.bt.count * (double)c.L * (double)c.S * (double)(c.E + c.Ev + 16),
                       rc = pa_attention_backward(fam, &c, &g, nt), zero_all(dq, dk, dv, ds));
     if (rc < 0) { PyErr_NoMemory(); goto fail; }
+    pa_bm_release(&bma);
     return Py_BuildValue("(NNNN)", dq, dk, dv, ds ? (PyObject *)ds : Py_NewRef(Py_None));
 fail:
+    pa_bm_release(&bma);
     Py_XDECREF(dq);
     Py_XDECREF(dk);
     Py_XDECREF(dv);
@@ -1475,6 +1485,7 @@ static PyMethodDef methods[] = {
     {"_kernel_check", pa_py_kernel_check, METH_VARARGS, pa_kernel_check_doc},
     {"quantize", pa_py_quantize, METH_VARARGS, pa_quantize_doc},
     {"dequantize", pa_py_dequantize, METH_VARARGS, pa_dequantize_doc},
+    {"_bm_pack", pa_py_bm_pack, METH_VARARGS, pa_bm_pack_doc},
     {NULL, NULL, 0, NULL},
 };
 

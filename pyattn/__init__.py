@@ -34,6 +34,8 @@ from ._varlen import (scaled_dot_product_attention_varlen, scaled_dot_product_at
                       scaled_dot_product_attention_varlen_vjp)
 from ._paged import CacheFullError, PagedKVCache
 from ._quant import dequantize, quantize
+from ._blockmask import BlockMask
+from . import masks
 
 __version__ = "0.1.0"
 __all__ = [
@@ -45,6 +47,7 @@ __all__ = [
     "scaled_dot_product_attention_varlen_vjp",
     "PagedKVCache", "CacheFullError",
     "quantize", "dequantize",
+    "BlockMask", "masks",
 ]
 
 # The kernel families, PYATTN_ISA's word -> code, as the C extension lists

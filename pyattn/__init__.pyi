@@ -4,6 +4,8 @@ import numpy as np
 from numpy.typing import ArrayLike, DTypeLike, NDArray
 
 from . import nn as nn
+from . import masks as masks
+from ._blockmask import BlockMask as BlockMask
 
 __version__: str
 __all__ = [
@@ -15,6 +17,7 @@ __all__ = [
     "scaled_dot_product_attention_varlen_vjp",
     "PagedKVCache", "CacheFullError",
     "quantize", "dequantize",
+    "BlockMask", "masks",
 ]
 
 _Causal = Union[bool, Literal["top_left", "bottom_right"]]
@@ -39,6 +42,7 @@ def scaled_dot_product_attention(
     out: Optional[NDArray[Any]] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
     softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: Literal[False] = ...,
     align: _Align = ...,
+    block_mask: Optional[BlockMask] = ...,
 ) -> _F: ...
 @overload
 def scaled_dot_product_attention(
@@ -48,6 +52,7 @@ def scaled_dot_product_attention(
     out: Optional[NDArray[Any]] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
     softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: Literal[False] = ...,
     align: _Align = ...,
+    block_mask: Optional[BlockMask] = ...,
 ) -> Tuple[_F, _F]: ...
 @overload
 def scaled_dot_product_attention(
@@ -57,6 +62,7 @@ def scaled_dot_product_attention(
     out: Optional[NDArray[Any]] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
     softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: Literal[True],
     align: _Align = ...,
+    block_mask: Optional[BlockMask] = ...,
 ) -> Tuple[_F, _F]: ...
 @overload
 def scaled_dot_product_attention(
@@ -66,6 +72,7 @@ def scaled_dot_product_attention(
     out: Optional[NDArray[Any]] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
     softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: Literal[True],
     align: _Align = ...,
+    block_mask: Optional[BlockMask] = ...,
 ) -> Tuple[_F, _F, _F]: ...
 @overload
 def scaled_dot_product_attention(
@@ -75,6 +82,7 @@ def scaled_dot_product_attention(
     out: Optional[NDArray[Any]] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
     softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: bool = ...,
     align: _Align = ...,
+    block_mask: Optional[BlockMask] = ...,
 ) -> Union[_F, Tuple[_F, _F], Tuple[_F, _F, _F]]: ...
 def merge_attention(outputs: Union[ArrayLike, Sequence[ArrayLike]], lses: Union[ArrayLike, Sequence[ArrayLike]], /) -> Tuple[_F, _F]: ...
 @overload
@@ -90,6 +98,7 @@ def attention_with_kvcache(
     block_table: Optional[ArrayLike] = ..., cu_seqlens_q: Optional[ArrayLike] = ...,
     tree_mask: Optional[ArrayLike] = ...,
     k_scale: Optional[NDArray[np.float32]] = ..., v_scale: Optional[NDArray[np.float32]] = ...,
+    block_mask: Optional[BlockMask] = ...,
 ) -> _F: ...
 @overload
 def attention_with_kvcache(
@@ -104,6 +113,7 @@ def attention_with_kvcache(
     block_table: Optional[ArrayLike] = ..., cu_seqlens_q: Optional[ArrayLike] = ...,
     tree_mask: Optional[ArrayLike] = ...,
     k_scale: Optional[NDArray[np.float32]] = ..., v_scale: Optional[NDArray[np.float32]] = ...,
+    block_mask: Optional[BlockMask] = ...,
 ) -> Tuple[_F, _F]: ...
 @overload
 def attention_with_kvcache(
@@ -118,6 +128,7 @@ def attention_with_kvcache(
     block_table: Optional[ArrayLike] = ..., cu_seqlens_q: Optional[ArrayLike] = ...,
     tree_mask: Optional[ArrayLike] = ...,
     k_scale: Optional[NDArray[np.float32]] = ..., v_scale: Optional[NDArray[np.float32]] = ...,
+    block_mask: Optional[BlockMask] = ...,
 ) -> Union[_F, Tuple[_F, _F]]: ...
 
 class KVCache:
@@ -181,6 +192,8 @@ def scaled_dot_product_attention_backward(
     is_causal: _Causal = ..., scale: Optional[float] = ..., enable_gqa: bool = ..., *,
     rng: _Rng = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
     softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., align: _Align = ...,
+    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ...,
+    block_mask: Optional[BlockMask] = ...,
 ) -> Tuple[_F, ...]: ...
 def scaled_dot_product_attention_vjp(
     query: ArrayLike, key: ArrayLike, value: ArrayLike, attn_mask: Optional[ArrayLike] = ...,
@@ -188,6 +201,7 @@ def scaled_dot_product_attention_vjp(
     enable_gqa: bool = ..., *, rng: _Rng = ..., window: _Window = ...,
     alibi_slopes: Optional[ArrayLike] = ..., softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ...,
     align: _Align = ...,
+    block_mask: Optional[BlockMask] = ...,
 ) -> Tuple[_F, Callable[[ArrayLike], Tuple[_F, ...]]]: ...
 def softmax_backward(grad_y: ArrayLike, y: ArrayLike, /, axis: int = ..., *,
                      scale: Optional[float] = ...) -> _F: ...

@@ -195,7 +195,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                  is_causal=False, scale=None, enable_gqa=False, *,
                                  rng=None, return_weights=False, out=None, window=None,
                                  alibi_slopes=None, softcap=None, sinks=None, return_lse=False,
-                                 precision=None, align=None):
+                                 precision=None, align=None, block_mask=None):
     """Fused attention ``softmax(query @ key.T * scale + mask) @ value``, in one C kernel.
 
     Argument names and defaults match ``torch.nn.functional.scaled_dot_product_attention``.
@@ -275,6 +275,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         for all three, also without causal (FlashAttention's placement when
         ``L != S``; ``is_causal=True`` is then bottom-right causal).
         ``"top_left"`` with ``is_causal="bottom_right"`` is a ``ValueError``.
+    block_mask : pyattn.BlockMask, optional
+        A mask given as a map of tiles (:meth:`pyattn.BlockMask.from_mask_mod`,
+        :mod:`pyattn.masks`), of shape ``(B or 1, H or 1, L, S)`` broadcasting
+        to the batch axes (heads last): empty tiles are never computed, full
+        ones take no mask test. Intersects with every other mask and option.
 
     Scores follow API.md's order: ``scale * q.k``, softcap, a float mask is
     added, ALiBi is added, then the bool mask, causal rule and window decide
@@ -328,7 +333,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     return _sdpa(attn_spec(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                            rng=rng, window=window, alibi_slopes=alibi_slopes, softcap=softcap,
                            sinks=sinks, precision=precision, return_weights=return_weights,
-                           return_lse=return_lse, align=align), out)
+                           return_lse=return_lse, align=align, block_mask=block_mask), out)
 
 
 def _sdpa(spec, out=None, *, nthreads=0, append=None, paged=None):
@@ -361,7 +366,7 @@ def _sdpa(spec, out=None, *, nthreads=0, append=None, paged=None):
     # the head-by-head layout
     stack = (groups > 1 and L == 1 and mask is None and spec.dropout_p == 0 and not spec.return_weights
              and spec.slopes is None and spec.sinks is None and groups <= 48
-             and spec.cu_seqlens_q is None)
+             and spec.cu_seqlens_q is None and spec.block_mask is None)
     q = bcast(q, batch + (L, E))
     k = bcast(k, batch + (S, k.shape[-1] if qkv else E))      # int4: E / 2 bytes
     v = bcast(v, batch + (S, v.shape[-1] if qkv else Ev))
@@ -635,7 +640,8 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
                            softcap=None, sinks=None, return_lse=False, out=None, precision=None,
                            rotary_cos=None, rotary_sin=None, rotary_interleaved=False,
                            cache_leftpad=None, cache_batch_idx=None, block_table=None, cu_seqlens_q=None,
-                           tree_mask=None, k_scale=None, v_scale=None):
+                           tree_mask=None, k_scale=None, v_scale=None,
+                           block_mask=None):
     """Attention over a KV cache, appending new keys/values in place first (FlashAttention's
     ``flash_attn_with_kvcache``).
 
@@ -675,6 +681,10 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
         As in :func:`scaled_dot_product_attention` (positions are cache positions;
         ``precision="bf16"`` with float32 / float16 / bfloat16 caches runs the
         tiled bfloat16 path, not yet a decode-specialised kernel).
+    block_mask : pyattn.BlockMask, optional
+        Over the cache: ``kv_idx`` is the cache row, ``q_idx`` the query's
+        cache position; its S must be ``S_max`` and its L at least the
+        filled length (``n_b + T``).
     out : ndarray, optional
     rotary_cos, rotary_sin : array_like ``(R, rotary_dim / 2)``, optional
         Rotary embedding (RoPE), with ``key``/``value`` only: the new keys are
@@ -769,6 +779,10 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
             x is not None for x in (cache_leftpad, cache_batch_idx, block_table, cu_seqlens_q, tree_mask)):
         raise NotImplementedError("quantized caches (k_scale, v_scale) with cache_leftpad, cache_batch_idx, "
                                   "block_table, cu_seqlens_q or tree_mask are not supported yet")
+    if block_mask is not None and any(
+            x is not None for x in (cache_leftpad, cache_batch_idx, block_table, cu_seqlens_q, tree_mask)):
+        raise NotImplementedError("block_mask with cache_leftpad, cache_batch_idx, block_table, cu_seqlens_q "
+                                  "or tree_mask is not supported yet")
     if cache_leftpad is not None or cache_batch_idx is not None:
         return _kvextra.per_sequence(
             attention_with_kvcache, query, k_cache, v_cache, key, value, cache_seqlens, cache_batch_idx,
@@ -856,7 +870,7 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
     vs = np.broadcast_to(np.float32(0), vc.shape[:3] + (Ev,)) if vq else vc
     spec = attn_spec(qd, ks, vs, None, 0.0, "bottom_right" if is_causal else False, sc, Hq != Hkv,
                      window=window, alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks,
-                     precision=precision, return_lse=return_lse, kv_len=n[:, None])
+                     precision=precision, return_lse=return_lse, kv_len=n[:, None], block_mask=block_mask)
     if kq or vq:
         if spec.bf16:
             raise ValueError("precision='bf16' is not available with int8 / int4 caches")

@@ -44,7 +44,8 @@ def _grad_input(x, name, shape, dt):
 def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse, attn_mask=None,
                                           dropout_p=0.0, is_causal=False, scale=None,
                                           enable_gqa=False, *, rng=None, window=None,
-                                          alibi_slopes=None, softcap=None, sinks=None, align=None):
+                                          alibi_slopes=None, softcap=None, sinks=None, align=None,
+                                          block_mask=None):
     """Gradients of :func:`scaled_dot_product_attention` (its vector-Jacobian product).
 
     Given the forward's arguments, its output ``out`` and log-sum-exp ``lse``
@@ -60,7 +61,7 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse,
     ----------
     grad_out : array_like, ``(..., L, Ev)``
         The output's shape exactly (float).
-    query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, window, alibi_slopes, softcap, sinks, align
+    query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, window, alibi_slopes, softcap, sinks, align, block_mask
         Exactly as given to the forward (shapes ``(..., L, E)``, ``(..., S, E)``,
         ``(..., S, Ev)``; broadcasting as there).
     out : array_like, ``(..., L, Ev)``
@@ -104,7 +105,8 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse,
     ((2, 5, 4), (2, 5, 4))
     """
     spec = attn_spec(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, rng=rng,
-                     window=window, alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks, align=align)
+                     window=window, alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks, align=align,
+                     block_mask=block_mask)
     return _backward(spec, grad_out, out, lse)
 
 
@@ -164,7 +166,7 @@ def _backward(spec, grad_out, out, lse):
 def scaled_dot_product_attention_vjp(query, key, value, attn_mask=None, dropout_p=0.0,
                                      is_causal=False, scale=None, enable_gqa=False, *, rng=None,
                                      window=None, alibi_slopes=None, softcap=None, sinks=None,
-                                     align=None):
+                                     align=None, block_mask=None):
     """Run the forward and return ``(out, backward)``, as ``jax.vjp``.
 
     ``out`` is :func:`scaled_dot_product_attention` of the arguments;
@@ -203,7 +205,7 @@ def scaled_dot_product_attention_vjp(query, key, value, attn_mask=None, dropout_
         saved = copy.deepcopy(gen)
     out, lse = _sdpa(attn_spec(query, key, value, attn_mask, p, is_causal, scale, enable_gqa, rng=gen,
                                window=window, alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks,
-                               return_lse=True, align=align))
+                               return_lse=True, align=align, block_mask=block_mask))
 
     def backward(grad_out):
         """Gradients of the forward call that made this function (see
@@ -212,7 +214,7 @@ def scaled_dot_product_attention_vjp(query, key, value, attn_mask=None, dropout_
         return scaled_dot_product_attention_backward(
             grad_out, query, key, value, out, lse, attn_mask, p, is_causal, scale, enable_gqa,
             rng=copy.deepcopy(saved) if p > 0 else None, window=window,
-            alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks, align=align)
+            alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks, align=align, block_mask=block_mask)
 
     return out, backward
 

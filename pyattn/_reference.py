@@ -130,9 +130,21 @@ def dropout_keep(key, shape, p):
     return u >= p
 
 
-def _scores(q, k, attn_mask, is_causal, scale, window, alibi_slopes, softcap, qoff, kv_len):
+def block_mask_dense(block_mask, ndim):
+    """A pyattn.BlockMask as its dense bool mask (B or 1, H or 1, L, S), its
+    leading axes of extent 1 dropped down to ndim axes (to broadcast
+    against scores of ndim axes)."""
+    d = block_mask.to_dense()
+    while d.ndim > ndim and d.shape[0] == 1:
+        d = d[0]
+    return d
+
+
+def _scores(q, k, attn_mask, is_causal, scale, window, alibi_slopes, softcap, qoff, kv_len,
+            block_mask=None):
     """The scores of scaled_dot_product_attention, in API.md's order, -inf
-    where inadmissible (float64; q, k already repeated for GQA)."""
+    where inadmissible (float64; q, k already repeated for GQA); block_mask:
+    a dense bool mask (block_mask_dense), one more bool mask."""
     s = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
     L, S = s.shape[-2], s.shape[-1]
     if softcap is not None:
@@ -150,6 +162,8 @@ def _scores(q, k, attn_mask, is_causal, scale, window, alibi_slopes, softcap, qo
         s = np.where(window_mask(L, S, window, is_causal, qoff), s, -np.inf)
     if kv_len is not None:
         s = np.where(np.arange(S) < np.asarray(kv_len)[..., None, None], s, -np.inf)
+    if block_mask is not None:
+        s = np.where(block_mask, s, -np.inf)
     return s
 
 
@@ -157,8 +171,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                  is_causal=False, scale=None, enable_gqa=False, *,
                                  dropout_key=0, return_weights=False, window=None,
                                  alibi_slopes=None, softcap=None, sinks=None,
-                                 return_lse=False, qoff=None, kv_len=None, precision=None):
+                                 return_lse=False, qoff=None, kv_len=None, precision=None,
+                                 block_mask=None):
     """softmax(q k^T * scale + mask) [dropout] @ v, materialising the weights.
+
+    block_mask: a pyattn.BlockMask (its dense mask, one more bool mask), or
+    a dense bool mask already.
 
     The score of query i and key j, in API.md's order: s = scale q.k;
     softcap * tanh(s / softcap); + a float mask; - slope |d(i) - j| (ALiBi);
@@ -186,7 +204,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         g = q.shape[-3] // k.shape[-3]
         k = np.repeat(k, g, axis=-3)
         v = np.repeat(v, g, axis=-3)
-    s = _scores(q, k, attn_mask, is_causal, scale, window, alibi_slopes, softcap, qoff, kv_len)
+    if block_mask is not None and not isinstance(block_mask, np.ndarray):
+        block_mask = block_mask_dense(block_mask, q.ndim)
+    s = _scores(q, k, attn_mask, is_causal, scale, window, alibi_slopes, softcap, qoff, kv_len, block_mask)
     if sinks is None:
         w = _softmax_last(s)
         m = np.max(s, axis=-1)
@@ -237,7 +257,7 @@ def _matmul0(a, b):
 def scaled_dot_product_attention_backward(grad_out, query, key, value, attn_mask=None,
                                           dropout_p=0.0, is_causal=False, scale=None,
                                           enable_gqa=False, *, dropout_key=0, window=None,
-                                          alibi_slopes=None, softcap=None, sinks=None):
+                                          alibi_slopes=None, softcap=None, sinks=None, block_mask=None):
     """The vector-Jacobian product of scaled_dot_product_attention, from the
     definitions, on the full (L, S) matrices (float64):
 
@@ -261,18 +281,20 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, attn_mask
         g = q.shape[-3] // k.shape[-3]
         k = np.repeat(k, g, axis=-3)
         v = np.repeat(v, g, axis=-3)
+    if block_mask is not None and not isinstance(block_mask, np.ndarray):
+        block_mask = block_mask_dense(block_mask, q.ndim)
     out, w, lse = scaled_dot_product_attention(
         q, k, v, attn_mask, dropout_p, is_causal, scale, dropout_key=dropout_key,
         return_weights=True, return_lse=True, window=window, alibi_slopes=alibi_slopes,
-        softcap=softcap, sinks=sinks)
+        softcap=softcap, sinks=sinks, block_mask=block_mask)
     P = scaled_dot_product_attention(
         q, k, v, attn_mask, 0.0, is_causal, scale, return_weights=True, window=window,
-        alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks)[1]
+        alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks, block_mask=block_mask)[1]
     # a key a row may not see has weight 0 there, even in a NaN row (whose
     # admissible weights are NaN), and a weight of 0 passes nothing back
     with np.errstate(invalid="ignore", over="ignore"):
         hidden = _scores(q, k, attn_mask, is_causal, scale, window, alibi_slopes, softcap,
-                         None, None) == -np.inf
+                         None, None, block_mask) == -np.inf
     P = np.where(hidden, 0.0, P)
     w = np.where(hidden, 0.0, w)
     kv = np.broadcast_to(v, P.shape[:-2] + v.shape[-2:])
@@ -364,12 +386,14 @@ def merge_attention(outputs, lses):
 
 def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cache_seqlens,
                            is_causal=True, scale=None, window=None, alibi_slopes=None,
-                           softcap=None, sinks=None, return_lse=False, k_scale=None, v_scale=None):
+                           softcap=None, sinks=None, return_lse=False, k_scale=None, v_scale=None,
+                           block_mask=None):
     """Write key/value at rows [n_b, n_b + T) of copies of the caches, then
     attend over the filled rows; returns (out, k_cache', v_cache'[, lse]).
     int8 / int4 caches (with k_scale / v_scale): the new rows quantized into
     copies of the caches and scales (returned as (cache, scale) pairs), the
-    attention over the dequantized caches."""
+    attention over the dequantized caches. block_mask: over cache positions
+    (rows n_b - T + t, keys the cache rows)."""
     q = np.asarray(query)
     kc, vc = np.array(k_cache), np.array(v_cache)
     B, Hq, T = q.shape[:3]
@@ -396,12 +420,16 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
     if quant[1]:
         vd = dequantize(vc, quant[1][2], quant[1][0], quant[1][1])
     outs, lses = [], []
+    dense = None if block_mask is None else block_mask.to_dense()
     for b in range(B):
+        bmb = None
+        if dense is not None:
+            bmb = dense[b if dense.shape[0] > 1 else 0][:, int(n[b]) - T:int(n[b]), :int(n[b])]
         r = scaled_dot_product_attention(
             q[b].astype(kd.dtype), kd[b, :, :n[b]], vd[b, :, :n[b]], None, 0.0,
             "bottom_right" if is_causal else False, scale, enable_gqa=True, window=window,
             alibi_slopes=None if alibi_slopes is None else np.broadcast_to(alibi_slopes, (B, Hq))[b],
-            softcap=softcap, sinks=sinks, return_lse=True, qoff=int(n[b]) - T)
+            softcap=softcap, sinks=sinks, return_lse=True, qoff=int(n[b]) - T, block_mask=bmb)
         outs.append(r[0])
         lses.append(r[1])
     out, lse = np.stack(outs), np.stack(lses)

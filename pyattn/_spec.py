@@ -19,6 +19,7 @@ from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
+from ._blockmask import check_block_mask
 from ._checks import (
     align_code, as_array, broadcast_shapes, causal_code, compute_dtype, dropout_p_value, index_value, is16,
     per_head, precision_value, prep_mask, real_scalar, softcap_value, window_value,
@@ -64,7 +65,7 @@ class AttnSpec(NamedTuple):
     cu_seqlens_k: Optional[np.ndarray] = None
     block_table: Optional[np.ndarray] = None
     kv_scales: Optional[tuple] = None
-    block_mask: Optional[np.ndarray] = None
+    block_mask: Optional[tuple] = None   # BlockMask._c_arg(full_batch): the binding's tuple
 
     @property
     def out_shape(self) -> tuple:
@@ -90,13 +91,15 @@ class AttnSpec(NamedTuple):
             kw["sinks"] = self.sinks
         if self.cu_seqlens_q is not None:
             kw["cu_seqlens_q"], kw["cu_seqlens_k"] = self.cu_seqlens_q, self.cu_seqlens_k
+        if self.block_mask is not None:
+            kw["block_mask"] = self.block_mask
         return kw
 
 
 def attn_spec(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
               enable_gqa=False, *, rng=None, window=None, alibi_slopes=None, softcap=None,
               sinks=None, precision=None, return_weights=False, return_lse=False, kv_len=None,
-              qoff=None, align=None) -> AttnSpec:
+              qoff=None, align=None, block_mask=None) -> AttnSpec:
     """Check an attention call's arguments (scaled_dot_product_attention's,
     plus kv_len: int64 filled keys that broadcast to the batch axes, and
     qoff) and normalise them into an AttnSpec. Raises what
@@ -165,6 +168,7 @@ def attn_spec(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     sk_shape = None if sinks is None else as_array(sinks, "sinks").shape
     if kv_len is not None:
         kv_len = np.ascontiguousarray(np.broadcast_to(kv_len, full_batch), dtype=np.int64)
+    bm = None if block_mask is None else check_block_mask(block_mask, L, S, full_batch, kv_len)
     return AttnSpec(q, k, v, dt, narrow, L, S, E, Ev, full_batch, groups, hkv, mask, causal, sc,
                     (left, right), cap, slopes, sk, sk_shape, p, rng, bf16, kv_len=kv_len, qoff=qoff,
-                    return_weights=bool(return_weights), return_lse=bool(return_lse))
+                    return_weights=bool(return_weights), return_lse=bool(return_lse), block_mask=bm)

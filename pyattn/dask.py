@@ -106,10 +106,13 @@ def _task_threads(fixed):
     return max(1, budget // max(1, int(running)))
 
 
-def _partial(q, k, v, m, causal, scale, gqa, window, slopes, softcap, sinks, qoff, threads):
-    """Attention of one query block over one key block: (out, lse)."""
+def _partial(q, k, v, m, causal, scale, gqa, window, slopes, softcap, sinks, qoff, threads, bm=None):
+    """Attention of one query block over one key block: (out, lse). bm: (BlockMask,
+    the block's slabs, its first position, its first key) or None."""
     spec = attn_spec(q, k, v, m, 0.0, bool(causal), scale, gqa, window=window, alibi_slopes=slopes,
                      softcap=softcap, sinks=sinks, return_lse=True, qoff=qoff)
+    if bm is not None:
+        spec = spec._replace(block_mask=bm[0]._c_arg(None, bm[2], bm[3], slabs=bm[1]))
     return _sdpa(spec, nthreads=_task_threads(threads))
 
 
@@ -169,7 +172,7 @@ def _key_range(i, S, g, causal, left, right):
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                                  scale=None, enable_gqa=False, *, window=None, alibi_slopes=None,
-                                 softcap=None, sinks=None, return_lse=False):
+                                 softcap=None, sinks=None, return_lse=False, block_mask=None):
     """Lazy :func:`pyattn.scaled_dot_product_attention` on Dask arrays.
 
     The local function's positional order (``query, key, value, attn_mask,
@@ -191,6 +194,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     the causal rule or ``window`` exclude for a query chunk are not computed:
     causal ``L = S`` split into n x n chunks makes n(n+1)/2 attention tasks.
     ``sinks`` go with the first key chunk each query chunk attends to.
+    ``block_mask`` (a :class:`pyattn.BlockMask`, pickled into the graph)
+    decides likewise: a key chunk whose tiles are all empty for a query chunk
+    gets no task.
 
     Raises
     ------
@@ -224,7 +230,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     stand = [np.broadcast_to(np.zeros((), x.dtype), x.shape) for x in (q, k, v)]
     mstand = None if m is None else np.broadcast_to(np.zeros((), m.dtype), m.shape)
     spec = attn_spec(*stand, mstand, 0.0, is_causal, scale, enable_gqa, window=window,
-                     alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks)
+                     alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks, block_mask=block_mask)
     dt, shape = spec.dtype, spec.out_shape
     causal = causal_code(is_causal)
     left, right = window_value(window)
@@ -252,6 +258,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         np.asarray(alibi_slopes, np.float64), full_batch)
     sinks_full = None if sinks is None else np.broadcast_to(np.asarray(sinks, np.float64), full_batch)
     g = (S - L) if causal == 2 else 0                 # d(i) = i + g, global positions
+    slabs_full = None if block_mask is None else spec.block_mask[3].reshape(full_batch)
+    bm_node = None if block_mask is None else dask.delayed(block_mask, pure=True)
     threads = _TASK_THREADS
     token = uuid.uuid4().hex[:12]
 
@@ -296,6 +304,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             for si, (s0, s1) in enumerate(s_bounds):
                 if s0 >= hi or s1 <= lo:
                     continue                      # excluded by the causal rule / the window
+                bm = None
+                if block_mask is not None:
+                    bsl = np.ascontiguousarray(slabs_full[tuple(lead)])
+                    if not block_mask._any(bsl, l0, l1, s0, s1):
+                        continue                  # every tile empty under the block mask
+                    bm = (bm_node, bsl, l0, s0)
                 kb = piece(kf, kv_lead + [slice(s0, s1), slice(None)])
                 vb = piece(vf, kv_lead + [slice(s0, s1), slice(None)])
                 mb = None if mf is None else piece(mf, lead + [slice(l0, l1), slice(s0, s1)])
@@ -304,7 +318,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                 name = f"pyattn-attention-{token}-{'-'.join(map(str, lead_idx))}-{li}-{si}"
                 parts.append(dask.delayed(_partial, pure=False)(
                     qb, kb, vb, mb, bool(causal), sc, groups > 1, window, sl, softcap, sk,
-                    l0 + g - s0, threads, dask_key_name=name))
+                    l0 + g - s0, threads, bm, dask_key_name=name))
             if not parts:
                 pair = dask.delayed(_empty_pair)(bshape, dt, dask_key_name=f"pyattn-empty-{token}-"
                                                  f"{'-'.join(map(str, lead_idx))}-{li}")

@@ -92,6 +92,16 @@ def first_hour_dask() -> None:
     print(o.shape, o2.shape, lse.shape, z.shape)
 
 
+def block_masks(x: NDArray[np.float32]) -> None:
+    """pyattn.BlockMask and pyattn.masks (issue #26)."""
+    m = pyattn.masks.and_masks(pyattn.masks.causal, pyattn.masks.document([0, 0, 1, 1]))
+    bm: pyattn.BlockMask = pyattn.BlockMask.from_mask_mod(m, None, None, 4, 4)
+    d: NDArray[np.bool_] = bm.to_dense()
+    s: float = bm.sparsity()
+    o = pyattn.scaled_dot_product_attention(x, x, x, block_mask=bm)
+    print(d.shape, s, o.shape, bm.shape)
+
+
 def rejected_by_the_stubs(x: NDArray[np.float32]) -> None:
     """What mypy must refuse (--strict warns about an unused ignore, so each
     line fails the check if the stubs stop rejecting it). Never called."""

@@ -113,7 +113,7 @@ static void attn_init(attn_ctx *c, const pa_family *fam, const pa_attn_call *cal
     c->bq = fam->attn_bq[call->dtype];
     c->nblk = (L + c->bq - 1) / c->bq;
     const pa_ssize h = ((L + c->nblk - 1) / c->nblk + 15) / 16 * 16;
-    if (h < c->bq) c->bq = h;
+    if (h < c->bq && !call->block_mask) c->bq = h;   /* a block mask: blocks on its grid */
     c->ws = NULL;
     c->kvp = NULL;
     c->kvp_tile = c->ntiles = 0;

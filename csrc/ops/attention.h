@@ -14,6 +14,7 @@
 #define PYATTN_OPS_ATTENTION_H
 
 #include "ops.h"
+#include "blockmask.h"
 
 /* decode shapes (few queries, many keys): keys split into fixed chunks, one
  * task each, merged in chunk order -- a partition that depends on the shape
@@ -62,6 +63,7 @@ typedef struct {
      * when not quantized */
     const float *ks, *vs;
     pa_ssize ks_rs, vs_rs, kG, vG;
+    pa_bm_head bm;                          /* block mask (bm.state NULL: none) */
 } pa_attn_args;
 
 /* THE element offsets of key row j in k and v (from a->k, a->v): through
@@ -117,6 +119,7 @@ static inline double pa_ld_f64(const void *p, pa_ssize idx, int sd)
         pa_ssize lo, hi;                                                            \
         pa_key_range(&a->rule, i, &lo, &hi);                                        \
         pa_admit_##DT(&a->mask, i, j0, s, ss, n, lo - j0, hi - j0);                 \
+        if (a->bm.state) pa_bm_admit_##DT(&a->bm, i, j0, s, ss, n);                 \
     }                                                                               \
     static inline void pa_attn_scores_##DT(const pa_attn_args *a, pa_ssize i,       \
                                            pa_ssize j0, T *s, pa_ssize ss,          \
@@ -135,6 +138,7 @@ static inline double pa_ld_f64(const void *p, pa_ssize idx, int sd)
             else for (pa_ssize t = lo; t < hi; t++) cap(s + t * ss, 1, a->softcap); \
         }                                                                           \
         pa_admit_##DT(&a->mask, i, j0, s, ss, n, lo, hi);                           \
+        if (a->bm.state) pa_bm_admit_##DT(&a->bm, i, j0, s, ss, n);                 \
         if (a->slope != 0) {                                                        \
             const T sl = (T)a->slope;                                               \
             const pa_ssize d = i / a->rule.div + a->rule.qoff - j0;                 \
@@ -154,6 +158,7 @@ static inline int pa_attn_tile_inside(const pa_attn_args *a, pa_ssize i0, pa_ssi
                                       pa_ssize j0, pa_ssize j1)
 {
     if (a->mask.kind != PA_MASK_NONE) return 0;
+    if (a->bm.state && pa_bm_tile(&a->bm, i0, i1, j0, j1) != PA_BM_FULL) return 0;
     pa_ssize lo0, hi0, lo1, hi1;
     pa_key_range(&a->rule, i0, &lo0, &hi0);
     pa_key_range(&a->rule, i1 - 1, &lo1, &hi1);
@@ -163,6 +168,14 @@ static inline int pa_attn_tile_plain(const pa_attn_args *a, pa_ssize i0, pa_ssiz
                                      pa_ssize j0, pa_ssize j1)
 {
     return a->softcap == 0 && a->slope == 0 && pa_attn_tile_inside(a, i0, i1, j0, j1);
+}
+
+/* the block mask excludes every score of rows [i0, i1) x keys [j0, j1): the
+ * frames skip the tile (its weights would all be 0: no sum changes) */
+static inline int pa_attn_tile_empty(const pa_attn_args *a, pa_ssize i0, pa_ssize i1, pa_ssize j0,
+                                     pa_ssize j1)
+{
+    return a->bm.state && pa_bm_tile(&a->bm, i0, i1, j0, j1) == PA_BM_EMPTY;
 }
 
 /* query columns of a tile, padded so that both MR and NR tile them */

@@ -82,5 +82,17 @@ void pa_attn_setup(pa_attn_args *out, const pa_family *fam, const pa_attn_call *
     a.vs_rs = qs ? qs->vs.rs : 0;
     a.kG = qs ? qs->kG : 1;
     a.vG = qs ? qs->vG : 1;
+    a.bm.state = NULL;
+    if (c->block_mask) {
+        const pa_bmask *m = (const pa_bmask *)c->block_mask;
+        const pa_ssize x = (pa_ssize)m->slab[b] * m->nqt * m->nkt;
+        a.bm.state = m->state + x;
+        a.bm.index = m->index + x;
+        a.bm.bits = m->bits;
+        a.bm.L = m->L; a.bm.S = m->S; a.bm.nqt = m->nqt; a.bm.nkt = m->nkt;
+        a.bm.qoff = (c->kv_len ? a.rule.qoff : 0) + m->q_extra;
+        a.bm.koff = m->k_extra;
+        a.bm.div = c->row_div;
+    }
     *out = a;
 }

@@ -259,7 +259,8 @@ static void flash_bf16(const pa_family *f, const pa_attn_args *a, pa_ssize i0, p
     pa_attn_key_tiles(a, i0, i1, &j0, &jend);
     pa_stop_flag *const stop = pa_stop_get();
     for (; j0 < jend && !pa_stopping(stop); j0 += PA_FLASH_BK)
-        bf16_tile(f, a, &b, j0, pa_min(jend - j0, PA_FLASH_BK), clean);
+        if (!pa_attn_tile_empty(a, i0, i1, j0, pa_min(jend, j0 + PA_FLASH_BK)))
+            bf16_tile(f, a, &b, j0, pa_min(jend - j0, PA_FLASH_BK), clean);
     for (pa_ssize r = 0; r < b.nq; r++)
         (void)flash_put_row_f32(a, i0 + r, b.m[r], b.l[r], b.O + r * b.evp);
     if (clean) return;

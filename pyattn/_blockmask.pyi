@@ -1,0 +1,23 @@
+from typing import Any, Callable, ClassVar, Optional, Tuple
+
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = ["BlockMask"]
+
+class BlockMask:
+    TILE: ClassVar[Tuple[int, int]]
+    def __init__(self, shape: Tuple[int, int, int, int], state: NDArray[np.uint8],
+                 index: NDArray[np.int64], bits: NDArray[np.uint64]) -> None: ...
+    @classmethod
+    def from_mask_mod(cls, mask_mod: Callable[[Any, Any, Any, Any], Any], B: Optional[int],
+                      H: Optional[int], L: int, S: int) -> BlockMask: ...
+    @property
+    def shape(self) -> Tuple[int, int, int, int]: ...
+    def sparsity(self) -> float: ...
+    def to_dense(self) -> NDArray[np.bool_]: ...
+    def __eq__(self, other: object) -> bool: ...
+    __hash__: ClassVar[None]  # type: ignore[assignment]
+
+def check_block_mask(block_mask: Any, L: int, S: int, full_batch: Tuple[int, ...], kv_len: Any = ...,
+                     q_extra: int = ..., k_extra: int = ...) -> Tuple[Any, ...]: ...
