@@ -404,3 +404,16 @@ int pa_kernel_check(const pa_family *f, int kind, pa_kc_result *res)
     kc_kinds[kind].fn(&k);
     return k.oom ? -1 : 0;
 }
+
+/* The shared vector exp of family f on n values of compute dtype `dtype`
+ * (the vocabulary hook's PA_VOP_EXP), for tests/test_exp.py. Returns the
+ * family's VL, 0 when the family has no vector exp (the generic family:
+ * the C library's), or -1 when n is not a multiple of 16. */
+int pa_kc_vexp(const pa_family *f, int dtype, const void *x, void *y, pa_ssize n)
+{
+    pa_vocab_fn v[PA_NCOMPUTE];
+    kc_hooks(f->isa, v);
+    if (dtype < 0 || dtype >= PA_NCOMPUTE || !v[dtype]) return 0;
+    if (n % 16) return -1;
+    return n ? v[dtype](PA_VOP_EXP, x, x, x, y, n) : 16;
+}

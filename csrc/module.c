@@ -1331,6 +1331,7 @@ static PyMethodDef methods[] = {
     {"_alloc_hook", py_alloc_hook, METH_O,
      "_alloc_hook(n) -> (pending, live): tests only; the n-th allocation from now fails (0: off)"},
     {"_kernel_check", pa_py_kernel_check, METH_VARARGS, pa_kernel_check_doc},
+    {"_vexp", pa_py_vexp, METH_VARARGS, pa_vexp_doc},
     {NULL, NULL, 0, NULL},
 };
 
