@@ -2,7 +2,7 @@
  * bf16emu.c -- precision="bf16" on x86 CPUs without AVX512_BF16: the
  * products of vdpbf16ps (the gemm_bf16 contract, csrc/README.md) on float32
  * FMAs, the same bits as kernels/ref/ref.c's exact emulation, at float32
- * speed. Exports pa_gemm_bf16_avx2 (4 x 16, the avx2 and avx512emu
+ * speed. Exports pa_gemm_bf16_avx2 (6 x 16, the avx2 and avx512emu
  * families) and pa_gemm_bf16_avx512 (12 x 32, the avx512 family where the
  * CPU lacks AVX512_BF16).
  *
@@ -14,9 +14,10 @@
  * result is subnormal both are the identity. So the kernel runs the FMAs in
  * the contract's order (per pair q: the odd element's product, then the
  * even one's, one accumulator per output) with MXCSR's DE and UE flags
- * cleared, and reads them afterwards: DE (a subnormal operand: an input, or
- * an exact subnormal sum fed to the next FMA), UE (a tiny inexact result)
- * or a subnormal among the final sums means a flush could have mattered,
+ * cleared, and reads them afterwards: DE (a subnormal operand: an input, an
+ * exact subnormal sum fed to the next FMA, or a final sum, each multiplied
+ * by 1 before the flags are read) or UE (a tiny inexact result) means a
+ * flush could have mattered,
  * and the tile is recomputed by the scalar loop below (DAZ and FTZ per
  * operation, ref.c's formula). MXCSR is put back as it was, flags included.
  * Where the caller runs with MXCSR's DAZ / FTZ set, the hardware flushes as
@@ -24,10 +25,10 @@
  * the same MXCSR. Finite bfloat16 data of normal range (all data a model
  * holds, in practice) never takes the scalar loop.
  *
- * A is unpacked to float32 once per call (a vector shift per 8 / 16
- * elements), so the loop body is a broadcast from memory and two FMAs per
- * row and pair; B's pairs are split per q (odd: the high halves, masked;
- * even: the low halves, shifted up).
+ * A's pairs are split to float32 once per call (odd elements: the high
+ * halves, masked; even: the low halves, shifted up; a mask and a shift per
+ * 8 / 16 pairs), so the loop body is a broadcast from memory and two FMAs
+ * per row and element; B's pairs are split the same way per q.
  */
 #include "kernels/kernels.h"
 
@@ -75,17 +76,12 @@ static void pa_emu_store(const float *acc, int NR, float *C, pa_ssize rs, pa_ssi
         }
 }
 
-/* ---- AVX2: 4 rows x 16 columns (8 accumulators) ---------------------------- */
-#define PA_EMU2_MR 4
+/* ---- AVX2: 6 rows x 16 columns (12 accumulators) --------------------------
+ * Per pair q: the odd halves of B's 16 pairs, then every row's odd product;
+ * then the even halves and every row's even product: 12 accumulators, 2 B
+ * vectors and a broadcast live at a time (15 of the 16 YMM registers). */
+#define PA_EMU2_MR 6
 #define PA_EMU2_NR 16
-
-/* 1 in the lanes of v holding a nonzero subnormal (|bits| in [1, 0x7fffff]) */
-__attribute__((target("avx2,fma"))) static inline __m256i pa_emu2_sub(__m256 v)
-{
-    const __m256i mag = _mm256_and_si256(_mm256_castps_si256(v), _mm256_set1_epi32(0x7fffffff));
-    const __m256i t = _mm256_sub_epi32(mag, _mm256_set1_epi32(1));
-    return _mm256_cmpeq_epi32(_mm256_min_epu32(t, _mm256_set1_epi32(0x7ffffe)), t);
-}
 
 __attribute__((target("avx2,fma")))
 void pa_gemm_bf16_avx2(pa_ssize kc, const void *A_, pa_ssize a_rs, pa_ssize a_cs, const void *B_, pa_ssize b_rs,
@@ -94,62 +90,69 @@ void pa_gemm_bf16_avx2(pa_ssize kc, const void *A_, pa_ssize a_rs, pa_ssize a_cs
     enum { MR = PA_EMU2_MR, NR = PA_EMU2_NR };
     const uint16_t *A = (const uint16_t *)A_, *B = (const uint16_t *)B_;
     float *C = (float *)C_;
-    float Af[PA_GEMM_KC_BF16 * MR] __attribute__((aligned(32)));
+    float Ao[PA_GEMM_KC_BF16 / 2 * MR + 8] __attribute__((aligned(32)));   /* odd elements, [q][i] */
+    float Ae[PA_GEMM_KC_BF16 / 2 * MR + 8] __attribute__((aligned(32)));   /* even elements */
     float acc[MR * NR] __attribute__((aligned(32)));
     (void)a_rs; (void)a_cs; (void)b_rs;
-    const pa_ssize nq = kc / 2, na = nq * 2 * MR;           /* kc <= PA_GEMM_KC_BF16, even */
+    const pa_ssize nq = kc / 2, nw = nq * MR;               /* kc <= PA_GEMM_KC_BF16, even */
+    const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
+    const uint32_t *Aw = (const uint32_t *)A_;              /* one 32-bit pair per row and q */
     pa_ssize t = 0;
-    for (; t + 8 <= na; t += 8) {
-        const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(A + t)));
-        _mm256_store_ps(Af + t, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+    for (; t + 8 <= nw; t += 8) {
+        const __m256i w = _mm256_loadu_si256((const __m256i *)(Aw + t));
+        _mm256_store_si256((__m256i *)(Ao + t), _mm256_and_si256(w, hi));
+        _mm256_store_si256((__m256i *)(Ae + t), _mm256_slli_epi32(w, 16));
     }
-    for (; t < na; t++) Af[t] = pa_bf16_to_f32(A[t]);
+    for (; t < nw; t++) Ao[t] = pa_bf16_to_f32(A[2 * t + 1]), Ae[t] = pa_bf16_to_f32(A[2 * t]);
     const unsigned int csr = _mm_getcsr();
     _mm_setcsr(csr & ~(PA_MXCSR_DE | PA_MXCSR_UE));
     __asm__ volatile("" ::: "memory");
-    const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
-    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00;
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+    __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
     for (pa_ssize q = 0; q < nq; q++) {
-        const __m256i w0 = _mm256_loadu_si256((const __m256i *)(B + q * NR * 2));
-        const __m256i w1 = _mm256_loadu_si256((const __m256i *)(B + q * NR * 2 + 16));
-        const __m256 o0 = _mm256_castsi256_ps(_mm256_and_si256(w0, hi));
-        const __m256 o1 = _mm256_castsi256_ps(_mm256_and_si256(w1, hi));
-        const __m256 e0 = _mm256_castsi256_ps(_mm256_slli_epi32(w0, 16));
-        const __m256 e1 = _mm256_castsi256_ps(_mm256_slli_epi32(w1, 16));
-        const float *a = Af + q * MR * 2;
-#define PA_EMU2_ROW(i, x0, x1)                                  \
+        const __m256i *w = (const __m256i *)(B + q * NR * 2);
+        const float *ao = Ao + q * MR, *ae = Ae + q * MR;
+        __m256 b0 = _mm256_castsi256_ps(_mm256_and_si256(_mm256_loadu_si256(w), hi));      /* odd */
+        __m256 b1 = _mm256_castsi256_ps(_mm256_and_si256(_mm256_loadu_si256(w + 1), hi));
+#define PA_EMU2_ROW(i, a, x0, x1)                               \
         {                                                       \
-            const __m256 a1 = _mm256_broadcast_ss(a + 2 * i + 1); \
-            x0 = _mm256_fmadd_ps(a1, o0, x0);                   \
-            x1 = _mm256_fmadd_ps(a1, o1, x1);                   \
-            const __m256 a0 = _mm256_broadcast_ss(a + 2 * i);   \
-            x0 = _mm256_fmadd_ps(a0, e0, x0);                   \
-            x1 = _mm256_fmadd_ps(a0, e1, x1);                   \
+            const __m256 ai = _mm256_broadcast_ss(a + i);       \
+            x0 = _mm256_fmadd_ps(ai, b0, x0);                   \
+            x1 = _mm256_fmadd_ps(ai, b1, x1);                   \
         }
-        PA_EMU2_ROW(0, c00, c01)
-        PA_EMU2_ROW(1, c10, c11)
-        PA_EMU2_ROW(2, c20, c21)
-        PA_EMU2_ROW(3, c30, c31)
+        PA_EMU2_ROW(0, ao, c00, c01) PA_EMU2_ROW(1, ao, c10, c11) PA_EMU2_ROW(2, ao, c20, c21)
+        PA_EMU2_ROW(3, ao, c30, c31) PA_EMU2_ROW(4, ao, c40, c41) PA_EMU2_ROW(5, ao, c50, c51)
+        b0 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256(w), 16));           /* even */
+        b1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256(w + 1), 16));
+        PA_EMU2_ROW(0, ae, c00, c01) PA_EMU2_ROW(1, ae, c10, c11) PA_EMU2_ROW(2, ae, c20, c21)
+        PA_EMU2_ROW(3, ae, c30, c31) PA_EMU2_ROW(4, ae, c40, c41) PA_EMU2_ROW(5, ae, c50, c51)
 #undef PA_EMU2_ROW
     }
-    /* the sums exist before the flags are read (no FMA moves past this) */
-    __asm__ volatile("" : "+x"(c00), "+x"(c01), "+x"(c10), "+x"(c11), "+x"(c20), "+x"(c21), "+x"(c30), "+x"(c31));
+    /* a subnormal final sum raises DE too, as an operand of a product by 1;
+     * the sums and those products exist before the flags are read */
+    const __m256 one = _mm256_set1_ps(1.0f);
+#define PA_EMU2_DE(x0, x1, x2, x3)                                                                     \
+    {                                                                                                  \
+        const __m256 p = _mm256_mul_ps(x0, one), r = _mm256_mul_ps(x1, one);                           \
+        const __m256 u = _mm256_mul_ps(x2, one), v = _mm256_mul_ps(x3, one);                           \
+        __asm__ volatile("" : "+x"(x0), "+x"(x1), "+x"(x2), "+x"(x3) : "x"(p), "x"(r), "x"(u), "x"(v)); \
+    }
+    PA_EMU2_DE(c00, c01, c10, c11) PA_EMU2_DE(c20, c21, c30, c31) PA_EMU2_DE(c40, c41, c50, c51)
+#undef PA_EMU2_DE
     const unsigned int flags = _mm_getcsr();
     _mm_setcsr(csr);
-    __m256i sub = _mm256_or_si256(_mm256_or_si256(pa_emu2_sub(c00), pa_emu2_sub(c01)),
-                                  _mm256_or_si256(pa_emu2_sub(c10), pa_emu2_sub(c11)));
-    sub = _mm256_or_si256(sub, _mm256_or_si256(_mm256_or_si256(pa_emu2_sub(c20), pa_emu2_sub(c21)),
-                                               _mm256_or_si256(pa_emu2_sub(c30), pa_emu2_sub(c31))));
-    if ((flags & (PA_MXCSR_DE | PA_MXCSR_UE)) || !_mm256_testz_si256(sub, sub)) {
+    _mm256_store_ps(acc + 0, c00), _mm256_store_ps(acc + 8, c01);
+    _mm256_store_ps(acc + 16, c10), _mm256_store_ps(acc + 24, c11);
+    _mm256_store_ps(acc + 32, c20), _mm256_store_ps(acc + 40, c21);
+    _mm256_store_ps(acc + 48, c30), _mm256_store_ps(acc + 56, c31);
+    _mm256_store_ps(acc + 64, c40), _mm256_store_ps(acc + 72, c41);
+    _mm256_store_ps(acc + 80, c50), _mm256_store_ps(acc + 88, c51);
+    if (flags & (PA_MXCSR_DE | PA_MXCSR_UE))
         pa_emu_exact(kc, A, B, MR, NR, acc);                /* a flush may matter: the contract, op by op */
-        pa_emu_store(acc, NR, C, rs, cs, m, n, accumulate);
-        return;
-    }
     if (m == MR && n == NR && cs == 1) {
-        __m256 *r[MR][2] = {{&c00, &c01}, {&c10, &c11}, {&c20, &c21}, {&c30, &c31}};
         for (int i = 0; i < MR; i++) {
             float *ci = C + i * rs;
-            __m256 x0 = *r[i][0], x1 = *r[i][1];
+            __m256 x0 = _mm256_load_ps(acc + i * NR), x1 = _mm256_load_ps(acc + i * NR + 8);
             if (accumulate) {
                 x0 = _mm256_add_ps(_mm256_loadu_ps(ci), x0);
                 x1 = _mm256_add_ps(_mm256_loadu_ps(ci + 8), x1);
@@ -159,10 +162,6 @@ void pa_gemm_bf16_avx2(pa_ssize kc, const void *A_, pa_ssize a_rs, pa_ssize a_cs
         }
         return;
     }
-    _mm256_store_ps(acc + 0, c00), _mm256_store_ps(acc + 8, c01);
-    _mm256_store_ps(acc + 16, c10), _mm256_store_ps(acc + 24, c11);
-    _mm256_store_ps(acc + 32, c20), _mm256_store_ps(acc + 40, c21);
-    _mm256_store_ps(acc + 48, c30), _mm256_store_ps(acc + 56, c31);
     pa_emu_store(acc, NR, C, rs, cs, m, n, accumulate);
 }
 #undef PA_EMU2_MR
@@ -179,20 +178,23 @@ void pa_gemm_bf16_avx512(pa_ssize kc, const void *A_, pa_ssize a_rs, pa_ssize a_
     enum { MR = PA_EMU5_MR, NR = PA_EMU5_NR };
     const uint16_t *A = (const uint16_t *)A_, *B = (const uint16_t *)B_;
     float *C = (float *)C_;
-    float Af[PA_GEMM_KC_BF16 * MR] __attribute__((aligned(64)));
+    float Ao[PA_GEMM_KC_BF16 / 2 * MR + 16] __attribute__((aligned(64)));  /* odd elements, [q][i] */
+    float Ae[PA_GEMM_KC_BF16 / 2 * MR + 16] __attribute__((aligned(64)));  /* even elements */
     float acc[MR * NR] __attribute__((aligned(64)));
     (void)a_rs; (void)a_cs; (void)b_rs;
-    const pa_ssize nq = kc / 2, na = nq * 2 * MR;
+    const pa_ssize nq = kc / 2, nw = nq * MR;
+    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+    const uint32_t *Aw = (const uint32_t *)A_;
     pa_ssize t = 0;
-    for (; t + 16 <= na; t += 16) {
-        const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(A + t)));
-        _mm512_store_ps(Af + t, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
+    for (; t + 16 <= nw; t += 16) {
+        const __m512i w = _mm512_loadu_si512((const void *)(Aw + t));
+        _mm512_store_si512((void *)(Ao + t), _mm512_and_si512(w, hi));
+        _mm512_store_si512((void *)(Ae + t), _mm512_slli_epi32(w, 16));
     }
-    for (; t < na; t++) Af[t] = pa_bf16_to_f32(A[t]);
+    for (; t < nw; t++) Ao[t] = pa_bf16_to_f32(A[2 * t + 1]), Ae[t] = pa_bf16_to_f32(A[2 * t]);
     const unsigned int csr = _mm_getcsr();
     _mm_setcsr(csr & ~(PA_MXCSR_DE | PA_MXCSR_UE));
     __asm__ volatile("" ::: "memory");
-    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
     __m512 c[MR][2];
     for (int i = 0; i < MR; i++) c[i][0] = c[i][1] = _mm512_setzero_ps();
     for (pa_ssize q = 0; q < nq; q++) {
@@ -202,27 +204,24 @@ void pa_gemm_bf16_avx512(pa_ssize kc, const void *A_, pa_ssize a_rs, pa_ssize a_
         const __m512 o1 = _mm512_castsi512_ps(_mm512_and_si512(w1, hi));
         const __m512 e0 = _mm512_castsi512_ps(_mm512_slli_epi32(w0, 16));
         const __m512 e1 = _mm512_castsi512_ps(_mm512_slli_epi32(w1, 16));
-        const float *a = Af + q * MR * 2;
+        const float *ao = Ao + q * MR, *ae = Ae + q * MR;
         for (int i = 0; i < MR; i++) {
-            const __m512 a1 = _mm512_set1_ps(a[2 * i + 1]);
+            const __m512 a1 = _mm512_set1_ps(ao[i]);
             c[i][0] = _mm512_fmadd_ps(a1, o0, c[i][0]);
             c[i][1] = _mm512_fmadd_ps(a1, o1, c[i][1]);
-            const __m512 a0 = _mm512_set1_ps(a[2 * i]);
+            const __m512 a0 = _mm512_set1_ps(ae[i]);
             c[i][0] = _mm512_fmadd_ps(a0, e0, c[i][0]);
             c[i][1] = _mm512_fmadd_ps(a0, e1, c[i][1]);
         }
     }
-    for (int i = 0; i < MR; i++) __asm__ volatile("" : "+v"(c[i][0]), "+v"(c[i][1]));
+    const __m512 one = _mm512_set1_ps(1.0f);               /* a subnormal final sum raises DE (above) */
+    for (int i = 0; i < MR; i++) {
+        const __m512 p = _mm512_mul_ps(c[i][0], one), r = _mm512_mul_ps(c[i][1], one);
+        __asm__ volatile("" : "+v"(c[i][0]), "+v"(c[i][1]) : "v"(p), "v"(r));
+    }
     const unsigned int flags = _mm_getcsr();
     _mm_setcsr(csr);
-    __mmask16 sub = 0;
-    const __m512i mag = _mm512_set1_epi32(0x7fffffff), one = _mm512_set1_epi32(1), top = _mm512_set1_epi32(0x7ffffe);
-    for (int i = 0; i < MR; i++)
-        for (int h = 0; h < 2; h++) {
-            const __m512i x = _mm512_sub_epi32(_mm512_and_si512(_mm512_castps_si512(c[i][h]), mag), one);
-            sub |= _mm512_cmple_epu32_mask(x, top);
-        }
-    if ((flags & (PA_MXCSR_DE | PA_MXCSR_UE)) || sub) {
+    if (flags & (PA_MXCSR_DE | PA_MXCSR_UE)) {
         pa_emu_exact(kc, A, B, MR, NR, acc);
         pa_emu_store(acc, NR, C, rs, cs, m, n, accumulate);
         return;
