@@ -19,7 +19,7 @@
  * by 1 before the flags are read) or UE (a tiny inexact result) means a
  * flush could have mattered,
  * and the tile is recomputed by the scalar loop below (DAZ and FTZ per
- * operation, ref.c's formula). MXCSR is put back as it was, flags included.
+ * operation, ref.c's formula). DE and UE are put back as they were (pa_emu_csr_end).
  * Where the caller runs with MXCSR's DAZ / FTZ set, the hardware flushes as
  * the contract does (FTZ still raises UE), and the scalar loop runs under
  * the same MXCSR. Finite bfloat16 data of normal range (all data a model
@@ -46,6 +46,26 @@ static inline float pa_emu_daz(uint16_t h)
 static inline float pa_emu_ftz(float x)
 {
     return fabsf(x) < 1.17549435e-38f ? copysignf(0.0f, x) : x;
+}
+
+/* MXCSR with DE and UE clear, returning it as it was. ldmxcsr costs tens
+ * of cycles (10 % of a call on attention's short K panels), so it is only
+ * written when one of the two flags is set (rarely: they are sticky, but
+ * nothing in a float32 program of normal numbers raises them). */
+static inline unsigned int pa_emu_csr_begin(void)
+{
+    const unsigned int csr = _mm_getcsr();
+    if (csr & (PA_MXCSR_DE | PA_MXCSR_UE)) _mm_setcsr(csr & ~(PA_MXCSR_DE | PA_MXCSR_UE));
+    return csr;
+}
+/* MXCSR's flags after the FMAs; DE and UE put back as they were in csr
+ * (written only when they differ; the other flags the FMAs raised -- inexact,
+ * invalid for a NaN -- stay raised, as after any float32 arithmetic) */
+static inline unsigned int pa_emu_csr_end(unsigned int csr)
+{
+    const unsigned int flags = _mm_getcsr(), du = PA_MXCSR_DE | PA_MXCSR_UE;
+    if ((flags ^ csr) & du) _mm_setcsr((flags & ~du) | (csr & du));
+    return flags;
 }
 
 /* The contract on pair panels of MR rows and NR columns, one scalar
@@ -104,8 +124,7 @@ void pa_gemm_bf16_avx2(pa_ssize kc, const void *A_, pa_ssize a_rs, pa_ssize a_cs
         _mm256_store_si256((__m256i *)(Ae + t), _mm256_slli_epi32(w, 16));
     }
     for (; t < nw; t++) Ao[t] = pa_bf16_to_f32(A[2 * t + 1]), Ae[t] = pa_bf16_to_f32(A[2 * t]);
-    const unsigned int csr = _mm_getcsr();
-    _mm_setcsr(csr & ~(PA_MXCSR_DE | PA_MXCSR_UE));
+    const unsigned int csr = pa_emu_csr_begin();
     __asm__ volatile("" ::: "memory");
     __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
     __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
@@ -139,8 +158,7 @@ void pa_gemm_bf16_avx2(pa_ssize kc, const void *A_, pa_ssize a_rs, pa_ssize a_cs
     }
     PA_EMU2_DE(c00, c01, c10, c11) PA_EMU2_DE(c20, c21, c30, c31) PA_EMU2_DE(c40, c41, c50, c51)
 #undef PA_EMU2_DE
-    const unsigned int flags = _mm_getcsr();
-    _mm_setcsr(csr);
+    const unsigned int flags = pa_emu_csr_end(csr);
     _mm256_store_ps(acc + 0, c00), _mm256_store_ps(acc + 8, c01);
     _mm256_store_ps(acc + 16, c10), _mm256_store_ps(acc + 24, c11);
     _mm256_store_ps(acc + 32, c20), _mm256_store_ps(acc + 40, c21);
@@ -192,8 +210,7 @@ void pa_gemm_bf16_avx512(pa_ssize kc, const void *A_, pa_ssize a_rs, pa_ssize a_
         _mm512_store_si512((void *)(Ae + t), _mm512_slli_epi32(w, 16));
     }
     for (; t < nw; t++) Ao[t] = pa_bf16_to_f32(A[2 * t + 1]), Ae[t] = pa_bf16_to_f32(A[2 * t]);
-    const unsigned int csr = _mm_getcsr();
-    _mm_setcsr(csr & ~(PA_MXCSR_DE | PA_MXCSR_UE));
+    const unsigned int csr = pa_emu_csr_begin();
     __asm__ volatile("" ::: "memory");
     __m512 c[MR][2];
     for (int i = 0; i < MR; i++) c[i][0] = c[i][1] = _mm512_setzero_ps();
@@ -219,8 +236,7 @@ void pa_gemm_bf16_avx512(pa_ssize kc, const void *A_, pa_ssize a_rs, pa_ssize a_
         const __m512 p = _mm512_mul_ps(c[i][0], one), r = _mm512_mul_ps(c[i][1], one);
         __asm__ volatile("" : "+v"(c[i][0]), "+v"(c[i][1]) : "v"(p), "v"(r));
     }
-    const unsigned int flags = _mm_getcsr();
-    _mm_setcsr(csr);
+    const unsigned int flags = pa_emu_csr_end(csr);
     if (flags & (PA_MXCSR_DE | PA_MXCSR_UE)) {
         pa_emu_exact(kc, A, B, MR, NR, acc);
         pa_emu_store(acc, NR, C, rs, cs, m, n, accumulate);
