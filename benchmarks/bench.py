@@ -1,4 +1,5 @@
-"""pyattn benchmark: pyattn vs NumPy vs PyTorch, side by side in one run.
+"""pyattn benchmark: pyattn vs NumPy, PyTorch, ONNX Runtime and OpenVINO, side by side in one run
+(ONNX Runtime and OpenVINO where installed, each optional: benchmarks/peers.py).
 
     python benchmarks/bench.py            # the full table (about 10 minutes on a 2-vCPU Zen 4)
     python benchmarks/bench.py --quick    # a smaller set of cases (a few minutes there)
@@ -9,7 +10,7 @@ variables of every library set (PYATTN_NUM_THREADS, OMP_NUM_THREADS,
 OPENBLAS_NUM_THREADS, MKL_NUM_THREADS, torch.set_num_threads, and, when
 threadpoolctl is installed, threadpool_limits on every BLAS and OpenMP pool it
 finds), so all three use the same number of cores and none oversubscribes them.
-`--quick` leaves out the bfloat16 rows where the CPU has no AVX512_BF16 (their
+`--quick` leaves out the bfloat16 rows where they run on the portable family (its
 exact emulation is slow: most of a --quick run's time there); `--only bf16`
 runs them anyway. Inside a worker the implementations of a case
 run interleaved (round robin, `--repeat` rounds) and the table reports the
@@ -35,6 +36,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import peers  # noqa: E402  (benchmarks/peers.py: ONNX Runtime and OpenVINO beside torch)
 
 
 # ---------------------------------------------------------------- worker side
@@ -250,6 +253,8 @@ def worker(args):
             tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
             F = torch.nn.functional
             impls["torch"] = lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
+        impls.update(peers.attention_impls(q, k, v, causal, args.threads))     # ONNX Runtime, OpenVINO
+        peers.check(impls, impls["pyattn"]())
         if L <= 2048:
             tril = np.tril(np.ones((L, L), bool))
 
@@ -309,9 +314,9 @@ def worker(args):
     if want("paged"):
         paged(args, rng, run)
     from pyattn import _C
-    bf16_emulated = "emul" in _C.config()["gemm_bf16"]
+    bf16_emulated = _C.config()["gemm_bf16"].endswith("_ref")      # the portable scalar emulation
     if want("bf16") and args.quick and bf16_emulated and not args.only:
-        print("bench: --quick leaves out the bfloat16 rows: this CPU has no AVX512_BF16, and their "
+        print("bench: --quick leaves out the bfloat16 rows: the portable family runs them, and its "
               "exact emulation is slow (--only bf16 runs them)", file=sys.stderr, flush=True)
     elif want("bf16"):
         t = time.perf_counter()
@@ -1056,6 +1061,7 @@ def targets(rows, mem):
                 frac = 100 * b["build_ms"] / bm_["min_ms"]
                 line(f"BlockMask build, {b['mask']} (L=S={b['L']}): % of one forward",
                      f"{frac:.2f} % ({b['build_ms']:.1f} ms)", "<= 5 %", frac <= 5)
+    peers.target_lines(data, line)                  # pyattn >= 1.15x ONNX Runtime, OpenVINO
     if mem is not None:
         line("causal L=S=32768 E=64: peak memory growth", f"{mem:.1f} MB", "< 64 MB", mem < 64)
     # FlashAttention's interface (pyattn.flash): within 5 % of pyattn's own API;
@@ -1158,6 +1164,7 @@ def main():
     tv = next((r["torch"] for r in rows if r.get("kind") == "impls"), "unknown")
     head.append(f"PyTorch {tv}" if tv else "PyTorch: not installed, so no torch rows and no targets "
                 "against it (pip install torch==2.13.0)")
+    head.append(peers.versions())
     kern = next((r for r in rows if r.get("kind") == "kernel" and r.get("kernel_pct")), None)
     if kern:
         head.append(f"GEMM micro-kernel alone, panels in L1, 1 thread, best of {kern['rounds']} spread over "

@@ -189,18 +189,22 @@ done:
 /* ---- the bfloat16 GEMM kernel: every edge tile, DAZ / FTZ ----------------
  * The twin: vdpbf16ps as the contract states it (pairs in order of q, the
  * odd element first, each a fused multiply-add of DAZ inputs with an FTZ
- * result), then C = acc or C += acc. */
+ * result), then C = acc or C += acc; on operands with DAZ / FTZ cases, then
+ * on operands of normal range only. */
 static float kc_daz(uint16_t h)
 {
     return (h & 0x7f80u) ? kc_bf16(h) : kc_bf16((uint16_t)(h & 0x8000u));
 }
 static float kc_ftz(float x) { return fabsf(x) < 1.17549435e-38f ? copysignf(0.0f, x) : x; }
 
-static uint16_t kc_bf16_operand(kc_ctx *k)
+/* normal: only finite values around 1, whose products and sums stay normal
+ * (the kernels that emulate the instruction on FMAs run them on their fast
+ * path; the other operands make them take their exact loop) */
+static uint16_t kc_bf16_operand(kc_ctx *k, int normal)
 {
     const uint64_t r = kc_next(k);
     const unsigned sign = (unsigned)(r & 1) << 15, man = (unsigned)(r >> 8) & 0x7f;
-    const unsigned pick = (unsigned)(r >> 20) % 40;
+    const unsigned pick = normal ? 39 : (unsigned)(r >> 20) % 40;
     unsigned ex = 120 + (unsigned)(r >> 28) % 14;            /* around 1 */
     if (pick == 0) ex = 0;                                    /* subnormal: read as 0 */
     else if (pick == 1) ex = 1 + (unsigned)(r >> 36) % 8;     /* tiny: products underflow (FTZ) */
@@ -226,10 +230,10 @@ static void kc_gemm_bf16(kc_ctx *k)
     float *acc = kc_alloc(k, MR * NR * sizeof(float)), *C = kc_alloc(k, CS * sizeof(float));
     float *C0 = kc_alloc(k, CS * sizeof(float)), *X = kc_alloc(k, CS * sizeof(float));
     if (k->oom) goto done;
-    for (int ki = 0; ki < 4; ki++) {
-        const pa_ssize kc = kcs[ki];
-        for (pa_ssize t = 0; t < KMAX * MR; t++) A[t] = kc_bf16_operand(k);
-        for (pa_ssize t = 0; t < KMAX * NR; t++) B[t] = kc_bf16_operand(k);
+    for (int ki = 0; ki < 8; ki++) {
+        const pa_ssize kc = kcs[ki % 4];
+        for (pa_ssize t = 0; t < KMAX * MR; t++) A[t] = kc_bf16_operand(k, ki >= 4);
+        for (pa_ssize t = 0; t < KMAX * NR; t++) B[t] = kc_bf16_operand(k, ki >= 4);
         for (int i = 0; i < MR; i++)
             for (int j = 0; j < NR; j++) {
                 float s = 0;
@@ -405,4 +409,17 @@ int pa_kernel_check(const pa_family *f, int kind, pa_kc_result *res)
         k.vl[d] = k.vocab[d] ? k.vocab[d](PA_VOP_LANES, NULL, NULL, NULL, NULL, 0) : 0;
     kc_kinds[kind].fn(&k);
     return k.oom ? -1 : 0;
+}
+
+/* The shared vector exp of family f on n values of compute dtype `dtype`
+ * (the vocabulary hook's PA_VOP_EXP), for tests/test_exp.py. Returns the
+ * family's VL, 0 when the family has no vector exp (the generic family:
+ * the C library's), or -1 when n is not a multiple of 16. */
+int pa_kc_vexp(const pa_family *f, int dtype, const void *x, void *y, pa_ssize n)
+{
+    pa_vocab_fn v[PA_NCOMPUTE];
+    kc_hooks(f->isa, v);
+    if (dtype < 0 || dtype >= PA_NCOMPUTE || !v[dtype]) return 0;
+    if (n % 16) return -1;
+    return n ? v[dtype](PA_VOP_EXP, x, x, x, y, n) : 16;
 }

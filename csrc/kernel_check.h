@@ -30,10 +30,18 @@ const char *pa_kc_kind_name(int kind);
  * Returns 0, or -1 when out of memory. Reads no global state; runs no threads. */
 int pa_kernel_check(const pa_family *f, int kind, pa_kc_result *res);
 
+/* The shared vector exp of f (its vocabulary's vexp) on n values (n a
+ * multiple of 16) of compute dtype `dtype`: returns VL, 0 where f has no
+ * vector exp, -1 for a bad n. A test hook (pyattn._C._vexp). */
+int pa_kc_vexp(const pa_family *f, int dtype, const void *x, void *y, pa_ssize n);
+
 #ifdef Py_PYTHON_H
 /* pyattn._C._kernel_check (kernel_check_py.c): the binding, for module.c's method table */
 PyObject *pa_py_kernel_check(PyObject *self, PyObject *args);
 extern const char pa_kernel_check_doc[];
+/* pyattn._C._vexp (kernel_check_py.c) */
+PyObject *pa_py_vexp(PyObject *self, PyObject *args);
+extern const char pa_vexp_doc[];
 #endif
 
 #endif

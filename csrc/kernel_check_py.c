@@ -114,3 +114,51 @@ fail:
     PyMem_Free(run);
     return out;
 }
+
+const char pa_vexp_doc[] =
+    "_vexp(isa, x) -> (family, bytes)\n\n"
+    "The shared vector exp (kernels/vec/exp_vec.inc) of the family for isa code `isa` (as\n"
+    "select_isa: capped at what the CPU has; `family` says which ran) on x, a C-contiguous\n"
+    "buffer of float32 ('f') or float64 ('d') whose length is a multiple of 16: its results'\n"
+    "bytes. ValueError for a family without a vector exp (generic) or a bad x. A test hook.";
+
+PyObject *pa_py_vexp(PyObject *self, PyObject *args)
+{
+    int isa, dtype = -1, vl = 0;
+    PyObject *obj, *out = NULL, *res = NULL;
+    Py_buffer x = {0};
+    Py_ssize_t es = 0;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "iO:_vexp", &isa, &obj)) return NULL;
+    if (isa < -1 || isa >= PA_ISA_COUNT) {
+        PyErr_Format(PyExc_ValueError, "isa must be -1 to %d, got %d", PA_ISA_COUNT - 1, isa);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(obj, &x, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (x.format && strcmp(x.format, "f") == 0) dtype = PA_F32, es = 4;
+    if (x.format && strcmp(x.format, "d") == 0) dtype = PA_F64, es = 8;
+    if (dtype < 0) {
+        PyErr_SetString(PyExc_ValueError, "x must be a C-contiguous float32 or float64 buffer");
+        goto fail;
+    }
+    if (x.len % (16 * es)) {
+        PyErr_SetString(PyExc_ValueError, "x's length must be a multiple of 16");
+        goto fail;
+    }
+    const pa_family *f = pa_choose_family(isa);
+    out = PyBytes_FromStringAndSize(NULL, x.len);
+    if (!out) goto fail;
+    char *y = PyBytes_AS_STRING(out);
+    Py_BEGIN_ALLOW_THREADS
+    vl = pa_kc_vexp(f, dtype, x.buf, y, x.len / es);
+    Py_END_ALLOW_THREADS
+    if (vl <= 0) {
+        PyErr_Format(PyExc_ValueError, "the %s family has no vector exp", pa_isa_name(f->isa));
+        goto fail;
+    }
+    res = Py_BuildValue("(sO)", pa_isa_name(f->isa), out);
+fail:
+    Py_XDECREF(out);
+    PyBuffer_Release(&x);
+    return res;
+}

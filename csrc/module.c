@@ -1486,6 +1486,7 @@ static PyMethodDef methods[] = {
     {"quantize", pa_py_quantize, METH_VARARGS, pa_quantize_doc},
     {"dequantize", pa_py_dequantize, METH_VARARGS, pa_dequantize_doc},
     {"_bm_pack", pa_py_bm_pack, METH_VARARGS, pa_bm_pack_doc},
+    {"_vexp", pa_py_vexp, METH_VARARGS, pa_vexp_doc},
     {NULL, NULL, 0, NULL},
 };
 

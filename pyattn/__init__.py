@@ -80,6 +80,15 @@ def get_num_threads() -> int:
     return _C.get_num_threads()
 
 
+def _bf16_how(kernel):
+    """show_config's word on the bfloat16 products: native or emulated, and how"""
+    if kernel.endswith("avx512bf16"):
+        return "native: AVX512_BF16's vdpbf16ps"
+    if kernel.endswith("_ref"):
+        return "emulated: portable scalar C, much slower than float32"
+    return "emulated on float32 FMAs, the same bits, about float32 speed: this CPU has no AVX512_BF16"
+
+
 def show_config() -> None:
     """Print the version, compiler, kernel family and its kernels, and threads.
 
@@ -116,7 +125,8 @@ def show_config() -> None:
           f"(query rows x keys per tile: {c['attn_f32_tile'][0]}x{c['attn_f32_tile'][1]}, "
           f"{c['attn_f64_tile'][0]}x{c['attn_f64_tile'][1]})")
     print(f"  tile softmax steps: {c['tilesm_f32']}, {c['tilesm_f64']}")
-    print(f"  bfloat16 products : {c['gemm_bf16']} (precision='bf16')")
+    print(f"  bfloat16 products : {c['gemm_bf16']} (precision='bf16'; "
+          f"{_bf16_how(c['gemm_bf16'])})")
     print(f"  backward steps    : {c['backward_f32']}, {c['backward_ds_f32']} (and their float64 twins; "
           f"dK, dV summed over query chunks of 48)")
     print(f"  softmax rows      : {c['softmax_f32']}, {c['softmax_f64']}")

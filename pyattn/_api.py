@@ -42,8 +42,10 @@ def matmul(a, b, /, *, out=None, precision=None):
         ``"bf16"`` (opt-in, float32 and 16-bit operands only): every element
         of ``a`` and ``b`` is rounded to bfloat16 (nearest even), the
         products are exact and summed in float32 -- on AVX512_BF16's
-        ``vdpbf16ps`` where the CPU has it (``show_config()`` names the
-        kernel), elsewhere by its exact emulation (the same bits, slower).
+        ``vdpbf16ps`` where the CPU has it, elsewhere by its exact emulation
+        (the same bits; on x86 float32 FMAs at about float32 speed, on the
+        portable family scalar C, much slower); ``show_config()`` names the
+        kernel and says native or emulated.
         The result stays float32.
 
     Returns
@@ -262,7 +264,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         ``"bf16"`` (opt-in; float32 and 16-bit inputs; not with
         ``return_weights``): query, key and value are rounded to bfloat16
         and multiplied on bfloat16 products with float32 sums (AVX512_BF16's
-        ``vdpbf16ps`` where the CPU has it, else its exact emulation); the
+        ``vdpbf16ps`` where the CPU has it, else its exact emulation, as in
+        :func:`matmul`); the
         scale is applied to the float32 scores; the unnormalised weights
         ``exp(s - m)`` of each 60-key tile (``m``: the running row max over
         the tiles so far) are rounded to bfloat16 before they multiply

@@ -10,6 +10,9 @@ from pyattn import _C, _reference as R
 from conftest import check, mag_matmul
 
 ISA = pyattn._ISA_CODES      # PYATTN_ISA's words -> codes (csrc/registry.h)
+# the emulation of vdpbf16ps each family runs where the CPU lacks AVX512_BF16
+EMULATION = {"generic": "pa_gemm_bf16_ref", "avx2": "pa_gemm_bf16_avx2", "avx512emu": "pa_gemm_bf16_avx2",
+             "avx512": "pa_gemm_bf16_avx512"}
 
 
 def native_bf16():
@@ -119,11 +122,53 @@ def test_emulation_is_the_instruction_bit_for_bit(rng, family, M, K, N):
             native = pyattn.matmul(a, b, precision="bf16")
         for isa in ("avx2", "generic", "avx512emu"):
             _C.select_isa(ISA[isa])
-            assert _C.config()["gemm_bf16"] == "pa_gemm_bf16_ref"
+            assert _C.config()["gemm_bf16"] == EMULATION[isa]
             with np.errstate(all="ignore"):
                 emu = pyattn.matmul(a, b, precision="bf16")
             assert bits(native) == bits(emu), isa
         _C.select_isa(ISA["avx512"])
+
+
+_AVX512_EMU_CHILD = r"""
+import sys, numpy as np
+sys.path.insert(0, sys.argv[1])
+import pyattn
+from pyattn import _C
+assert _C.config()["gemm_bf16"] == "pa_gemm_bf16_avx512", _C.config()["gemm_bf16"]
+d = np.load(sys.argv[2])
+with np.errstate(all="ignore"):
+    outs = [pyattn.matmul(d["a"], d["b"], precision="bf16"), pyattn.matmul(d["e"], d["f"], precision="bf16"),
+            pyattn.scaled_dot_product_attention(d["q"], d["k"], d["v"], is_causal=True, precision="bf16")]
+np.savez(sys.argv[3], *outs)
+"""
+
+
+def test_avx512_emulation_is_the_instruction(rng, tmp_path):
+    """The avx512 family's emulation (PYATTN_TEST_CPU=nobf16 makes this CPU
+    take it) against vdpbf16ps, in a child process: normal and edge operands,
+    matmul and attention."""
+    import os
+    import subprocess
+    import sys
+    if not native_bf16():
+        pytest.skip("this CPU has no AVX512_BF16 (vdpbf16ps): nothing to compare the emulation to")
+    a, b = rng.standard_normal((97, 700)).astype(np.float32), rng.standard_normal((700, 70)).astype(np.float32)
+    e, f = edge_operands(rng, 40, 300, 37)
+    q = rng.standard_normal((1, 2, 150, 64)).astype(np.float32)
+    k = rng.standard_normal((1, 2, 170, 64)).astype(np.float32)
+    v = rng.standard_normal((1, 2, 170, 40)).astype(np.float32)
+    with np.errstate(all="ignore"):
+        want = [pyattn.matmul(a, b, precision="bf16"), pyattn.matmul(e, f, precision="bf16"),
+                pyattn.scaled_dot_product_attention(q, k, v, is_causal=True, precision="bf16")]
+    np.savez(tmp_path / "in.npz", a=a, b=b, e=e, f=f, q=q, k=k, v=v)
+    root = os.path.dirname(os.path.dirname(pyattn.__file__))
+    env = dict(os.environ, PYATTN_TEST_CPU="nobf16", PYATTN_ISA="avx512")
+    r = subprocess.run([sys.executable, "-c", _AVX512_EMU_CHILD, root, str(tmp_path / "in.npz"),
+                        str(tmp_path / "out.npz")], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    got = np.load(tmp_path / "out.npz")
+    for i, w in enumerate(want):
+        assert bits(got[f"arr_{i}"]) == bits(w), i
 
 
 def test_every_family_gives_the_same_bits(rng, family):
@@ -267,7 +312,7 @@ def test_attention_bf16_emulation_is_the_instruction(rng, family):
     native = pyattn.scaled_dot_product_attention(q, k, v, **kw)
     for isa in ("avx2", "avx512emu"):
         _C.select_isa(ISA[isa])
-        assert _C.config()["gemm_bf16"] == "pa_gemm_bf16_ref"
+        assert _C.config()["gemm_bf16"] == EMULATION[isa]
         assert bits(pyattn.scaled_dot_product_attention(q, k, v, **kw)) == bits(native), isa
 
 

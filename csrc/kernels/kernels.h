@@ -46,6 +46,9 @@ PA_FAMILIES(PA_DECL_FAMILY, _)
 pa_gemm_sig pa_gemm_bf16_ref;
 #ifdef PA_HAVE_X86_KERNELS
 pa_gemm_sig pa_gemm_bf16_avx512bf16;
+/* the same products on float32 FMAs (kernels/x86/bf16emu.c), where AVX512_BF16 is missing */
+pa_gemm_sig pa_gemm_bf16_avx2;
+pa_gemm_sig pa_gemm_bf16_avx512;
 double pa_bf16_probe_avx512bf16(long long iters, float *sink);
 /* the FMA peak probe of the avx2 family (kernels/vec/probe_vec.inc), which
  * avx512emu borrows */

@@ -35,7 +35,7 @@
 #define PA_TILE_gemm_f64 12, 16, PA_GEMM_KC, 96, 1024
 const pa_family pa_family_avx512 = {
     PA_FAMILY_KERNELS(avx512),
-    .gemm_bf16 = {PA_NAMED(pa_gemm_bf16_ref), 4, 16, PA_GEMM_KC_BF16, 64, 2048},
+    .gemm_bf16 = {PA_NAMED(pa_gemm_bf16_avx512), 12, 32, PA_GEMM_KC_BF16, 96, 2048},
     .attn_bq = {96, 48},
     .fma_probe = pa_fma_probe_avx512, .fma_lanes = 16,
 };

@@ -1,0 +1,268 @@
+/*
+ * bf16emu.c -- precision="bf16" on x86 CPUs without AVX512_BF16: the
+ * products of vdpbf16ps (the gemm_bf16 contract, csrc/README.md) on float32
+ * FMAs, the same bits as kernels/ref/ref.c's exact emulation, at float32
+ * speed. Exports pa_gemm_bf16_avx2 (6 x 16, the avx2 and avx512emu
+ * families) and pa_gemm_bf16_avx512 (12 x 32, the avx512 family where the
+ * CPU lacks AVX512_BF16).
+ *
+ * Why plain FMAs are exact: a bfloat16 value widens to float32 exactly (its
+ * bits << 16), the product of two has at most 16 significant bits, so
+ * fma(a, b, acc) rounds once, as the instruction does. The instruction's
+ * only other rules are DAZ (a subnormal input reads as 0) and FTZ (a
+ * subnormal result becomes a zero of its sign), and where no input and no
+ * result is subnormal both are the identity. So the kernel runs the FMAs in
+ * the contract's order (per pair q: the odd element's product, then the
+ * even one's, one accumulator per output) with MXCSR's DE and UE flags
+ * cleared, and reads them afterwards: DE (a subnormal operand: an input, an
+ * exact subnormal sum fed to the next FMA, or a final sum, each multiplied
+ * by 1 before the flags are read) or UE (a tiny inexact result) means a
+ * flush could have mattered,
+ * and the tile is recomputed by the scalar loop below (DAZ and FTZ per
+ * operation, ref.c's formula). DE and UE are put back as they were (pa_emu_csr_end).
+ * Where the caller runs with MXCSR's DAZ / FTZ set, the hardware flushes as
+ * the contract does (FTZ still raises UE), and the scalar loop runs under
+ * the same MXCSR. Finite bfloat16 data of normal range (all data a model
+ * holds, in practice) never takes the scalar loop.
+ *
+ * A's pairs are split to float32 once per call (odd elements: the high
+ * halves, masked; even: the low halves, shifted up; a mask and a shift per
+ * 8 / 16 pairs), so the loop body is a broadcast from memory and two FMAs
+ * per row and element; B's pairs are split the same way per q.
+ */
+#include "kernels/kernels.h"
+
+#ifdef PA_HAVE_X86_KERNELS
+#include <immintrin.h>
+#include <math.h>
+
+#define PA_MXCSR_DE 0x0002u      /* denormal operand */
+#define PA_MXCSR_UE 0x0010u      /* underflow (tiny and inexact) */
+
+static inline float pa_emu_daz(uint16_t h)
+{
+    return (h & 0x7f80u) ? pa_bf16_to_f32(h) : pa_bits_f32((uint32_t)(h & 0x8000u) << 16);
+}
+static inline float pa_emu_ftz(float x)
+{
+    return fabsf(x) < 1.17549435e-38f ? copysignf(0.0f, x) : x;
+}
+
+/* MXCSR with DE and UE clear, returning it as it was. ldmxcsr costs tens
+ * of cycles (10 % of a call on attention's short K panels), so it is only
+ * written when one of the two flags is set (rarely: they are sticky, but
+ * nothing in a float32 program of normal numbers raises them). */
+static inline unsigned int pa_emu_csr_begin(void)
+{
+    const unsigned int csr = _mm_getcsr();
+    if (csr & (PA_MXCSR_DE | PA_MXCSR_UE)) _mm_setcsr(csr & ~(PA_MXCSR_DE | PA_MXCSR_UE));
+    return csr;
+}
+/* MXCSR's flags after the FMAs; DE and UE put back as they were in csr
+ * (written only when they differ; the other flags the FMAs raised -- inexact,
+ * invalid for a NaN -- stay raised, as after any float32 arithmetic) */
+static inline unsigned int pa_emu_csr_end(unsigned int csr)
+{
+    const unsigned int flags = _mm_getcsr(), du = PA_MXCSR_DE | PA_MXCSR_UE;
+    if ((flags ^ csr) & du) _mm_setcsr((flags & ~du) | (csr & du));
+    return flags;
+}
+
+/* The contract on pair panels of MR rows and NR columns, one scalar
+ * operation at a time (ref.c's pa_gemm_bf16_ref for any tile): acc (MR x NR). */
+static void pa_emu_exact(pa_ssize kc, const uint16_t *A, const uint16_t *B, int MR, int NR, float *acc)
+{
+    for (int i = 0; i < MR * NR; i++) acc[i] = 0;
+    for (pa_ssize q = 0; q < kc / 2; q++) {
+        const uint16_t *a = A + q * MR * 2, *b = B + q * NR * 2;
+        for (int i = 0; i < MR; i++) {
+            const float a1 = pa_emu_daz(a[2 * i + 1]), a0 = pa_emu_daz(a[2 * i]);
+            for (int j = 0; j < NR; j++) {
+                const float t = pa_emu_ftz(fmaf(a1, pa_emu_daz(b[2 * j + 1]), acc[i * NR + j]));
+                acc[i * NR + j] = pa_emu_ftz(fmaf(a0, pa_emu_daz(b[2 * j]), t));
+            }
+        }
+    }
+}
+
+/* C (m x n corner, strides rs, cs) = acc or += acc (acc: MR x NR, row stride NR) */
+static void pa_emu_store(const float *acc, int NR, float *C, pa_ssize rs, pa_ssize cs, int m, int n,
+                         int accumulate)
+{
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            float *c = C + i * rs + j * cs;
+            *c = accumulate ? *c + acc[i * NR + j] : acc[i * NR + j];
+        }
+}
+
+/* ---- AVX2: 6 rows x 16 columns (12 accumulators) --------------------------
+ * Per pair q: the odd halves of B's 16 pairs, then every row's odd product;
+ * then the even halves and every row's even product: 12 accumulators, 2 B
+ * vectors and a broadcast live at a time (15 of the 16 YMM registers). */
+#define PA_EMU2_MR 6
+#define PA_EMU2_NR 16
+
+__attribute__((target("avx2,fma")))
+void pa_gemm_bf16_avx2(pa_ssize kc, const void *A_, pa_ssize a_rs, pa_ssize a_cs, const void *B_, pa_ssize b_rs,
+                       void *C_, pa_ssize rs, pa_ssize cs, int m, int n, int accumulate)
+{
+    enum { MR = PA_EMU2_MR, NR = PA_EMU2_NR };
+    const uint16_t *A = (const uint16_t *)A_, *B = (const uint16_t *)B_;
+    float *C = (float *)C_;
+    float Ao[PA_GEMM_KC_BF16 / 2 * MR + 8] __attribute__((aligned(32)));   /* odd elements, [q][i] */
+    float Ae[PA_GEMM_KC_BF16 / 2 * MR + 8] __attribute__((aligned(32)));   /* even elements */
+    float acc[MR * NR] __attribute__((aligned(32)));
+    (void)a_rs; (void)a_cs; (void)b_rs;
+    const pa_ssize nq = kc / 2, nw = nq * MR;               /* kc <= PA_GEMM_KC_BF16, even */
+    const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
+    const uint32_t *Aw = (const uint32_t *)A_;              /* one 32-bit pair per row and q */
+    pa_ssize t = 0;
+    for (; t + 8 <= nw; t += 8) {
+        const __m256i w = _mm256_loadu_si256((const __m256i *)(Aw + t));
+        _mm256_store_si256((__m256i *)(Ao + t), _mm256_and_si256(w, hi));
+        _mm256_store_si256((__m256i *)(Ae + t), _mm256_slli_epi32(w, 16));
+    }
+    for (; t < nw; t++) Ao[t] = pa_bf16_to_f32(A[2 * t + 1]), Ae[t] = pa_bf16_to_f32(A[2 * t]);
+    const unsigned int csr = pa_emu_csr_begin();
+    __asm__ volatile("" ::: "memory");
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+    __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+    for (pa_ssize q = 0; q < nq; q++) {
+        const __m256i *w = (const __m256i *)(B + q * NR * 2);
+        const float *ao = Ao + q * MR, *ae = Ae + q * MR;
+        __m256 b0 = _mm256_castsi256_ps(_mm256_and_si256(_mm256_loadu_si256(w), hi));      /* odd */
+        __m256 b1 = _mm256_castsi256_ps(_mm256_and_si256(_mm256_loadu_si256(w + 1), hi));
+#define PA_EMU2_ROW(i, a, x0, x1)                               \
+        {                                                       \
+            const __m256 ai = _mm256_broadcast_ss(a + i);       \
+            x0 = _mm256_fmadd_ps(ai, b0, x0);                   \
+            x1 = _mm256_fmadd_ps(ai, b1, x1);                   \
+        }
+        PA_EMU2_ROW(0, ao, c00, c01) PA_EMU2_ROW(1, ao, c10, c11) PA_EMU2_ROW(2, ao, c20, c21)
+        PA_EMU2_ROW(3, ao, c30, c31) PA_EMU2_ROW(4, ao, c40, c41) PA_EMU2_ROW(5, ao, c50, c51)
+        b0 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256(w), 16));           /* even */
+        b1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256(w + 1), 16));
+        PA_EMU2_ROW(0, ae, c00, c01) PA_EMU2_ROW(1, ae, c10, c11) PA_EMU2_ROW(2, ae, c20, c21)
+        PA_EMU2_ROW(3, ae, c30, c31) PA_EMU2_ROW(4, ae, c40, c41) PA_EMU2_ROW(5, ae, c50, c51)
+#undef PA_EMU2_ROW
+    }
+    /* a subnormal final sum raises DE too, as an operand of a product by 1;
+     * the sums and those products exist before the flags are read */
+    const __m256 one = _mm256_set1_ps(1.0f);
+#define PA_EMU2_DE(x0, x1, x2, x3)                                                                     \
+    {                                                                                                  \
+        const __m256 p = _mm256_mul_ps(x0, one), r = _mm256_mul_ps(x1, one);                           \
+        const __m256 u = _mm256_mul_ps(x2, one), v = _mm256_mul_ps(x3, one);                           \
+        __asm__ volatile("" : "+x"(x0), "+x"(x1), "+x"(x2), "+x"(x3) : "x"(p), "x"(r), "x"(u), "x"(v)); \
+    }
+    PA_EMU2_DE(c00, c01, c10, c11) PA_EMU2_DE(c20, c21, c30, c31) PA_EMU2_DE(c40, c41, c50, c51)
+#undef PA_EMU2_DE
+    const unsigned int flags = pa_emu_csr_end(csr);
+    _mm256_store_ps(acc + 0, c00), _mm256_store_ps(acc + 8, c01);
+    _mm256_store_ps(acc + 16, c10), _mm256_store_ps(acc + 24, c11);
+    _mm256_store_ps(acc + 32, c20), _mm256_store_ps(acc + 40, c21);
+    _mm256_store_ps(acc + 48, c30), _mm256_store_ps(acc + 56, c31);
+    _mm256_store_ps(acc + 64, c40), _mm256_store_ps(acc + 72, c41);
+    _mm256_store_ps(acc + 80, c50), _mm256_store_ps(acc + 88, c51);
+    if (flags & (PA_MXCSR_DE | PA_MXCSR_UE))
+        pa_emu_exact(kc, A, B, MR, NR, acc);                /* a flush may matter: the contract, op by op */
+    if (m == MR && n == NR && cs == 1) {
+        for (int i = 0; i < MR; i++) {
+            float *ci = C + i * rs;
+            __m256 x0 = _mm256_load_ps(acc + i * NR), x1 = _mm256_load_ps(acc + i * NR + 8);
+            if (accumulate) {
+                x0 = _mm256_add_ps(_mm256_loadu_ps(ci), x0);
+                x1 = _mm256_add_ps(_mm256_loadu_ps(ci + 8), x1);
+            }
+            _mm256_storeu_ps(ci, x0);
+            _mm256_storeu_ps(ci + 8, x1);
+        }
+        return;
+    }
+    pa_emu_store(acc, NR, C, rs, cs, m, n, accumulate);
+}
+#undef PA_EMU2_MR
+#undef PA_EMU2_NR
+
+/* ---- AVX-512: 12 rows x 32 columns (24 accumulators) ---------------------- */
+#define PA_EMU5_MR 12
+#define PA_EMU5_NR 32
+
+__attribute__((target("avx512f")))
+void pa_gemm_bf16_avx512(pa_ssize kc, const void *A_, pa_ssize a_rs, pa_ssize a_cs, const void *B_, pa_ssize b_rs,
+                         void *C_, pa_ssize rs, pa_ssize cs, int m, int n, int accumulate)
+{
+    enum { MR = PA_EMU5_MR, NR = PA_EMU5_NR };
+    const uint16_t *A = (const uint16_t *)A_, *B = (const uint16_t *)B_;
+    float *C = (float *)C_;
+    float Ao[PA_GEMM_KC_BF16 / 2 * MR + 16] __attribute__((aligned(64)));  /* odd elements, [q][i] */
+    float Ae[PA_GEMM_KC_BF16 / 2 * MR + 16] __attribute__((aligned(64)));  /* even elements */
+    float acc[MR * NR] __attribute__((aligned(64)));
+    (void)a_rs; (void)a_cs; (void)b_rs;
+    const pa_ssize nq = kc / 2, nw = nq * MR;
+    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+    const uint32_t *Aw = (const uint32_t *)A_;
+    pa_ssize t = 0;
+    for (; t + 16 <= nw; t += 16) {
+        const __m512i w = _mm512_loadu_si512((const void *)(Aw + t));
+        _mm512_store_si512((void *)(Ao + t), _mm512_and_si512(w, hi));
+        _mm512_store_si512((void *)(Ae + t), _mm512_slli_epi32(w, 16));
+    }
+    for (; t < nw; t++) Ao[t] = pa_bf16_to_f32(A[2 * t + 1]), Ae[t] = pa_bf16_to_f32(A[2 * t]);
+    const unsigned int csr = pa_emu_csr_begin();
+    __asm__ volatile("" ::: "memory");
+    __m512 c[MR][2];
+    for (int i = 0; i < MR; i++) c[i][0] = c[i][1] = _mm512_setzero_ps();
+    for (pa_ssize q = 0; q < nq; q++) {
+        const __m512i w0 = _mm512_loadu_si512((const void *)(B + q * NR * 2));
+        const __m512i w1 = _mm512_loadu_si512((const void *)(B + q * NR * 2 + 32));
+        const __m512 o0 = _mm512_castsi512_ps(_mm512_and_si512(w0, hi));
+        const __m512 o1 = _mm512_castsi512_ps(_mm512_and_si512(w1, hi));
+        const __m512 e0 = _mm512_castsi512_ps(_mm512_slli_epi32(w0, 16));
+        const __m512 e1 = _mm512_castsi512_ps(_mm512_slli_epi32(w1, 16));
+        const float *ao = Ao + q * MR, *ae = Ae + q * MR;
+        for (int i = 0; i < MR; i++) {
+            const __m512 a1 = _mm512_set1_ps(ao[i]);
+            c[i][0] = _mm512_fmadd_ps(a1, o0, c[i][0]);
+            c[i][1] = _mm512_fmadd_ps(a1, o1, c[i][1]);
+            const __m512 a0 = _mm512_set1_ps(ae[i]);
+            c[i][0] = _mm512_fmadd_ps(a0, e0, c[i][0]);
+            c[i][1] = _mm512_fmadd_ps(a0, e1, c[i][1]);
+        }
+    }
+    const __m512 one = _mm512_set1_ps(1.0f);               /* a subnormal final sum raises DE (above) */
+    for (int i = 0; i < MR; i++) {
+        const __m512 p = _mm512_mul_ps(c[i][0], one), r = _mm512_mul_ps(c[i][1], one);
+        __asm__ volatile("" : "+v"(c[i][0]), "+v"(c[i][1]) : "v"(p), "v"(r));
+    }
+    const unsigned int flags = pa_emu_csr_end(csr);
+    if (flags & (PA_MXCSR_DE | PA_MXCSR_UE)) {
+        pa_emu_exact(kc, A, B, MR, NR, acc);
+        pa_emu_store(acc, NR, C, rs, cs, m, n, accumulate);
+        return;
+    }
+    if (m == MR && n == NR && cs == 1) {
+        for (int i = 0; i < MR; i++) {
+            float *ci = C + i * rs;
+            __m512 x0 = c[i][0], x1 = c[i][1];
+            if (accumulate) {
+                x0 = _mm512_add_ps(_mm512_loadu_ps(ci), x0);
+                x1 = _mm512_add_ps(_mm512_loadu_ps(ci + 16), x1);
+            }
+            _mm512_storeu_ps(ci, x0);
+            _mm512_storeu_ps(ci + 16, x1);
+        }
+        return;
+    }
+    for (int i = 0; i < MR; i++) {
+        _mm512_store_ps(acc + i * NR, c[i][0]);
+        _mm512_store_ps(acc + i * NR + 16, c[i][1]);
+    }
+    pa_emu_store(acc, NR, C, rs, cs, m, n, accumulate);
+}
+#undef PA_EMU5_MR
+#undef PA_EMU5_NR
+#undef PA_MXCSR_DE
+#undef PA_MXCSR_UE
+#endif
