@@ -36,7 +36,9 @@ __all__ = ["register", "attention_forward"]
 
 NAME = "pyattn"
 _registered = False
-_last: list = [None, None, None]   # (weakref to the last mask, its key, its analysis)
+# the analyses of the last few masks (a model's layers share one or two):
+# [weakref to the mask, its key, its analysis]
+_recent: list = []
 
 
 def _mask_key(mask, sliding_window):
@@ -126,13 +128,14 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     else:
         found = None
         if not torch.compiler.is_compiling():
-            ref = _last[0]() if _last[0] is not None else None
             k = _mask_key(mask, sliding_window)
-            if ref is mask and _last[1] == k:
-                found = _last[2]
+            hit = [e for e in _recent if e[0]() is mask and e[1] == k]
+            if hit:
+                found = hit[0][2]
             else:
                 found = _analyse(mask, L, S, sliding_window)
-                _last[:] = [weakref.ref(mask), k, found]
+                _recent.insert(0, [weakref.ref(mask), k, found])
+                del _recent[4:]
         if found is None:
             causal = False
         else:
