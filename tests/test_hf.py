@@ -65,6 +65,10 @@ def _exact_registered():
     from transformers.masking_utils import AttentionMaskInterface
     AttentionInterface.register("exact", _exact)
     AttentionMaskInterface.register("exact", _full_mask)
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)        # tiny ops: a thread pool only costs (and CI machines are shared)
+    yield
+    torch.set_num_threads(n)
 
 
 def _configs():
