@@ -300,6 +300,10 @@ def worker(args):
         generation(args, rng, run, torch, read_side)
     if want("training"):
         training(args, rng, run, torch)
+    if want("hf"):                        # pyattn in PyTorch and transformers: benchmarks/_bench_hf.py
+        sys.path.insert(0, HERE)
+        from _bench_hf import hf
+        hf(args, rng, run, torch)
     from pyattn import _C
     bf16_emulated = "emul" in _C.config()["gemm_bf16"]
     if want("bf16") and args.quick and bf16_emulated and not args.only:
@@ -761,6 +765,9 @@ def targets(rows, mem):
         if one and r["threads"] > 1:
             ratio = one["min_ms"] / r["min_ms"]
             line(f"{r['op']} {r['shape']}: {r['threads']} threads vs 1", f"{ratio:.2f}x", ">= 1.85x", ratio >= 1.85)
+    sys.path.insert(0, HERE)
+    from _bench_hf import hf_targets      # pyattn in PyTorch and transformers
+    hf_targets(data, get, line)
     if mem is not None:
         line("causal L=S=32768 E=64: peak memory growth", f"{mem:.1f} MB", "< 64 MB", mem < 64)
     return "| target | measured | goal | |\n|---|---|---|---|\n" + "\n".join(out)
@@ -788,7 +795,7 @@ def main():
     ap.add_argument("--md", default=None, help="also write the table with its context to this Markdown file")
     ap.add_argument("--no-memory", action="store_true", help="skip the 32768-token memory probe")
     ap.add_argument("--only", default=None, help="comma-separated sections to run: matmul, sdpa, decode, "
-                    "generation, training, bf16, mha (default: all)")
+                    "generation, training, bf16, mha, hf (default: all)")
     ap.add_argument("--from-json", default=None, help="re-render the table, targets and plot from a saved "
                     "results.json instead of measuring")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
