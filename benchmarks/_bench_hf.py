@@ -87,6 +87,9 @@ def hf(args, rng, run, torch):
                "min_ms": 1e3 * min(ts)})
 
     # generation: G greedy decode steps after a P-token prompt, the steps timed
+    import inspect
+    cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
     def decode(name):
         model.set_attn_implementation(f"{name}_timed")
         with torch.no_grad():
@@ -95,7 +98,7 @@ def hf(args, rng, run, torch):
             spent[name] = 0.0
             t = time.perf_counter()
             for _ in range(G):
-                out = model(tok, past_key_values=past, use_cache=True)
+                out = model(tok, **{cache_kw: past}, use_cache=True)
                 past, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
             return time.perf_counter() - t, spent[name]
 

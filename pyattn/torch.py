@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from . import _api, _grad
-from ._checks import causal_code, window_value
+from ._checks import causal_code, dropout_p_value, real_scalar, softcap_value, window_value
 
 __all__ = ["scaled_dot_product_attention"]
 
@@ -229,14 +229,15 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         raise TypeError(f"attn_mask must be bool (True = may attend) or float (added), got {attn_mask.dtype}")
     code = causal_code(is_causal)
     wl, wr = window_value(window)
-    p = float(dropout_p)
+    p = dropout_p_value(dropout_p)
+    scale = None if scale is None else real_scalar(scale, "scale")
+    softcap = softcap_value(softcap) or None
     seed = None
     if p > 0:
         seed = torch.randint(0, 2**63 - 1, (), dtype=torch.int64)
     out, lse = torch.ops.pyattn.sdpa(
-        query, key, value, attn_mask, p, code, None if scale is None else float(scale),
-        bool(enable_gqa), seed, wl, wr, alibi_slopes, None if softcap is None else float(softcap),
-        sinks, precision)
+        query, key, value, attn_mask, p, code, scale, bool(enable_gqa), seed, wl, wr, alibi_slopes,
+        softcap, sinks, precision)
     if out.dtype != query.dtype:
         out = out.to(query.dtype)
     return (out, lse) if return_lse else out

@@ -294,6 +294,10 @@ def test_errors():
         pt.scaled_dot_product_attention(q, k, v, torch.zeros(5, 5))
     with pytest.raises(ValueError, match="dropout_p"):
         pt.scaled_dot_product_attention(q, k, v, dropout_p=1.5)
+    with pytest.raises(TypeError, match="scale"):
+        pt.scaled_dot_product_attention(q, k, v, scale="0.5")
+    with pytest.raises(ValueError, match="softcap"):
+        pt.scaled_dot_product_attention(q, k, v, softcap=-1.0)
     with pytest.raises(ValueError, match="is_causal"):
         pt.scaled_dot_product_attention(q, k, v, is_causal="diagonal")
 
