@@ -141,6 +141,16 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         else:
             causal, left, mask = found
             window = None if left is None else (left, 0)
+    B, Hq, Hkv = query.shape[0], query.shape[1], key.shape[1]
+    if (L == 1 and Hq != Hkv and Hq % Hkv == 0 and window is None and s_aux is None and not dropout
+            and (mask is None or (mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[2] == 1))):
+        # a decode step with grouped heads: each key/value head's query heads as rows of one
+        # (Hq/Hkv)-row query against it (key/value read once per group; as transformers'
+        # sdpa path packs them); a mask for the keys only broadcasts over those rows
+        out = _pt.scaled_dot_product_attention(
+            query.reshape(B, Hkv, Hq // Hkv, query.shape[-1]), key, value, mask, scale=scaling,
+            softcap=softcap)
+        return out.reshape(B, 1, Hq, out.shape[-1]), None
     out = _pt.scaled_dot_product_attention(
         query, key, value, mask, dropout_p=float(dropout),
         is_causal="bottom_right" if causal else False, scale=scaling,
