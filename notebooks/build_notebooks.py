@@ -1521,12 +1521,14 @@ This notebook trains through the op and checks the gradients against PyTorch's, 
 a small Llama from a config (random weights: nothing is downloaded) and generates with
 `"sdpa"` and `"pyattn"`: the same tokens, and the time of each. (Needs
 `pip install "pyattn[transformers]"`.)"""),
-("code", SETUP + """import time
+("code", SETUP + """import time, warnings
+warnings.filterwarnings("ignore", message="IProgress not found")   # tqdm without ipywidgets
 import torch
 import torch.nn.functional as F
 import transformers
 import pyattn.torch as pt
 import pyattn.transformers                  # registers attn_implementation="pyattn"
+transformers.utils.logging.disable_progress_bar()
 torch.manual_seed(0)
 torch.set_num_threads(1); pyattn.set_num_threads(1)   # one thread each: fair, quiet timings
 print("torch", torch.__version__, "| transformers", transformers.__version__)"""),
@@ -1561,7 +1563,8 @@ for (name, a), b in zip(ref.named_parameters(), mine.parameters()):
     print(f"{name:10s} grad {tuple(a.grad.shape)!s:12s} max |pyattn - torch| = {float((a.grad - b.grad).abs().max()):.1e}")
 opt = torch.optim.SGD(mine.parameters(), lr=0.1)
 opt.step()                                                   # an ordinary optimizer step
-print("loss after one step:", float(F.mse_loss(mine(x), target)))"""),
+with torch.no_grad():
+    print("loss after one step:", float(F.mse_loss(mine(x), target)))"""),
 ("md", """## `attn_implementation="pyattn"` in transformers
 
 A Llama with grouped-query attention (8 query heads share 2 key/value heads) from a config.
@@ -1614,7 +1617,7 @@ for name, fn in (("sdpa", sdpa_attention_forward), ("pyattn", pyattn.transformer
         if best is None or total < best[0]:
             best = (total, spent[name])
     rows[name] = best
-fig, ax = plt.subplots(figsize=(7, 2.4))
+fig, ax = plt.subplots(figsize=(9, 2.4))
 for i, (name, (total, attn)) in enumerate(rows.items()):
     ax.barh(i, attn * 1e3, color="tab:orange", label="attention" if i == 0 else None)
     ax.barh(i, (total - attn) * 1e3, left=attn * 1e3, color="tab:blue", label="everything else" if i == 0 else None)
@@ -1622,7 +1625,7 @@ for i, (name, (total, attn)) in enumerate(rows.items()):
 ax.set_yticks(range(len(rows)), list(rows))
 ax.set_xlabel("prefill of 1024 tokens, 4 layers, 1 thread (ms)")
 ax.set_xlim(0, max(t for t, _ in rows.values()) * 1e3 * 1.6)
-ax.legend(loc="lower right"); plt.tight_layout(); plt.show()"""),
+ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0)); plt.tight_layout(); plt.show()"""),
 ("md", """The 4-D masks transformers builds are read for their structure: a mask that is exactly
 causal, causal with a sliding window, or either with padded keys becomes `is_causal`,
 `window` and a `(B, 1, 1, S)` key-padding row, so pyattn skips the tiles outside the band
@@ -1634,12 +1637,16 @@ pad = torch.ones(1, L, dtype=torch.bool); pad[0, :3] = False
 mask = sdpa_mask(batch_size=1, q_length=L, kv_length=L, mask_function=sliding_window_causal_mask_function(5),
                  attention_mask=pad, allow_is_causal_skip=False)
 causal, left, key_padding = pyattn.transformers._analyse(mask, L, L, 5)
-print(f"is_causal={causal}, window=({left}, 0), key padding row: {key_padding.int().flatten().tolist()}")
-fig, axs = plt.subplots(1, 2, figsize=(8, 3.6))
+print(f"is_causal={causal}, window=({left}, 0), key padding row {tuple(key_padding.shape)}: "
+      f"{key_padding.int().flatten().tolist()}")
+i, j = np.arange(L)[:, None], np.arange(L)[None, :]
+rebuilt = (j <= i) & (j >= i - left) & key_padding[0, 0].numpy()      # what those three pieces admit
+print("the same mask:", np.array_equal(rebuilt, mask[0, 0].numpy()))
+fig, axs = plt.subplots(1, 2, figsize=(9, 3.8))
 heatmap(axs[0], mask[0, 0].int().numpy(), title="the model's mask (B, 1, L, S)", fmt="{:.0f}",
-        cmap="Greens", colorbar=False, legend={1: "may attend", 0: "masked"})
-heatmap(axs[1], key_padding[0, 0].int().numpy(), title="what pyattn gets: window + key padding", fmt="{:.0f}",
-        cmap="Greens", colorbar=False, ylabel="")
+        cmap="Greens", colorbar=False)
+heatmap(axs[1], rebuilt.astype(int), title=f"is_causal, window=({left}, 0), padding row", fmt="{:.0f}",
+        cmap="Greens", colorbar=False, ylabel="", legend={1: "may attend", 0: "masked"})
 plt.tight_layout(); plt.show()"""),
 ]
 
