@@ -248,7 +248,7 @@ def test_notebooks_extra_installs_what_the_notebooks_import():
              for d in project["optional-dependencies"]["notebooks"] + project["dependencies"]}
     provides = {"numpy": "numpy", "matplotlib": "matplotlib", "dask": "dask", "distributed": "distributed",
                 "IPython": "ipykernel", "threadpoolctl": "threadpoolctl", "nbformat": "nbformat",
-                "nbclient": "nbclient"}
+                "nbclient": "nbclient", "torch": "torch", "transformers": "transformers"}
     paths = sorted(glob.glob(os.path.join(ROOT, "notebooks", "*.ipynb")))
     assert paths
     for path in paths:
