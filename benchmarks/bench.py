@@ -313,6 +313,10 @@ def worker(args):
         varlen(args, rng, run, torch)
     if want("paged"):
         paged(args, rng, run)
+    if want("hf"):                        # pyattn in PyTorch and transformers: benchmarks/_bench_hf.py
+        sys.path.insert(0, HERE)
+        from _bench_hf import hf
+        hf(args, rng, run, torch)
     from pyattn import _C
     bf16_emulated = _C.config()["gemm_bf16"].endswith("_ref")      # the portable scalar emulation
     if want("bf16") and args.quick and bf16_emulated and not args.only:
@@ -1062,6 +1066,9 @@ def targets(rows, mem):
                 line(f"BlockMask build, {b['mask']} (L=S={b['L']}): % of one forward",
                      f"{frac:.2f} % ({b['build_ms']:.1f} ms)", "<= 5 %", frac <= 5)
     peers.target_lines(data, line)                  # pyattn >= 1.15x ONNX Runtime, OpenVINO
+    sys.path.insert(0, HERE)
+    from _bench_hf import hf_targets      # pyattn in PyTorch and transformers
+    hf_targets(data, get, line)
     if mem is not None:
         line("causal L=S=32768 E=64: peak memory growth", f"{mem:.1f} MB", "< 64 MB", mem < 64)
     # FlashAttention's interface (pyattn.flash): within 5 % of pyattn's own API;
@@ -1100,7 +1107,7 @@ def main():
     ap.add_argument("--md", default=None, help="also write the table with its context to this Markdown file")
     ap.add_argument("--no-memory", action="store_true", help="skip the 32768-token memory probe")
     ap.add_argument("--only", default=None, help="comma-separated sections to run: matmul, sdpa, decode, "
-                    "generation, quant, training, varlen, bf16, mha, flash, paged, blockmask (default: all)")
+                    "generation, quant, training, varlen, bf16, mha, flash, paged, blockmask, hf (default: all)")
     ap.add_argument("--from-json", default=None, help="re-render the table, targets and plot from a saved "
                     "results.json instead of measuring")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

@@ -1504,6 +1504,153 @@ print("client and cluster closed")"""),
 ]
 
 
+NB["11_pytorch"] = [
+("md", """# 11 · pyattn inside PyTorch and Hugging Face transformers
+
+Most people who run a transformer on a CPU run it through PyTorch, and most load it with
+Hugging Face `transformers`. pyattn offers both a door:
+
+- `pyattn.torch.scaled_dot_product_attention` takes CPU tensors with the arguments of
+  `torch.nn.functional.scaled_dot_product_attention` (plus pyattn's `window`, `softcap`,
+  `sinks`, `alibi_slopes`). It reads the tensors in place and is a `torch.library` custom op
+  with a backward, so autograd, `torch.compile(fullgraph=True)` and `torch.export` take it.
+- `import pyattn.transformers` registers `"pyattn"` as an attention implementation: any
+  model that supports `attn_implementation=` then runs its attention layers on pyattn.
+
+This notebook trains through the op and checks the gradients against PyTorch's, then builds
+a small Llama from a config (random weights: nothing is downloaded) and generates with
+`"sdpa"` and `"pyattn"`: the same tokens, and the time of each. (Needs
+`pip install "pyattn[transformers]"`.)"""),
+("code", SETUP + """import time, warnings
+warnings.filterwarnings("ignore", message="IProgress not found")   # tqdm without ipywidgets
+import torch
+import torch.nn.functional as F
+import transformers
+import pyattn.torch as pt
+import pyattn.transformers                  # registers attn_implementation="pyattn"
+transformers.utils.logging.disable_progress_bar()
+torch.manual_seed(0)
+torch.set_num_threads(1); pyattn.set_num_threads(1)   # one thread each: fair, quiet timings
+print("torch", torch.__version__, "| transformers", transformers.__version__)"""),
+("md", """## A training step through `pyattn.torch`
+
+A small causal self-attention block written with PyTorch layers; its attention call is a
+parameter, so the same weights run once through PyTorch's SDPA and once through pyattn's
+op. The gradients of every parameter agree to float32 rounding."""),
+("code", """class Block(torch.nn.Module):
+    def __init__(self, d=64, heads=4, kv_heads=2, sdpa=F.scaled_dot_product_attention):
+        super().__init__()
+        self.h, self.hkv, self.e, self.sdpa = heads, kv_heads, d // heads, sdpa
+        self.q = torch.nn.Linear(d, d)
+        self.kv = torch.nn.Linear(d, 2 * kv_heads * self.e)
+        self.o = torch.nn.Linear(d, d)
+
+    def forward(self, x):                                   # x (B, T, d)
+        B, T, _ = x.shape
+        q = self.q(x).view(B, T, self.h, self.e).transpose(1, 2)        # (B, H, T, E)
+        k, v = self.kv(x).view(B, T, 2, self.hkv, self.e).permute(2, 0, 3, 1, 4)
+        y = self.sdpa(q, k, v, is_causal=True, enable_gqa=True)          # grouped-query heads
+        return self.o(y.transpose(1, 2).reshape(B, T, -1))
+
+ref = Block()
+mine = Block(sdpa=pt.scaled_dot_product_attention)
+mine.load_state_dict(ref.state_dict())
+x = torch.randn(8, 48, 64)
+target = torch.randn(8, 48, 64)
+for m in (ref, mine):
+    F.mse_loss(m(x), target).backward()
+for (name, a), b in zip(ref.named_parameters(), mine.parameters()):
+    print(f"{name:10s} grad {tuple(a.grad.shape)!s:12s} max |pyattn - torch| = {float((a.grad - b.grad).abs().max()):.1e}")
+opt = torch.optim.SGD(mine.parameters(), lr=0.1)
+opt.step()                                                   # an ordinary optimizer step
+with torch.no_grad():
+    print("loss after one step:", float(F.mse_loss(mine(x), target)))"""),
+("md", """## `attn_implementation="pyattn"` in transformers
+
+A Llama with grouped-query attention (8 query heads share 2 key/value heads) from a config.
+`generate()` runs the prompt through every layer once (prefill: causal attention over the
+prompt) and then one token per step against transformers' KV cache (decode: one query per
+layer against all cached keys; pyattn's decode path). Greedy decoding gives the same tokens
+with both implementations."""),
+("code", """cfg = transformers.LlamaConfig(vocab_size=2000, hidden_size=256, intermediate_size=512,
+                               num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
+                               max_position_embeddings=2048)
+model = transformers.LlamaForCausalLM(cfg).eval()
+prompt = torch.randint(0, 2000, (1, 1024))
+tokens, seconds = {}, {}
+for impl in ("sdpa", "pyattn", "sdpa", "pyattn"):              # twice each, the second timed
+    model.set_attn_implementation(impl)
+    t = time.perf_counter()
+    tokens[impl] = model.generate(prompt, max_new_tokens=32, min_new_tokens=32, do_sample=False)
+    seconds[impl] = time.perf_counter() - t
+print("same tokens:", torch.equal(tokens["sdpa"], tokens["pyattn"]))
+print("new tokens:", tokens["pyattn"][0, -32:].tolist())
+for impl, s in seconds.items():
+    print(f"{impl:7s} generate (1024-token prompt + 32 tokens): {s:.2f} s")"""),
+("md", """Where does the time go? The attention functions, timed inside the model (each layer's call
+summed), for the prefill of the prompt: attention is the part that grows with the square of
+the length, and the part pyattn replaces. The rest (projections, MLP, the vocabulary head)
+runs in PyTorch either way."""),
+("code", """from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+spent = {}
+
+def timed(name, fn):
+    def f(*a, **kw):
+        t = time.perf_counter(); r = fn(*a, **kw); spent[name] += time.perf_counter() - t
+        return r
+    return f
+
+rows = {}
+for name, fn in (("sdpa", sdpa_attention_forward), ("pyattn", pyattn.transformers.attention_forward)):
+    AttentionInterface.register(name + "_timed", timed(name, fn))
+    AttentionMaskInterface.register(name + "_timed", sdpa_mask)
+    model.set_attn_implementation(name + "_timed")
+    best = None
+    for _ in range(3):
+        spent[name] = 0.0
+        t = time.perf_counter()
+        with torch.no_grad():
+            model(prompt, logits_to_keep=1)
+        total = time.perf_counter() - t
+        if best is None or total < best[0]:
+            best = (total, spent[name])
+    rows[name] = best
+fig, ax = plt.subplots(figsize=(9, 2.4))
+for i, (name, (total, attn)) in enumerate(rows.items()):
+    ax.barh(i, attn * 1e3, color="tab:orange", label="attention" if i == 0 else None)
+    ax.barh(i, (total - attn) * 1e3, left=attn * 1e3, color="tab:blue", label="everything else" if i == 0 else None)
+    ax.text(total * 1e3, i, f" {total * 1e3:.0f} ms (attention {attn * 1e3:.0f} ms)", va="center")
+ax.set_yticks(range(len(rows)), list(rows))
+ax.set_xlabel("prefill of 1024 tokens, 4 layers, 1 thread (ms)")
+ax.set_xlim(0, max(t for t, _ in rows.values()) * 1e3 * 1.6)
+ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0)); plt.tight_layout(); plt.show()"""),
+("md", """The 4-D masks transformers builds are read for their structure: a mask that is exactly
+causal, causal with a sliding window, or either with padded keys becomes `is_causal`,
+`window` and a `(B, 1, 1, S)` key-padding row, so pyattn skips the tiles outside the band
+instead of reading an `(L, S)` mask. Below: a left-padded sliding-window mask (Mistral's
+kind) and what pyattn is handed instead; any other mask goes to pyattn as it is."""),
+("code", """from transformers.masking_utils import sliding_window_causal_mask_function
+L = 12
+pad = torch.ones(1, L, dtype=torch.bool); pad[0, :3] = False
+mask = sdpa_mask(batch_size=1, q_length=L, kv_length=L, mask_function=sliding_window_causal_mask_function(5),
+                 attention_mask=pad, allow_is_causal_skip=False)
+causal, left, key_padding = pyattn.transformers._analyse(mask, L, L, 5)
+print(f"is_causal={causal}, window=({left}, 0), key padding row {tuple(key_padding.shape)}: "
+      f"{key_padding.int().flatten().tolist()}")
+i, j = np.arange(L)[:, None], np.arange(L)[None, :]
+rebuilt = (j <= i) & (j >= i - left) & key_padding[0, 0].numpy()      # what those three pieces admit
+print("the same mask:", np.array_equal(rebuilt, mask[0, 0].numpy()))
+fig, axs = plt.subplots(1, 2, figsize=(9, 3.8))
+heatmap(axs[0], mask[0, 0].int().numpy(), title="the model's mask (B, 1, L, S)", fmt="{:.0f}",
+        cmap="Greens", colorbar=False)
+heatmap(axs[1], rebuilt.astype(int), title=f"is_causal, window=({left}, 0), padding row", fmt="{:.0f}",
+        cmap="Greens", colorbar=False, ylabel="", legend={1: "may attend", 0: "masked"})
+plt.tight_layout(); plt.show()"""),
+]
+
+
 def sync_sources(name, cells, path):
     """Put this script's cell sources into the committed notebook, keeping its
     outputs (for edits that change no output); any change of the cells' kinds

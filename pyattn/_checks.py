@@ -21,11 +21,37 @@ def as_array(x, name):
         return x
     if x is None:
         raise TypeError(f"{name} is None; expected an array (a NumPy array, list, or tensor)")
+    if hasattr(type(x), "__dlpack__"):
+        a = from_dlpack(x)
+        if a is not None:
+            return a
     try:
         return np.asarray(x)
     except Exception as exc:  # objects whose __array__ raises, ragged lists
         raise TypeError(f"{name} could not be converted to a numpy array: {exc}"
                         f"{torch_bf16_hint(x)}") from exc
+
+
+def from_dlpack(x):
+    """A view of x's memory through DLPack (a torch tensor, a JAX array),
+    never a copy; a PyTorch bfloat16 tensor as ml_dtypes' bfloat16 (NumPy's
+    DLPack import has no bfloat16) when ml_dtypes is installed. None when
+    NumPy cannot view x that way (another device, a tensor that requires
+    grad, a dtype NumPy lacks): np.asarray then decides, or names the problem."""
+    try:
+        return np.from_dlpack(x)
+    except (BufferError, RuntimeError, TypeError, ValueError, AttributeError):
+        pass
+    if type(x).__module__.split(".")[0] == "torch" and "bfloat16" in str(getattr(x, "dtype", "")) \
+            and getattr(getattr(x, "device", None), "type", None) == "cpu" \
+            and not getattr(x, "requires_grad", False):
+        try:
+            import ml_dtypes
+            import torch
+        except ImportError:
+            return None
+        return x.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return None
 
 
 def torch_bf16_hint(x):

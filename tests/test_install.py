@@ -109,9 +109,10 @@ def test_avx512_asked_on_an_avx2_cpu_warns(tmp_path):
     assert "RuntimeWarning" not in err and line.split(":")[1].split()[0] == "avx2" and "(PYATTN_ISA)" in line
 
 
-def test_torch_bfloat16_tensor_gets_a_hint():
+def test_torch_bfloat16_tensor_gets_a_hint(monkeypatch):
     torch = pytest.importorskip("torch")
     t = torch.ones((2, 3, 4), dtype=torch.bfloat16)
+    monkeypatch.setitem(sys.modules, "ml_dtypes", None)   # without ml_dtypes: the hint
     with pytest.raises(TypeError, match=r"query .*PyTorch bfloat16 tensor.*t\.float\(\)"):
         pyattn.scaled_dot_product_attention(t, t, t)
     with pytest.raises(TypeError, match=r"^a could not .*ml_dtypes"):
@@ -121,8 +122,10 @@ def test_torch_bfloat16_tensor_gets_a_hint():
     sd = {k: torch.zeros(v.shape, dtype=torch.bfloat16) for k, v in m.state_dict().items()}
     with pytest.raises(ValueError, match="'W_query.weight'.*PyTorch bfloat16 tensor"):
         m.load_state_dict(sd)
-    # the hint's recipe works
+    monkeypatch.undo()                                    # ml_dtypes back
+    # the hint's recipe works, and with ml_dtypes the tensor is viewed so (DLPack path)
     ml_dtypes = pytest.importorskip("ml_dtypes")
+    assert pyattn.scaled_dot_product_attention(t, t, t).shape == (2, 3, 4)
     a = t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
     assert pyattn.scaled_dot_product_attention(a, a, a).shape == (2, 3, 4)
 
@@ -245,7 +248,7 @@ def test_notebooks_extra_installs_what_the_notebooks_import():
              for d in project["optional-dependencies"]["notebooks"] + project["dependencies"]}
     provides = {"numpy": "numpy", "matplotlib": "matplotlib", "dask": "dask", "distributed": "distributed",
                 "IPython": "ipykernel", "threadpoolctl": "threadpoolctl", "nbformat": "nbformat",
-                "nbclient": "nbclient"}
+                "nbclient": "nbclient", "torch": "torch", "transformers": "transformers"}
     paths = sorted(glob.glob(os.path.join(ROOT, "notebooks", "*.ipynb")))
     assert paths
     for path in paths:

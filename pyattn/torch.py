@@ -1,0 +1,243 @@
+"""pyattn for PyTorch: a differentiable ``torch.library`` custom op.
+
+``pyattn.torch.scaled_dot_product_attention`` takes and returns CPU
+``torch.Tensor``s with the arguments of
+``torch.nn.functional.scaled_dot_product_attention`` plus pyattn's keywords
+(``window``, ``alibi_slopes``, ``softcap``, ``sinks``, ``precision``,
+``return_lse``). The tensors are read in place (NumPy views of their memory,
+bfloat16 through ``ml_dtypes``); the forward and pyattn's fused backward are
+registered as the custom ops ``pyattn::sdpa`` and ``pyattn::sdpa_backward``
+with fake (shape) implementations, so ``torch.compile(fullgraph=True)`` and
+``torch.export`` take a model that uses it.
+
+Importing this module imports torch (``import pyattn`` alone does not).
+
+>>> import torch, pyattn.torch as pt
+>>> q = torch.randn(2, 4, 16, 32, requires_grad=True)
+>>> k = v = torch.randn(2, 4, 16, 32)
+>>> out = pt.scaled_dot_product_attention(q, k, v, is_causal=True)
+>>> out.sum().backward(); q.grad.shape
+torch.Size([2, 4, 16, 32])
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import numpy as np
+import torch
+
+from . import _api, _grad
+from ._checks import causal_code, dropout_p_value, real_scalar, softcap_value, window_value
+
+__all__ = ["scaled_dot_product_attention"]
+
+_Tensor = torch.Tensor
+_FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+def _numpy(t: _Tensor) -> np.ndarray:
+    """The tensor's memory as a NumPy array, never a copy (bfloat16 as
+    ml_dtypes' bfloat16: the same bits)."""
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise TypeError("bfloat16 tensors need ml_dtypes, NumPy's bfloat16 "
+                            "(pip install \"pyattn[bf16]\")") from None
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def _opt(t: Optional[_Tensor]) -> Optional[np.ndarray]:
+    return None if t is None else _numpy(t)
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _window(left: int, right: int):
+    if left < 0 and right < 0:
+        return None
+    return (None if left < 0 else left, None if right < 0 else right)
+
+
+_CAUSAL = (False, "top_left", "bottom_right")
+
+
+def _seed(seed: Optional[_Tensor]):
+    return None if seed is None else int(seed.item())
+
+
+@torch.library.custom_op("pyattn::sdpa", mutates_args=(), device_types="cpu")
+def _sdpa_op(query: _Tensor, key: _Tensor, value: _Tensor, attn_mask: Optional[_Tensor],
+             dropout_p: float, is_causal: int, scale: Optional[float], enable_gqa: bool,
+             seed: Optional[_Tensor], window_left: int, window_right: int,
+             alibi_slopes: Optional[_Tensor], softcap: Optional[float], sinks: Optional[_Tensor],
+             precision: Optional[str]) -> Tuple[_Tensor, _Tensor]:
+    """Forward: (out, lse) in the compute dtype (float64 for float64 inputs, else float32)."""
+    out, lse = _api.scaled_dot_product_attention(
+        _numpy(query), _numpy(key), _numpy(value), _opt(attn_mask), dropout_p, _CAUSAL[is_causal], scale,
+        enable_gqa, rng=_seed(seed), window=_window(window_left, window_right),
+        alibi_slopes=_opt(alibi_slopes), softcap=softcap, sinks=_opt(sinks), precision=precision,
+        return_lse=True)
+    return torch.from_numpy(out), torch.from_numpy(lse)
+
+
+def _batch(query: _Tensor, key: _Tensor, value: _Tensor, enable_gqa: bool):
+    if enable_gqa and key.dim() >= 3 and query.dim() >= 3 and query.shape[-3] != key.shape[-3]:
+        return tuple(torch.broadcast_shapes(query.shape[:-3], key.shape[:-3], value.shape[:-3])) \
+            + (query.shape[-3],)
+    return tuple(torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2]))
+
+
+@_sdpa_op.register_fake
+def _sdpa_fake(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed,
+               window_left, window_right, alibi_slopes, softcap, sinks, precision):
+    batch = _batch(query, key, value, enable_gqa)
+    dt = _compute_dtype(query.dtype)
+    L, Ev = query.shape[-2], value.shape[-1]
+    return query.new_empty(batch + (L, Ev), dtype=dt), query.new_empty(batch + (L,), dtype=dt)
+
+
+@torch.library.custom_op("pyattn::sdpa_backward", mutates_args=(), device_types="cpu")
+def _sdpa_backward_op(grad_out: _Tensor, query: _Tensor, key: _Tensor, value: _Tensor,
+                      out: _Tensor, lse: _Tensor, attn_mask: Optional[_Tensor], dropout_p: float,
+                      is_causal: int, scale: Optional[float], enable_gqa: bool,
+                      seed: Optional[_Tensor], window_left: int, window_right: int,
+                      alibi_slopes: Optional[_Tensor], softcap: Optional[float],
+                      sinks: Optional[_Tensor]) -> List[_Tensor]:
+    """pyattn's fused backward: [grad_query, grad_key, grad_value, grad_sinks]
+    in the inputs' dtypes (grad_sinks empty without sinks); dropout is
+    regenerated from the forward's seed."""
+    res = _grad.scaled_dot_product_attention_backward(
+        _numpy(grad_out), _numpy(query), _numpy(key), _numpy(value), _numpy(out), _numpy(lse),
+        _opt(attn_mask), dropout_p, _CAUSAL[is_causal], scale, enable_gqa, rng=_seed(seed),
+        window=_window(window_left, window_right), alibi_slopes=_opt(alibi_slopes),
+        softcap=softcap, sinks=_opt(sinks))
+    grads = [torch.from_numpy(np.ascontiguousarray(g)).to(t.dtype)
+             for g, t in zip(res[:3], (query, key, value))]
+    if sinks is None:
+        grads.append(query.new_empty((0,)))
+    else:
+        grads.append(torch.from_numpy(np.ascontiguousarray(res[3])).to(sinks.dtype))
+    return grads
+
+
+@_sdpa_backward_op.register_fake
+def _sdpa_backward_fake(grad_out, query, key, value, out, lse, attn_mask, dropout_p, is_causal,
+                        scale, enable_gqa, seed, window_left, window_right, alibi_slopes, softcap,
+                        sinks):
+    return [torch.empty_like(query, memory_format=torch.contiguous_format),
+            torch.empty_like(key, memory_format=torch.contiguous_format),
+            torch.empty_like(value, memory_format=torch.contiguous_format),
+            query.new_empty((0,)) if sinks is None else torch.empty_like(sinks)]
+
+
+def _setup_context(ctx, inputs, output):
+    (query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed, wl, wr,
+     alibi_slopes, softcap, sinks, _precision) = inputs
+    out, lse = output
+    ctx.save_for_backward(query, key, value, out, lse, attn_mask, seed, alibi_slopes, sinks)
+    ctx.opts = (dropout_p, is_causal, scale, enable_gqa, wl, wr, softcap)
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, grad_out, _grad_lse):
+    query, key, value, out, lse, attn_mask, seed, alibi_slopes, sinks = ctx.saved_tensors
+    dropout_p, is_causal, scale, enable_gqa, wl, wr, softcap = ctx.opts
+    dq, dk, dv, ds = torch.ops.pyattn.sdpa_backward(
+        grad_out, query, key, value, out, lse, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+        seed, wl, wr, alibi_slopes, softcap, sinks)
+    return (dq, dk, dv, None, None, None, None, None, None, None, None, None, None,
+            None if sinks is None else ds, None)
+
+
+_sdpa_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _check_tensor(t, name, device=None):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__} "
+                        "(NumPy arrays go to pyattn.scaled_dot_product_attention)")
+    if t.device.type != "cpu":
+        raise ValueError(f"{name} is on device {t.device}; pyattn runs on the CPU: pass "
+                         f"{name}.cpu() (meta tensors have no data to read)")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} is on {t.device} and query on {device}: all tensors must be on one CPU device")
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                                 scale=None, enable_gqa=False, *, window=None, alibi_slopes=None,
+                                 softcap=None, sinks=None, precision=None, return_lse=False):
+    """``torch.nn.functional.scaled_dot_product_attention`` on pyattn's kernels.
+
+    Shapes as PyTorch's: ``query (..., L, E)``, ``key (..., S, E)``,
+    ``value (..., S, Ev)`` -> ``(..., L, Ev)`` (leading axes broadcast).
+    CPU tensors of one dtype: float32, float64, float16 or bfloat16, read in
+    place (no copy). The result has the query's dtype; 16-bit inputs are
+    computed in float32 and the result rounded from it, as PyTorch's SDPA
+    does. Differentiable with respect to query, key, value (and ``sinks``)
+    through pyattn's fused backward; a custom op ``pyattn::sdpa`` that
+    ``torch.compile(fullgraph=True)`` and ``torch.export`` accept.
+
+    The arguments mean what they mean in ``pyattn.scaled_dot_product_attention``:
+    a bool ``attn_mask`` is True where a query may attend, a float one is
+    added; ``is_causal`` True / ``"top_left"`` / ``"bottom_right"`` (it may
+    be combined with a mask: the two intersect); ``enable_gqa`` shares each
+    key/value head among a group of query heads. ``dropout_p > 0`` applies
+    dropout whenever it is given (as PyTorch's function; pass 0 in
+    evaluation); its pattern is drawn from torch's generator
+    (``torch.manual_seed`` reproduces it) and regenerated in the backward.
+    pyattn's keywords: ``window=(left, right)``, ``alibi_slopes (Hq,)``,
+    ``softcap``, ``sinks (Hq,)`` (differentiable), ``precision``, and
+    ``return_lse`` (also return the ``(..., L)`` log-sum-exp, float32 or
+    float64, not differentiable).
+
+    Raises ``ValueError`` for tensors not on the CPU (CUDA, meta) or on
+    different devices, and for ``attn_mask`` / ``alibi_slopes`` that require
+    grad (pyattn computes no gradient for them); ``TypeError`` for
+    non-tensors and dtypes other than the four above or differing between
+    query, key and value; and whatever ``pyattn.scaled_dot_product_attention``
+    raises for shapes and options.
+
+    >>> import torch, pyattn.torch as pt
+    >>> q = k = v = torch.randn(1, 8, 10, 16)
+    >>> pt.scaled_dot_product_attention(q, k, v, is_causal=True, window=(3, 0)).shape
+    torch.Size([1, 8, 10, 16])
+    """
+    _check_tensor(query, "query")
+    dev = query.device
+    _check_tensor(key, "key", dev)
+    _check_tensor(value, "value", dev)
+    for t, name in ((query, "query"), (key, "key"), (value, "value")):
+        if t.dtype not in _FLOATS:
+            raise TypeError(f"{name} has dtype {t.dtype}; pyattn.torch takes float32, float64, "
+                            "float16 or bfloat16 tensors")
+    if not (query.dtype == key.dtype == value.dtype):
+        raise TypeError(f"query, key and value must have one dtype (as PyTorch's SDPA), got "
+                        f"{query.dtype}, {key.dtype} and {value.dtype}")
+    for t, name in ((attn_mask, "attn_mask"), (alibi_slopes, "alibi_slopes"), (sinks, "sinks")):
+        if t is None:
+            continue
+        _check_tensor(t, name, dev)
+        if name != "sinks" and t.requires_grad:
+            raise ValueError(f"{name} requires grad, but pyattn computes no gradient for it: "
+                             f"pass {name}.detach()")
+    if attn_mask is not None and attn_mask.dtype != torch.bool and attn_mask.dtype not in _FLOATS:
+        raise TypeError(f"attn_mask must be bool (True = may attend) or float (added), got {attn_mask.dtype}")
+    code = causal_code(is_causal)
+    wl, wr = window_value(window)
+    p = dropout_p_value(dropout_p)
+    scale = None if scale is None else real_scalar(scale, "scale")
+    softcap = softcap_value(softcap) or None
+    seed = None
+    if p > 0:
+        seed = torch.randint(0, 2**63 - 1, (), dtype=torch.int64)
+    out, lse = torch.ops.pyattn.sdpa(
+        query, key, value, attn_mask, p, code, scale, bool(enable_gqa), seed, wl, wr, alibi_slopes,
+        softcap, sinks, precision)
+    if out.dtype != query.dtype:
+        out = out.to(query.dtype)
+    return (out, lse) if return_lse else out

@@ -1,0 +1,179 @@
+"""pyattn as an attention backend of Hugging Face transformers.
+
+Importing this module registers the attention function ``"pyattn"`` (once);
+:func:`register` does the same explicitly. Then
+
+>>> import pyattn.transformers                                 # doctest: +SKIP
+>>> from transformers import AutoModelForCausalLM              # doctest: +SKIP
+>>> model = AutoModelForCausalLM.from_pretrained(name, attn_implementation="pyattn")  # doctest: +SKIP
+
+runs every attention layer on pyattn through :mod:`pyattn.torch` (autograd,
+``torch.compile`` and ``torch.export`` included). The model's 4-D masks
+(bool, or additive float of 0 and large negatives) are read for their
+structure: a mask that is exactly causal, causal with a sliding window, and
+either of those with key padding becomes ``is_causal`` / ``window`` and a
+``(B, 1, 1, S)`` key-padding row (tiles outside the causal band and the
+window are skipped); any other mask is passed as it is. Grouped-query heads
+are read in place (no ``repeat_kv``), and the layer's ``scaling``,
+``dropout`` (training), ``sliding_window``, ``softcap`` (Gemma 2) and
+``s_aux`` sinks (gpt-oss) are honoured. Decode steps with transformers'
+caches (a few new queries against the cached keys) run pyattn's decode
+path.
+
+Importing this module imports torch and transformers (``import pyattn``
+alone does not).
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any, Optional, Tuple
+
+import torch
+
+from . import torch as _pt
+
+__all__ = ["register", "attention_forward"]
+
+NAME = "pyattn"
+_registered = False
+# the analyses of the last few masks (a model's layers share one or two):
+# [weakref to the mask, its key, its analysis]
+_recent: list = []
+
+
+def _mask_key(mask, sliding_window):
+    return (mask.data_ptr(), tuple(mask.shape), tuple(mask.stride()), mask.dtype, mask._version,
+            sliding_window)
+
+
+def _as_bool(mask):
+    """A float additive mask of only 0 and large negatives (below half the
+    dtype's lowest value: their weight is exactly 0) as a bool mask; None
+    when it holds other values (then it stays a float mask)."""
+    if mask.dtype == torch.bool:
+        return mask
+    keep = mask == 0
+    drop = mask <= torch.finfo(mask.dtype).min / 2
+    if not bool(torch.all(keep | drop)):
+        return None
+    return keep
+
+
+def _analyse(mask, L, S, sliding_window):
+    """(causal, window_left, key_padding) when the mask is exactly
+    (bottom-right causal [& sliding window]) & key padding, or key padding
+    alone (causal False); key_padding is None when no key is padded. None
+    for any other mask."""
+    if mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[-2] != L or mask.shape[-1] != S:
+        return None
+    m = _as_bool(mask)
+    if m is None:
+        return None
+    m = m[:, 0]                                           # (B, L, S)
+    pad = m.any(dim=1)                                    # (B, S): keys some row may see
+    i = torch.arange(L).view(L, 1) + (S - L)
+    j = torch.arange(S).view(1, S)
+    padded = pad[:, None, :].expand(m.shape)
+    res = None
+    if torch.equal(m, padded):
+        res = (False, None, pad)
+    else:
+        lefts = [None] + ([int(sliding_window) - 1] if sliding_window else [])
+        for left in lefts:
+            band = j <= i if left is None else (j <= i) & (j >= i - left)
+            if torch.equal(m, band[None] & padded):
+                res = (True, left, pad)
+                break
+    if res is None:
+        return None
+    causal, left, pad = res
+    return causal, left, (None if bool(pad.all()) else pad[:, None, None, :])
+
+
+def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                      value: torch.Tensor, attention_mask: Optional[torch.Tensor],
+                      dropout: float = 0.0, scaling: Optional[float] = None,
+                      is_causal: Optional[bool] = None, sliding_window: Optional[int] = None,
+                      softcap: Optional[float] = None, s_aux: Optional[torch.Tensor] = None,
+                      position_bias: Optional[torch.Tensor] = None,
+                      **kwargs: Any) -> Tuple[torch.Tensor, None]:
+    """The attention function transformers calls for ``attn_implementation="pyattn"``.
+
+    ``query (B, Hq, L, E)``, ``key (B, Hkv, S, E)``, ``value (B, Hkv, S, Ev)``
+    (``Hq % Hkv == 0``), ``attention_mask`` ``(B, 1, L, S)`` bool or additive
+    float, or None -> ``(B, L, Hq, Ev)`` (transformers' layout) and ``None``
+    for the weights (pyattn never materialises them).
+    """
+    L, S = query.shape[-2], key.shape[-2]
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    mask = attention_mask
+    if mask is not None and mask.dim() == 4 and mask.shape[-1] > S:
+        mask = mask[..., :S]
+    if position_bias is not None:
+        from transformers.integrations.sdpa_attention import create_position_bias_mask
+        if mask is None and causal and L > 1 and S > L:
+            key, value, position_bias = key[:, :, :L], value[:, :, :L], position_bias[..., :L]
+            S = L
+        mask = create_position_bias_mask(position_bias, mask, bool(causal and mask is None), query, key)
+        causal = False
+    window = None
+    if mask is None:
+        if causal and L > 1 and S > L and position_bias is None:
+            # prefill into an empty static cache: the rows past L are not filled yet
+            # (transformers' sdpa path drops them the same way)
+            key, value, S = key[:, :, :L], value[:, :, :L], L
+        if causal and sliding_window:
+            window = (int(sliding_window) - 1, 0)
+        causal = bool(causal) and L > 1
+    else:
+        found = None
+        if not torch.compiler.is_compiling():
+            k = _mask_key(mask, sliding_window)
+            hit = [e for e in _recent if e[0]() is mask and e[1] == k]
+            if hit:
+                found = hit[0][2]
+            else:
+                found = _analyse(mask, L, S, sliding_window)
+                _recent.insert(0, [weakref.ref(mask), k, found])
+                del _recent[4:]
+        if found is None:
+            causal = False
+        else:
+            causal, left, mask = found
+            window = None if left is None else (left, 0)
+    B, Hq, Hkv = query.shape[0], query.shape[1], key.shape[1]
+    if (L == 1 and Hq != Hkv and Hq % Hkv == 0 and window is None and s_aux is None and not dropout
+            and (mask is None or (mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[2] == 1))):
+        # a decode step with grouped heads: each key/value head's query heads as rows of one
+        # (Hq/Hkv)-row query against it (key/value read once per group; as transformers'
+        # sdpa path packs them); a mask for the keys only broadcasts over those rows
+        out = _pt.scaled_dot_product_attention(
+            query.reshape(B, Hkv, Hq // Hkv, query.shape[-1]), key, value, mask, scale=scaling,
+            softcap=softcap)
+        return out.reshape(B, 1, Hq, out.shape[-1]), None
+    out = _pt.scaled_dot_product_attention(
+        query, key, value, mask, dropout_p=float(dropout),
+        is_causal="bottom_right" if causal else False, scale=scaling,
+        enable_gqa=query.shape[1] != key.shape[1], window=window, softcap=softcap, sinks=s_aux)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register() -> None:
+    """Add ``"pyattn"`` to transformers' ``AttentionInterface`` (and its mask
+    builder, transformers' boolean SDPA masks, to ``AttentionMaskInterface``);
+    then ``attn_implementation="pyattn"`` selects it. Idempotent.
+
+    >>> import pyattn.transformers as pht                 # doctest: +SKIP
+    >>> pht.register()                                     # doctest: +SKIP
+    """
+    global _registered
+    if _registered:
+        return
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    AttentionInterface.register(NAME, attention_forward)
+    AttentionMaskInterface.register(NAME, sdpa_mask)
+    _registered = True
+
+
+register()
