@@ -1965,15 +1965,59 @@ ax.set_title(f"measured when this notebook ran, on {cpu_name()}, 1 thread (re-ru
 plt.show()
 print(f"padded: {t_padded * 1e3:.1f} ms, packed: {t_packed * 1e3:.1f} ms ({t_padded / t_packed:.1f}x); "
       f"the real (causal) work is {useful:.0%} of the padded batch's B x L_max^2 scores")"""),
+("md", """## When the pool is full, and the same with `pyattn.nn` layers
+A step that needs more blocks than are free raises `pyattn.CacheFullError` (a `MemoryError`)
+**before** anything is written: the lengths, the blocks and the rows stay as they were, so a
+scheduler can catch it, finish or preempt some request, and retry the step.
+
+`pyattn.nn.MultiHeadAttention` takes a paged cache too, `layer(x, cache=paged, seqs=seqs,
+cu_seqlens_q=cu)` with `x (total, d_in)` packed: loaded with the same weights, its layers
+give the logits of the hand-written attention above (to float32 rounding: the projections
+are computed by another matrix product)."""),
+("code", """small = new_caches(num_blocks=4)                         # 32 rows in all
+s1, s2 = add(small), add(small)
+step(small, [s1], [[stoi[c] for c in "The value of the "]])     # 17 rows: 3 blocks
+before = (small[0].blocks_free, small[0].length(s1), small[0].k.copy())
+try:
+    step(small, [s1, s2], [[stoi["a"]], [stoi[c] for c in "Return a new list"]])   # needs 3 more
+except pyattn.CacheFullError as e:
+    print("CacheFullError:", e)
+assert (small[0].blocks_free, small[0].length(s1)) == before[:2] and np.array_equal(small[0].k, before[2])
+print("nothing was written: blocks free", small[0].blocks_free, "length", small[0].length(s1))
+
+from pyattn.nn import MultiHeadAttention
+layers = []
+for l in range(N_LAYERS):
+    layer = MultiHeadAttention(D, D, H, context_length=T_MAX, qkv_bias=True).eval()
+    layer.load_state_dict({k[len(f"attn{l}."):]: w for k, w in P.items() if k.startswith(f"attn{l}.")})
+    layers.append(layer)
+
+def step_nn(caches, seqs, chunks):
+    \"\"\"step() with pyattn.nn layers doing the attention (projections included).\"\"\"
+    cu = np.r_[0, np.cumsum([len(c) for c in chunks])]
+    pos = np.concatenate([caches[0].length(s) + np.arange(len(c)) for s, c in zip(seqs, chunks)])
+    x = P["tok"][np.concatenate(chunks).astype(np.int64)] + P["pos"][pos]
+    for l in range(N_LAYERS):
+        x = x + layers[l](layer_norm(x), cache=caches[l], seqs=seqs, cu_seqlens_q=cu)
+        x = x + linear(np.maximum(linear(layer_norm(x), f"W1.{l}", f"b1.{l}"), 0), f"W2.{l}", f"b2.{l}")
+    return linear(layer_norm(x), "Wh", "bh")
+
+ca, cb = new_caches(16), new_caches(16)
+sa, sb = [add(ca) for _ in range(3)], [add(cb) for _ in range(3)]
+for chunks in ([[stoi[c] for c in "The value"], [stoi[c] for c in "Return"], []],
+               [[stoi["s"]], [stoi[c] for c in " a new"], [stoi[c] for c in "Every"]]):
+    hand, _ = step(ca, sa, chunks)
+    with_nn = step_nn(cb, sb, chunks)
+    print(f"{len(chunks)} sequences, {sum(map(len, chunks))} tokens: hand-written vs pyattn.nn, "
+          f"largest logit difference {np.abs(hand - with_nn).max():.1e}")
+    assert np.allclose(hand, with_nn, atol=1e-4)"""),
 ("md", """## What a real server adds
 This loop is the skeleton of vLLM-style serving. A real server also samples (temperature,
 top-p: only the choice of the next token changes), stops at end-of-text tokens, admits a
-request only when the pool can hold it (`attend` raises `pyattn.CacheFullError`, a
-`MemoryError`, **before** writing anything when the free blocks do not suffice, so the
-scheduler can pause or preempt a request and retry), keeps a prefix cache of common prompts
-(forks of their sequences), and uses positions that do not run out (rotary embeddings,
-`rotary_cos=`/`rotary_sin=`) instead of this model's 64 learned ones. `pyattn.nn` layers take
-the same caches: `layer(x, cache=paged, seqs=[...], cu_seqlens_q=cu)`."""),
+request only when the pool can hold it (and preempts one on a `CacheFullError`), keeps a
+prefix cache of common prompts (forks of their sequences), and uses positions that do not
+run out (rotary embeddings, `rotary_cos=`/`rotary_sin=`) instead of this model's 64 learned
+ones."""),
 ]
 
 
