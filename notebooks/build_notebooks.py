@@ -1554,7 +1554,7 @@ def cpu_name():
     return platform.processor() or platform.machine() or "an unknown CPU"
 """),
 ("md", """## The model: notebook 06's, in plain NumPy
-`data/char_model_06.npz` holds the weights notebook 06 trained (float32, 440 KB;
+`data/char_model_06.npz` holds the weights notebook 06 trained (float32, 436 KB;
 `python build_notebooks.py --save-char-model` retrains and rewrites it): token and position
 embeddings (`T = 64` positions, so a text is at most 64 characters), two blocks of
 LayerNorm → multi-head causal attention → LayerNorm → MLP, a final LayerNorm and the head.
@@ -1745,6 +1745,7 @@ while waiting or running:
         t0 = time.perf_counter()
         logits, cu = step(caches, [r["seq"] for r in batch], chunks)   # 3. one call per layer
         seconds = time.perf_counter() - t0
+        decoding = sum(1 for r in batch if r["out"])            # past their prompt
         for r, chunk, end in zip(batch, chunks, cu[1:]):          # 4. next characters, finished requests
             r["todo"] = r["todo"][len(chunk):]
             if not r["todo"]:
@@ -1753,7 +1754,7 @@ while waiting or running:
                     r["todo"] = r["out"][-1:]
                 else:
                     running.remove(r); free(caches, r["seq"]); r["end"] = t
-        log.append(dict(t=t, seqs=len(batch), tokens=int(cu[-1]), decode=sum(len(c) == 1 for c in chunks),
+        log.append(dict(t=t, seqs=len(batch), tokens=int(cu[-1]), decode=decoding,
                         blocks=NUM_BLOCKS - caches[0].blocks_free, seconds=seconds))
     t += 1
 elapsed = time.perf_counter() - t_start
