@@ -1668,6 +1668,526 @@ def sync_sources(name, cells, path):
     print(f"synced {changed} cell source(s) of {path}; outputs kept")
 
 
+# ---------------------------------------------------------------------------
+NB["09_serving"] = [
+("md", """# 09 · Serving many requests at once: paged caches, continuous batching, token trees
+
+Notebook 07 generated one text with one `KVCache`. A server has many requests: they arrive
+at different times with prompts of different lengths, some are still reading their prompt
+(*prefill*) while others write one token per step (*decode*), and they finish at different
+times. This notebook builds such a server in plain NumPy around the character model trained
+in notebook 06, with pyattn doing the attention:
+
+* a `pyattn.PagedKVCache` per layer: every sequence's keys and values live in fixed-size
+  **blocks** of one shared pool, found through a **block table**;
+* **continuous batching**: each step packs prefill chunks of new requests and decode steps
+  of running ones into **one** attention call per layer (`cu_seqlens_q`);
+* a shared prompt prefilled once and **forked** (copy-on-write) into two requests;
+* a **speculative step**: a small tree of guessed tokens verified in one call with `tree_mask`.
+
+Every request's text is checked against generating it alone, and three pictures show tokens
+per second against batch size, packed against padded attention, and blocks in use over time."""),
+("code", SETUP + """import os, platform, time
+pyattn.set_num_threads(1)                  # one thread: timings less disturbed by whatever else runs
+
+def cpu_name():
+    \"\"\"The processor's name on Linux, else what the platform module knows.\"\"\"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "an unknown CPU"
+"""),
+("md", """## The model: notebook 06's, in plain NumPy
+`data/char_model_06.npz` holds the weights notebook 06 trained (float32, 436 KB;
+`python build_notebooks.py --save-char-model` retrains and rewrites it): token and position
+embeddings (`T = 64` positions, so a text is at most 64 characters), two blocks of
+LayerNorm → multi-head causal attention → LayerNorm → MLP, a final LayerNorm and the head.
+
+`model(ids, pos, attend)` runs it on a **packed** list of tokens, `ids (n,)` at positions
+`pos (n,)`, from any number of sequences one after another. Everything but attention works
+token by token, so packing changes nothing for it. Attention is the one place where tokens
+meet, and it is left to `attend(layer, q, k, v)`, with `q, k, v (n, heads, head_dim)`: the
+layout of FlashAttention's varlen functions. `alone(prompt, n)` is the reference: greedy
+generation of one request, re-running the whole text at every step with the dense causal
+`pyattn.scaled_dot_product_attention`, no cache at all."""),
+("code", """W = np.load("data/char_model_06.npz")
+chars = list(str(W["chars"]))
+stoi = {c: i for i, c in enumerate(chars)}
+T_MAX, D, H, N_LAYERS = (int(W[n]) for n in ("T", "D", "H", "L"))
+E, V = D // H, len(chars)
+P = {k: W[k] for k in W.files if W[k].ndim}           # the weight arrays, float32
+
+def layer_norm(x, eps=1e-5):
+    mu = x.mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(x.var(-1, keepdims=True) + eps)
+
+def linear(x, name, bias):                              # torch.nn.Linear's layout: x W^T + b
+    return x @ P[name].T + P[bias]
+
+def model(ids, pos, attend):
+    \"\"\"Packed tokens ids (n,) at positions pos (n,) -> logits (n, V). attend(l, q, k, v)
+    does layer l's attention, q, k, v (n, H, E) -> (n, H, E).\"\"\"
+    x = P["tok"][ids] + P["pos"][pos]
+    for l in range(N_LAYERS):
+        a = layer_norm(x)
+        q, k, v = (linear(a, f"attn{l}.W_{n}.weight", f"attn{l}.W_{n}.bias").reshape(-1, H, E)
+                   for n in ("query", "key", "value"))
+        x = x + linear(attend(l, q, k, v).reshape(-1, D), f"attn{l}.out_proj.weight", f"attn{l}.out_proj.bias")
+        x = x + linear(np.maximum(linear(layer_norm(x), f"W1.{l}", f"b1.{l}"), 0), f"W2.{l}", f"b2.{l}")
+    return linear(layer_norm(x), "Wh", "bh")
+
+def dense(l, q, k, v):                                  # one sequence, all of it, causal
+    t = lambda a: a.transpose(1, 0, 2)                  # (n, H, E) <-> (H, n, E)
+    return t(pyattn.scaled_dot_product_attention(t(q), t(k), t(v), is_causal=True))
+
+def alone(prompt, n, gaps=None):
+    \"\"\"Greedy: the n characters after prompt, the whole text re-run at every step
+    (gaps: a list to which each step's lead of the best logit over the second is added).\"\"\"
+    ids = [stoi[c] for c in prompt]
+    for _ in range(n):
+        lg = model(np.array(ids), np.arange(len(ids)), dense)[-1]
+        ids.append(int(lg.argmax()))
+        if gaps is not None:
+            top2 = np.sort(lg)[-2:]
+            gaps.append(top2[1] - top2[0])
+    return "".join(chars[i] for i in ids[len(prompt):])
+
+print(f"{sum(p.size for p in P.values()):,} parameters, vocabulary of {V}, {N_LAYERS} blocks of {H} heads x {E}, "
+      f"context {T_MAX}")
+print(repr("The value of " + alone("The value of ", 40)))"""),
+("md", """## Block tables
+A contiguous cache reserves `max_len` rows for every sequence, used or not. A **paged**
+cache cuts the rows into blocks of `block_size` rows and keeps all blocks in one pool,
+`k (num_blocks, kv_heads, block_size, head_dim)` (and `v`). Each sequence owns a list of
+blocks, its row of the **block table**: its logical row `r` is row `r % block_size` of block
+`block_table[b, r // block_size]`. A sequence takes a new block only when its last one is
+full, so memory follows the tokens actually held, in any order in the pool, and a finished
+sequence's blocks go straight to the next one.
+
+`pyattn.attention_with_kvcache` reads the pool in place through the table. Below, two
+sequences of 11 and 5 rows in a pool of 8 blocks of 4 rows, their blocks scattered: the
+result is the one a contiguous cache gives, to the bit."""),
+("code", """rng = np.random.default_rng(0)
+bs, lengths = 4, np.array([11, 5])
+table = np.array([[6, 1, 3], [4, 0, -1]])               # -1: not used (5 rows need 2 blocks)
+contiguous_k, contiguous_v = (rng.standard_normal((2, H, 12, E), dtype=np.float32) for _ in range(2))
+pool_k, pool_v = np.zeros((8, H, bs, E), np.float32), np.zeros((8, H, bs, E), np.float32)
+for b in range(2):
+    for r in range(lengths[b]):                         # logical row r -> (block, row in block)
+        pool_k[table[b, r // bs], :, r % bs] = contiguous_k[b, :, r]
+        pool_v[table[b, r // bs], :, r % bs] = contiguous_v[b, :, r]
+q = rng.standard_normal((2, H, 1, E), dtype=np.float32)     # one new query per sequence
+paged = pyattn.attention_with_kvcache(q, pool_k, pool_v, cache_seqlens=lengths, block_table=table)
+flat = pyattn.attention_with_kvcache(q, contiguous_k, contiguous_v, cache_seqlens=lengths)
+print("paged vs contiguous, bit-identical:", np.array_equal(paged, flat))
+assert np.array_equal(paged, flat)
+owner = np.full(8, np.nan)
+for b in range(2):
+    owner[table[b, :-(-lengths[b] // bs)]] = b
+fig, ax = plt.subplots(figsize=(8, 1.8), layout="constrained")
+heatmap(ax, owner[None], fmt="", colorbar=False, cmap="tab10", vmin=0, vmax=9, xlabel="block of the pool",
+        ylabel="", legend={0.0: "sequence 0 (11 rows)", 1.0: "sequence 1 (5 rows)", np.nan: "free"},
+        title="the pool: block_table = [[6, 1, 3], [4, 0, -1]]")
+ax.set_yticks([]); plt.show()"""),
+("md", """## One call for a whole step: `cu_seqlens_q`
+`PagedKVCache` keeps the block lists, the free list and the lengths, and `attend(seqs, q, k,
+v, cu_seqlens_q=cu)` does one step for the sequences `seqs`: it writes the new keys and
+values after each sequence's rows (taking blocks from the free list as needed), and the new
+queries attend to everything their sequence holds. The new tokens are **packed**:
+`q (total, heads, head_dim)`, sequence `i`'s tokens are rows `cu[i] … cu[i+1] - 1`, so one
+sequence may bring a prefill chunk of 12 tokens, the next a single decode token, another
+none. With `is_causal=True` (the default) each new token sees the cached rows and the new
+tokens up to itself. One cache per layer (each layer has its own keys and values); the
+sequences are added, forked and freed in all of them alike, so their ids agree.
+
+`step(caches, seqs, chunks)` runs the model on one packed step and returns the logits of every
+new token; a sequence's next character is the argmax of its last token's logits."""),
+("code", """def new_caches(num_blocks, block_size=8):
+    return [pyattn.PagedKVCache(num_blocks, block_size, num_kv_heads=H, head_dim=E) for _ in range(N_LAYERS)]
+
+def add(caches, parent=None):
+    \"\"\"A new sequence in every layer's cache, or a fork of parent.\"\"\"
+    ids = {c.add_sequence() if parent is None else c.fork(parent) for c in caches}
+    assert len(ids) == 1                                # the same id in every layer
+    return ids.pop()
+
+def free(caches, seq):
+    for c in caches:
+        c.free(seq)
+
+def step(caches, seqs, chunks, tree_mask=None, pos=None):
+    \"\"\"chunks[i]: the new tokens of sequence seqs[i] -> (logits (total, V), cu_seqlens_q).\"\"\"
+    cu = np.r_[0, np.cumsum([len(c) for c in chunks])]
+    if pos is None:                                     # after the rows each sequence holds
+        pos = np.concatenate([caches[0].length(s) + np.arange(len(c)) for s, c in zip(seqs, chunks)])
+    attend = lambda l, q, k, v: caches[l].attend(seqs, q, k, v, cu_seqlens_q=cu, tree_mask=tree_mask)
+    return model(np.concatenate(chunks).astype(np.int64), pos, attend), cu
+
+caches = new_caches(num_blocks=16)
+a, b = add(caches), add(caches)
+prompts = ["The value of ", "Return "]
+logits, cu = step(caches, [a, b], [[stoi[c] for c in p] for p in prompts])      # two prefills, one call
+nxt = [int(logits[e - 1].argmax()) for e in cu[1:]]
+print("cu_seqlens_q:", cu, " next characters:", [chars[i] for i in nxt])
+c = add(caches)
+logits, cu = step(caches, [a, b, c], [[nxt[0]], [nxt[1]], [stoi[ch] for ch in "A list "]])  # 2 decodes + a prefill
+print("cu_seqlens_q:", cu, " lengths now:", [caches[0].length(s) for s in (a, b, c)],
+      " blocks in use:", 16 - caches[0].blocks_free, "of 16")
+print(caches[0])"""),
+("md", """## Continuous batching
+Requests arrive over time: a prompt cut from the training text (4 to 30 characters) and a
+number of characters to write. Every step, the scheduler
+
+1. admits the requests that have arrived (a new sequence each),
+2. gives every running request in decode its one token, then fills a **token budget** of 32
+   per step with **prefill chunks** of at most 12 prompt tokens (chunked prefill: a long
+   prompt does not stall the decodes of the others),
+3. runs the model once on the packed tokens: **one `attend` call per layer** for all of them,
+4. appends the argmax of each sequence's last logits where its prompt is done, and frees
+   the sequences that wrote all their characters (their blocks go back to the pool).
+
+Two requests share a prompt prefix, `"Return the "`: it is prefilled **once**, into a
+sequence of its own, before the loop. Each of the two requests starts as `fork` of it: the
+fork shares the prefix's blocks (nothing is copied) and only its own suffix is prefilled.
+The prefix's last block is only partly full; the first write of a fork into it copies that
+block first (**copy-on-write**), so the prefix and the other fork keep their rows."""),
+("code", """text = open("data/training_corpus.txt").read()
+rng = np.random.default_rng(0)
+requests = []
+for i in range(14):
+    n = int(rng.integers(4, 31))
+    s = int(rng.integers(0, len(text) - n))
+    requests.append(dict(name=f"r{i}", arrive=int(rng.integers(0, 30)), prompt=text[s:s + n],
+                         new=int(rng.integers(8, T_MAX + 2 - n))))
+PREFIX = "Return the "
+requests += [dict(name="fork A", arrive=6, prompt=PREFIX + "value", new=24),
+             dict(name="fork B", arrive=8, prompt=PREFIX + "list of", new=24)]
+requests.sort(key=lambda r: r["arrive"])
+assert all(len(r["prompt"]) + r["new"] - 1 <= T_MAX for r in requests)   # positions the model knows
+
+NUM_BLOCKS, BUDGET, CHUNK = 64, 32, 12
+caches = new_caches(NUM_BLOCKS)
+prefix_seq = add(caches)
+step(caches, [prefix_seq], [[stoi[c] for c in PREFIX]])        # the shared prefix, once
+
+waiting, running, log, t = list(requests), [], [], 0
+t_start = time.perf_counter()
+while waiting or running:
+    while waiting and waiting[0]["arrive"] <= t:                 # 1. admit
+        r = waiting.pop(0)
+        shared = r["prompt"].startswith(PREFIX)
+        r["seq"] = add(caches, prefix_seq if shared else None)
+        r["todo"] = [stoi[c] for c in r["prompt"][len(PREFIX) if shared else 0:]]
+        r["out"], r["start"] = [], t
+        running.append(r)
+    batch, chunks, budget = [], [], BUDGET                      # 2. decodes first, then prefill chunks
+    for r in sorted(running, key=lambda r: len(r["todo"]) > 1):
+        n = min(len(r["todo"]), CHUNK, budget)
+        if n:
+            batch.append(r); chunks.append(r["todo"][:n]); budget -= n
+    if batch:
+        t0 = time.perf_counter()
+        logits, cu = step(caches, [r["seq"] for r in batch], chunks)   # 3. one call per layer
+        seconds = time.perf_counter() - t0
+        decoding = sum(1 for r in batch if r["out"])            # past their prompt
+        for r, chunk, end in zip(batch, chunks, cu[1:]):          # 4. next characters, finished requests
+            r["todo"] = r["todo"][len(chunk):]
+            if not r["todo"]:
+                r["out"].append(int(logits[end - 1].argmax()))
+                if len(r["out"]) < r["new"]:
+                    r["todo"] = r["out"][-1:]
+                else:
+                    running.remove(r); free(caches, r["seq"]); r["end"] = t
+        log.append(dict(t=t, seqs=len(batch), tokens=int(cu[-1]), decode=decoding,
+                        blocks=NUM_BLOCKS - caches[0].blocks_free, seconds=seconds))
+    t += 1
+elapsed = time.perf_counter() - t_start
+generated = sum(r["new"] for r in requests)
+print(f"{len(requests)} requests served in {t} steps, {elapsed:.2f} s: {generated} characters written, "
+      f"{sum(x['tokens'] for x in log)} tokens run through the model")
+print(f"most sequences in one call: {max(x['seqs'] for x in log)}; most blocks in use: {max(x['blocks'] for x in log)} "
+      f"of {NUM_BLOCKS}")"""),
+("md", """## Every request, checked against generating it alone
+Each request's characters are generated again alone (greedy, the whole text re-run at
+every step, no cache) and must be the same. Batched with others, chunked, forked or not,
+a request gets the text it would get by itself. (Its logits are not bit-identical to the
+ones alone: packed, the matrix products and the attention add in other orders, which moves
+logits by a few millionths. Greedy choices are still equal unless two logits tie that closely;
+the smallest lead of a chosen character over the next, printed below, says how far from a
+tie this run came.)"""),
+("code", """gaps = []
+for r in requests:
+    got = "".join(chars[i] for i in r["out"])
+    ref = alone(r["prompt"], r["new"], gaps)
+    print(f"{r['name']:>6s} steps {r['start']:2d}-{r['end']:2d}: {r['prompt']!r:34s} -> {got!r}")
+    assert got == ref, (r["name"], got, ref)
+print(f"every request equals generating it alone; smallest lead of the chosen logit over the next: {min(gaps):.1e}")"""),
+("md", """## Blocks in use over time
+The pool's blocks in use at each step, with the sequences in the call and how many of them
+were decoding (the rest brought prefill chunks). Blocks are taken as sequences grow, by 8
+rows at a time, and returned the moment a request finishes: the pool needs the memory of
+the tokens actually held at once, not `max_len` rows for every request. The two forks read
+the prefix's blocks; their own rows start in a copy of its last, partly filled block."""),
+("code", """steps_ = [x["t"] for x in log]
+fig, axs = plt.subplots(2, 1, figsize=(10, 6), sharex=True, layout="constrained")
+axs[0].step(steps_, [x["blocks"] for x in log], where="post", color="C0", lw=2, label="blocks in use")
+axs[0].axhline(NUM_BLOCKS, color="grey", ls="--", lw=1, label=f"pool: {NUM_BLOCKS} blocks of 8 rows")
+contiguous = [sum(1 for r in requests if r["start"] <= x["t"] <= r["end"]) * T_MAX // 8 for x in log]
+axs[0].step(steps_, contiguous, where="post", color="C3", lw=1, ls=":",
+            label=f"a contiguous cache of {T_MAX} rows per running request, in blocks")
+axs[0].set_ylabel("blocks (one layer)"); axs[0].legend(loc="upper right", fontsize=8)
+axs[1].bar(steps_, [x["decode"] for x in log], color="C2", label="sequences decoding (1 token)")
+axs[1].bar(steps_, [x["seqs"] - x["decode"] for x in log], bottom=[x["decode"] for x in log], color="C1",
+           label="sequences with a prefill chunk")
+for r in requests:
+    axs[1].plot(r["arrive"], -0.6, "k^", ms=4)
+axs[1].set_ylabel("sequences in the call"); axs[1].set_xlabel("step (triangles: arrivals)")
+axs[1].legend(loc="upper right", fontsize=8)
+fig.suptitle("continuous batching: one attend call per layer per step")
+plt.show()"""),
+("md", """## A speculative step: verifying a token tree
+Decoding writes one token per step, and each step reads the whole cache. **Speculative
+decoding** guesses several tokens cheaply (here from bigram counts of the training text)
+and lets the model check all the guesses in **one** call. Guessing a *tree* keeps several
+alternatives: below, from the last written character, its 2 likeliest successors, each with
+2 successors, each with 1 more: 11 tokens in all, the first being the last written one.
+
+`tree_mask (1, 1, n, n)`, True = may attend, says which new token sees which: a token sees
+itself and its ancestors in the tree, never a sibling's branch (and every cached row).
+Each token sits at position `length + depth`. The model's argmax at each node says which
+child (if any) it would have written; walking down from the root while a child matches
+gives the accepted tokens, and the argmax at the last accepted node is one more, for free.
+
+The tree is written into a **fork** of the sequence, which is then freed: the rejected
+branches never reach the sequence itself (its partly filled last block is copied on the
+fork's first write). The accepted tokens then go into the sequence as one chunk in the next
+step, whose last logits give the next character."""),
+("code", """counts = np.zeros((V, V))
+ids = np.array([stoi[c] for c in text])
+np.add.at(counts, (ids[:-1], ids[1:]), 1)
+guess = np.argsort(-counts, axis=1)                     # bigram: likeliest successors first
+
+def draft_tree(root, widths=(2, 2, 1)):
+    \"\"\"Tokens, parents (-1: none) and depths of a tree of guesses under root.\"\"\"
+    tokens, parent, depth, level = [root], [-1], [0], [0]
+    for d, w in enumerate(widths, 1):
+        nxt = []
+        for node in level:
+            for tok in guess[tokens[node], :w]:
+                tokens.append(int(tok)); parent.append(node); depth.append(d); nxt.append(len(tokens) - 1)
+        level = nxt
+    return tokens, parent, depth
+
+def tree_mask_of(parent):
+    n = len(parent)
+    m = np.eye(n, dtype=bool)
+    for i in range(n):
+        j = parent[i]
+        while j >= 0:                                   # i sees its ancestors
+            m[i, j] = True; j = parent[j]
+    return m
+
+def speculate(caches, seq, last):
+    \"\"\"Verify a tree of guesses after seq's rows + the written-but-not-yet-cached token last:
+    returns (accepted guesses, the next token, tokens, parents, mask).\"\"\"
+    tokens, parent, depth = draft_tree(last)
+    mask = tree_mask_of(parent)
+    fork = add(caches, seq)
+    logits, _ = step(caches, [fork], [tokens], tree_mask=mask[None, None],
+                     pos=caches[0].length(seq) + np.array(depth))
+    free(caches, fork)                                   # the tree's rows go with the fork
+    node, accepted = 0, []
+    while True:
+        best = int(logits[node].argmax())
+        child = [i for i in range(len(tokens)) if parent[i] == node and tokens[i] == best]
+        if not child:
+            return accepted, best, tokens, parent, mask
+        accepted.append(best); node = child[0]
+
+prompt = "The value of the "
+caches = new_caches(NUM_BLOCKS)
+seq = add(caches)
+logits, _ = step(caches, [seq], [[stoi[c] for c in prompt]])
+out, calls = [int(logits[-1].argmax())], 0
+feed = out[-1:]                                          # written, not yet in the cache
+first = None
+while len(out) < 40:
+    accepted, nxt, tokens, parent, mask = speculate(caches, seq, feed[-1])
+    calls += 1
+    first = first or (tokens, mask, accepted)
+    logits, _ = step(caches, [seq], [feed + accepted])   # the accepted tokens, as one chunk
+    assert int(logits[-1].argmax()) == nxt               # the same next token as the tree's
+    out += accepted + [nxt]
+    feed = [nxt]
+out = out[:40]
+got = "".join(chars[i] for i in out)
+print(f"{prompt!r} -> {got!r}: 40 characters in {calls} verification calls "
+      f"({40 / calls:.1f} characters per call instead of 1)")
+assert got == alone(prompt, 40)
+print("equals generating it alone, one character at a time")
+tokens, mask, accepted = first
+labels = [f"{i}:{chars[tok]!r}" for i, tok in enumerate(tokens)]
+fig, ax = plt.subplots(figsize=(7, 6), layout="constrained")
+heatmap(ax, mask.astype(float), labels, labels, fmt="{:.0f}", colorbar=False, cmap="Blues",
+        legend={1.0: "may attend (True)", 0.0: "masked (False)"},
+        title=f"tree_mask of the first speculative step\\n(accepted: {''.join(chars[i] for i in accepted)!r})")
+plt.show()"""),
+("md", """## Tokens per second against batch size
+A decode step of one sequence runs the whole model for one token: the weights are read,
+the Python and NumPy calls are made, for one row of work. Packed with `B` sequences, the same
+calls do `B` rows. Below, `B` sequences each hold a 24-character prompt, and each decode step
+writes one token for all of them in one packed call (the fastest of 16 steps: the least
+disturbed by whatever else the machine runs); the dashed line is
+`B` sequences served one at a time (`B` calls of one token). **The times depend on the
+machine** (and on what else it runs): the figure comes from the run that built this
+notebook, on the CPU named in its title; re-run it to measure yours."""),
+("code", """def decode_rate(B, steps=16):
+    \"\"\"Tokens per second of packed decode steps for B sequences of 24 cached tokens.\"\"\"
+    caches = new_caches(B * (T_MAX // 8))
+    seqs = [add(caches) for _ in range(B)]
+    starts = rng.integers(0, len(text) - 24, B)
+    logits, cu = step(caches, seqs, [[stoi[c] for c in text[s:s + 24]] for s in starts])
+    last = [[int(logits[e - 1].argmax())] for e in cu[1:]]
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        logits, cu = step(caches, seqs, last)
+        times.append(time.perf_counter() - t0)
+        last = [[int(x)] for x in logits.argmax(-1)]
+    return B / min(times)
+
+sizes = [1, 2, 4, 8, 16, 32, 64]
+rates = [decode_rate(B) for B in sizes]
+fig, ax = plt.subplots(figsize=(7, 4.2), layout="constrained")
+ax.plot(sizes, rates, "o-", lw=2, label="one packed call per step (continuous batching)")
+ax.plot(sizes, [rates[0]] * len(sizes), "k--", lw=1, label="one sequence per call")
+ax.set_xscale("log", base=2); ax.set_xticks(sizes, [str(b) for b in sizes]); ax.minorticks_off()
+ax.set_xlabel("sequences decoding together (batch size)"); ax.set_ylabel("tokens per second")
+ax.set_ylim(0, None); ax.legend()
+ax.set_title(f"measured when this notebook ran, on {cpu_name()}, 1 thread\\n"
+             "(re-run to measure your machine)", fontsize=10)
+plt.show()
+for B, r in zip(sizes, rates):
+    print(f"batch {B:2d}: {r:8.0f} tokens/s ({r / rates[0]:4.1f}x one at a time)")"""),
+("md", """## Packed against padded
+Before varlen, a batch of texts of different lengths was **padded** to the longest and a mask
+hid the padding: the kernel computes scores for every padded row and column and throws them
+away. `pyattn.scaled_dot_product_attention_varlen` takes the texts **packed**, `(total,
+heads, head_dim)` with `cu_seqlens`, and does only the real work, `Σ L_i²` (halved by the
+causal mask) instead of `B × L_max²`. Below: 16 sequences with lengths drawn from 16 to 1024
+(a fixed seed), 4 heads of 64, causal, float32; padded = `(16, 4, L_max, 64)` with a boolean mask
+`(16, 1, L_max, L_max)` that is causal and hides the padded keys. Best of 5 runs, 1 thread.
+The rows that are real agree between the two."""),
+("code", """lens = np.sort(np.random.default_rng(3).integers(16, 1025, 16))[::-1]
+Hb, Eb, Lmax = 4, 64, int(lens.max())
+cu = np.r_[0, np.cumsum(lens)]
+qp, kp, vp = (np.random.default_rng(i).standard_normal((int(cu[-1]), Hb, Eb), dtype=np.float32) for i in range(3))
+pad = lambda x: np.stack([np.pad(x[a:b], ((0, Lmax - (b - a)), (0, 0), (0, 0))).transpose(1, 0, 2)
+                          for a, b in zip(cu[:-1], cu[1:])])             # (16, Hb, Lmax, Eb), zeros after
+qd, kd, vd = pad(qp), pad(kp), pad(vp)
+i, j = np.indices((Lmax, Lmax))
+mask = (j <= i)[None, None] & (j[None, None] < lens[:, None, None, None])    # causal, real keys only
+
+def best(fn, n=5):
+    ts = []
+    for _ in range(n):
+        t0 = time.perf_counter(); fn(); ts.append(time.perf_counter() - t0)
+    return min(ts)
+
+packed = pyattn.scaled_dot_product_attention_varlen(qp, kp, vp, cu, cu, is_causal=True)
+padded = pyattn.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask)
+diff = max(np.abs(padded[b, :, :n].transpose(1, 0, 2) - packed[a:a + n]).max() for b, (a, n) in enumerate(zip(cu, lens)))
+print(f"lengths {lens.tolist()}\\nreal rows, packed vs padded: largest difference {diff:.1e}")
+assert diff < 1e-5
+t_packed = best(lambda: pyattn.scaled_dot_product_attention_varlen(qp, kp, vp, cu, cu, is_causal=True))
+t_padded = best(lambda: pyattn.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask))
+useful = (lens * (lens + 1) / 2).sum() / (len(lens) * Lmax * Lmax)
+fig, ax = plt.subplots(figsize=(7.5, 2.8), layout="constrained")
+bars = ax.barh(["padded to the longest + mask", "packed (varlen)"], [t_padded * 1e3, t_packed * 1e3], color=["C3", "C0"])
+ax.bar_label(bars, fmt="%.1f ms", padding=3); ax.set_xlim(0, t_padded * 1e3 * 1.25)
+ax.set_xlabel(f"ms (best of 5): 16 causal sequences of {lens.min()}..{Lmax} tokens, {Hb} heads x {Eb}, float32")
+ax.set_title(f"measured when this notebook ran, on {cpu_name()}, 1 thread (re-run to measure yours)", fontsize=10)
+plt.show()
+print(f"padded: {t_padded * 1e3:.1f} ms, packed: {t_packed * 1e3:.1f} ms ({t_padded / t_packed:.1f}x); "
+      f"the real (causal) work is {useful:.0%} of the padded batch's B x L_max^2 scores")"""),
+("md", """## When the pool is full, and the same with `pyattn.nn` layers
+A step that needs more blocks than are free raises `pyattn.CacheFullError` (a `MemoryError`)
+**before** anything is written: the lengths, the blocks and the rows stay as they were, so a
+scheduler can catch it, finish or preempt some request, and retry the step.
+
+`pyattn.nn.MultiHeadAttention` takes a paged cache too, `layer(x, cache=paged, seqs=seqs,
+cu_seqlens_q=cu)` with `x (total, d_in)` packed: loaded with the same weights, its layers
+give the logits of the hand-written attention above (to float32 rounding: the projections
+are computed by another matrix product)."""),
+("code", """small = new_caches(num_blocks=4)                         # 32 rows in all
+s1, s2 = add(small), add(small)
+step(small, [s1], [[stoi[c] for c in "The value of the "]])     # 17 rows: 3 blocks
+before = (small[0].blocks_free, small[0].length(s1), small[0].k.copy())
+try:
+    step(small, [s1, s2], [[stoi["a"]], [stoi[c] for c in "Return a new list"]])   # needs 3 more
+except pyattn.CacheFullError as e:
+    print("CacheFullError:", e)
+assert (small[0].blocks_free, small[0].length(s1)) == before[:2] and np.array_equal(small[0].k, before[2])
+print("nothing was written: blocks free", small[0].blocks_free, "length", small[0].length(s1))
+
+from pyattn.nn import MultiHeadAttention
+layers = []
+for l in range(N_LAYERS):
+    layer = MultiHeadAttention(D, D, H, context_length=T_MAX, qkv_bias=True).eval()
+    layer.load_state_dict({k[len(f"attn{l}."):]: w for k, w in P.items() if k.startswith(f"attn{l}.")})
+    layers.append(layer)
+
+def step_nn(caches, seqs, chunks):
+    \"\"\"step() with pyattn.nn layers doing the attention (projections included).\"\"\"
+    cu = np.r_[0, np.cumsum([len(c) for c in chunks])]
+    pos = np.concatenate([caches[0].length(s) + np.arange(len(c)) for s, c in zip(seqs, chunks)])
+    x = P["tok"][np.concatenate(chunks).astype(np.int64)] + P["pos"][pos]
+    for l in range(N_LAYERS):
+        x = x + layers[l](layer_norm(x), cache=caches[l], seqs=seqs, cu_seqlens_q=cu)
+        x = x + linear(np.maximum(linear(layer_norm(x), f"W1.{l}", f"b1.{l}"), 0), f"W2.{l}", f"b2.{l}")
+    return linear(layer_norm(x), "Wh", "bh")
+
+ca, cb = new_caches(16), new_caches(16)
+sa, sb = [add(ca) for _ in range(3)], [add(cb) for _ in range(3)]
+for chunks in ([[stoi[c] for c in "The value"], [stoi[c] for c in "Return"], []],
+               [[stoi["s"]], [stoi[c] for c in " a new"], [stoi[c] for c in "Every"]]):
+    hand, _ = step(ca, sa, chunks)
+    with_nn = step_nn(cb, sb, chunks)
+    print(f"{len(chunks)} sequences, {sum(map(len, chunks))} tokens: hand-written vs pyattn.nn, "
+          f"largest logit difference {np.abs(hand - with_nn).max():.1e}")
+    assert np.allclose(hand, with_nn, atol=1e-4)"""),
+("md", """## What a real server adds
+This loop is the skeleton of vLLM-style serving. A real server also samples (temperature,
+top-p: only the choice of the next token changes), stops at end-of-text tokens, admits a
+request only when the pool can hold it (and preempts one on a `CacheFullError`), keeps a
+prefix cache of common prompts (forks of their sequences), and uses positions that do not
+run out (rotary embeddings, `rotary_cos=`/`rotary_sin=`) instead of this model's 64 learned
+ones."""),
+]
+
+
+SAVE_CHAR_MODEL = """\
+np.savez_compressed("data/char_model_06.npz", chars=np.array("".join(chars)), T=T, D=D, H=H, L=L,
+                    **{k: v.astype(np.float32) for k, v in all_params().items()})
+print("saved data/char_model_06.npz")"""
+
+
+def save_char_model():
+    """Train notebook 06's model (its code cells, run on a fresh kernel; the notebook
+    itself is not rewritten) and save its weights, as float32, in
+    data/char_model_06.npz: the model that notebook 09 serves."""
+    from nbclient import NotebookClient
+    nb = new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [new_code_cell(src) for kind, src in NB["06_training"] if kind == "code"]
+    nb.cells.append(new_code_cell(SAVE_CHAR_MODEL))
+    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": HERE}}).execute()
+    print("".join(o.get("text", "") for o in nb.cells[-1].outputs))
+
+
 def build(run=True, names=None, sources_only=False):
     for name, cells in NB.items():
         if names and name not in names:
@@ -1692,6 +2212,11 @@ if __name__ == "__main__":
     ap.add_argument("--no-run", action="store_true")
     ap.add_argument("--sources-only", action="store_true",
                     help="update the committed notebooks' cell sources, keep their outputs")
+    ap.add_argument("--save-char-model", action="store_true",
+                    help="train notebook 06's model and save data/char_model_06.npz (for notebook 09)")
     ap.add_argument("names", nargs="*")
     a = ap.parse_args()
+    if a.save_char_model:
+        save_char_model()
+        sys.exit()
     build(not a.no_run, a.names, a.sources_only)
