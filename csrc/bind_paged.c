@@ -71,9 +71,10 @@ static void paged_append_run(void *ctx)
         const pa_ssize *ps = a->pst[x], *rs = a->rst[x];
         for (pa_ssize b = 0; b < a->B; b++)
             for (pa_ssize h = 0; h < a->H; h++)
-                for (pa_ssize t = 0; t < a->T; t++) {
+                for (pa_ssize t = 0; t < (a->cu ? (pa_ssize)(a->cu[b + 1] - a->cu[b]) : a->T); t++) {
                     char *dst = a->pool[x] + page_off(a, x, b, h, (pa_ssize)a->pos[b] + t) * es;
-                    const char *src = a->rows[x] + (b * rs[0] + h * rs[1] + t * rs[2]) * es;
+                    const char *src = a->rows[x] + (a->cu ? ((pa_ssize)a->cu[b] + t) * rs[0] + h * rs[1]
+                                                          : b * rs[0] + h * rs[1] + t * rs[2]) * es;
                     if (ps[3] == 1 && rs[3] == 1)
                         memmove(dst, src, (size_t)(D * es));
                     else
@@ -92,6 +93,57 @@ static int check_entries(const int64_t *row, pa_ssize n, pa_ssize bs, pa_ssize n
                          (Py_ssize_t)b, (Py_ssize_t)i, (long long)row[i], (Py_ssize_t)nblocks);
             return -1;
         }
+    return 0;
+}
+
+/* packed new rows (cu_seqlens_q): key / value (total, H, E / Ev) as the pools
+ * are stored, positions (nseq,) int64, each with pos + T_i <= the table's rows */
+static int get_rows_packed(PyObject *o, const parr *pool, pa_attn_call *c, pa_paged *pg, pa_paged_append *ap)
+{
+    static const char *rn[2] = {"key", "value"};
+    if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) != 3) {
+        PyErr_SetString(PyExc_TypeError, "append must be (key, value, positions) with paged=");
+        return -1;
+    }
+    parr r[2], pos;
+    const pa_ssize B = c->nseq;
+    for (int x = 0; x < 2; x++) {
+        if (get_arr(PyTuple_GET_ITEM(o, x), rn[x], 3, pool[x].dtype, 0, &r[x]) < 0) return -1;
+        if (r[x].shape[0] != c->L || r[x].shape[1] != pool[x].shape[1] || r[x].shape[2] != pool[x].shape[3]) {
+            PyErr_Format(PyExc_ValueError, "%s must be (total, Hkv, %s) as the query tokens and the pools are",
+                         rn[x], x ? "Ev" : "E");
+            return -1;
+        }
+        ap->pool[x] = pool[x].data;
+        ap->rows[x] = r[x].data;
+        memcpy(ap->pst[x], pool[x].st, sizeof(ap->pst[x]));
+        ap->rst[x][0] = r[x].st[0]; ap->rst[x][1] = r[x].st[1];
+        ap->rst[x][2] = 0; ap->rst[x][3] = r[x].st[2];
+        ap->D[x] = pool[x].shape[3];
+        ap->es[x] = pa_elsize(pool[x].dtype);
+    }
+    if (get_arr(PyTuple_GET_ITEM(o, 2), "positions", 1, -2, 0, &pos) < 0) return -1;
+    if (pos.shape[0] != B || pos.st[0] != 1) {
+        PyErr_SetString(PyExc_ValueError, "positions must be a contiguous (nseq,) int64 array");
+        return -1;
+    }
+    ap->pos = (const int64_t *)pos.data;
+    ap->B = B; ap->H = pool[0].shape[1]; ap->T = 0; ap->pg = pg; ap->cu = c->cu_seqlens_q;
+    for (pa_ssize b = 0; b < B; b++) {
+        const pa_ssize T = (pa_ssize)(c->cu_seqlens_q[b + 1] - c->cu_seqlens_q[b]);
+        if (T > c->S || ap->pos[b] < 0 || ap->pos[b] > (int64_t)(c->S - T) ||
+            c->kv_len[b * c->bt.count] != ap->pos[b] + T) {
+            PyErr_Format(PyExc_ValueError, "cache_seqlens + T exceeds the block table or differs from kv_len: "
+                         "entry %zd is %lld, T = %zd, rows = %zd; nothing was written", (Py_ssize_t)b,
+                         (long long)ap->pos[b], (Py_ssize_t)T, (Py_ssize_t)c->S);
+            return -1;
+        }
+        if (check_entries(pg->table + b * pg->tbs[0], (pa_ssize)ap->pos[b] + T, pg->block_size,
+                          pool[0].shape[0], b) < 0)
+            return -1;
+    }
+    c->before = paged_append_run;
+    c->before_ctx = ap;
     return 0;
 }
 
@@ -127,7 +179,7 @@ static int get_rows(PyObject *o, const parr *pool, pa_attn_call *c, pa_paged *pg
         return -1;
     }
     ap->pos = (const int64_t *)pos.data;
-    ap->B = B; ap->H = pool[0].shape[1]; ap->T = T; ap->pg = pg;
+    ap->B = B; ap->H = pool[0].shape[1]; ap->T = T; ap->pg = pg; ap->cu = NULL;
     for (pa_ssize b = 0; b < B; b++) {
         if (T > c->S || ap->pos[b] < 0 || ap->pos[b] > (int64_t)(c->S - T)) {
             PyErr_Format(PyExc_ValueError, "cache_seqlens + T exceeds the block table: entry %zd is %lld, "
@@ -165,8 +217,16 @@ int pa_bind_paged(PyObject *paged, PyObject *append, pa_attn_call *c, pa_paged *
     }
     if (get_arr(PyTuple_GET_ITEM(paged, 2), "block_table", 2, -2, 0, &tb) < 0) return -1;
     const pa_ssize nblocks = pool[0].shape[0], H = pool[0].shape[1], bs = pool[0].shape[2];
-    if (bs < 1 || tb.st[1] != 1 || c->bt.nb < 2 || c->bt.shape[0] != tb.shape[0] || c->bt.shape[1] != H ||
-        tb.shape[1] > PTRDIFF_MAX / bs || tb.shape[1] * bs != c->S) {
+    const int packed = c->cu_seqlens_q != NULL;   /* batch (H) or (Hkv, G); rows: the sequences */
+    if (packed && (bs < 1 || c->bt.count < 1 || (tb.st[1] != 1 && tb.shape[1] > 1) || c->bt.nb < 1 || c->bt.shape[0] != H || tb.shape[0] != c->nseq ||
+                   tb.shape[1] > PTRDIFF_MAX / bs || tb.shape[1] * bs != c->S)) {
+        PyErr_SetString(PyExc_ValueError, "paged with cu_seqlens_q: the batch axes must be (Hkv, ...) with Hkv "
+                        "= the pools' heads, the block table one row per sequence, and S = its columns x "
+                        "block_size (>= 1)");
+        return -1;
+    }
+    if (!packed && (bs < 1 || tb.st[1] != 1 || c->bt.nb < 2 || c->bt.shape[0] != tb.shape[0] || c->bt.shape[1] != H ||
+        tb.shape[1] > PTRDIFF_MAX / bs || tb.shape[1] * bs != c->S)) {
         PyErr_SetString(PyExc_ValueError, "paged: the batch axes must be (B, Hkv, ...) with B = the block "
                         "table's rows, Hkv = the pools' heads, and S = its columns x block_size (>= 1)");
         return -1;
@@ -180,11 +240,18 @@ int pa_bind_paged(PyObject *paged, PyObject *append, pa_attn_call *c, pa_paged *
     pa_operand *kv[2] = {&c->k, &c->v};
     for (int x = 0; x < 2; x++) {             /* element [0, h, 0, 0] of the pool per flat b */
         kv[x]->p = pool[x].data;
-        for (int d = 0; d < c->bt.nb; d++) kv[x]->bs[d] = d == 1 ? pool[x].st[1] : 0;
+        for (int d = 0; d < c->bt.nb; d++) kv[x]->bs[d] = d == (packed ? 0 : 1) ? pool[x].st[1] : 0;
         kv[x]->rs = 0;                       /* rows through the table (pa_attn_krow) */
         kv[x]->cs = pool[x].st[3];
     }
     c->block_table = pg;
+    for (pa_ssize i = 0; packed && i < c->nseq; i++) {  /* the rows each sequence reads (any head) */
+        int64_t n = 0;
+        for (pa_ssize b = 0; b < c->bt.count; b++)
+            if (c->kv_len[i * c->bt.count + b] > n) n = c->kv_len[i * c->bt.count + b];
+        if (check_entries(pg->table + i * pg->tbs[0], (pa_ssize)n, bs, nblocks, i) < 0) return -1;
+    }
+    if (packed) return append == Py_None ? 0 : get_rows_packed(append, pool, c, pg, ap);
     for (pa_ssize b = 0; b < c->bt.count; b++) {   /* the rows the call reads */
         const pa_ssize n = c->kv_len ? (pa_ssize)c->kv_len[b] : c->S;
         if (check_entries(pa_paged_row(c, b), n, bs, nblocks, pa_batch_offset(&c->bt, pg->tbs, b) / (tb.st[0] ? tb.st[0] : 1)) < 0)

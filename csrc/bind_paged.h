@@ -21,6 +21,8 @@ typedef struct {
     size_t es[2];
     const int64_t *pos;
     const pa_paged *pg;
+    const int64_t *cu;              /* packed (cu_seqlens_q): rows (total, H, E / Ev), sequence b
+                                       its rows [cu[b], cu[b+1]), T unused; or NULL */
 } pa_paged_append;
 
 /* paged = (k_pool, v_pool, block_table), append = (key, value, positions)

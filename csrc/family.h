@@ -102,6 +102,11 @@ enum { PA_FAMILIES(PA_ISA_OF, _) };
  *   rowpv: acc[r*ald + d] += P[r*ps + j] * V[j*vrs + d] for j in order,
  *        skipping P == 0 (one FMA per term); d < Ev, V rows contiguous;
  *        acc rows are padded to a multiple of the vector width.
+ *   rowdot, rowpv (next, nnext): prefetch hints only, never read -- the
+ *        nnext rows (row stride krs / vrs) the caller reads after these nj
+ *        (a paged cache's next block; in place, the rows after the tile);
+ *        NULL, 0: none. A kernel prefetches min(32, nj) keys ahead along
+ *        its rows, then into next's, and nothing past them.
  * rowdot and rowpv are indexed by the dtype K / V are STORED in (shape S):
  * f->rowdot[PA_F16] reads float16 keys and computes in float32 (widening as
  * it loads), f->rowdot[PA_F64] float64 keys. Strides count elements.

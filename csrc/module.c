@@ -720,6 +720,7 @@ typedef struct {
     PyObject *cuq, *cuk;        /* packed sequences' offsets (varlen), or None */
     PyObject *k_scale, *v_scale;    /* a quantized cache's scales, or None */
     pa_kv_scales *qsc;              /* where attn_call_of puts them (NULL: not accepted) */
+    int paged;                      /* a paged cache: cu_seqlens_q alone (ops/paged_packed.c) */
 } call_args;
 
 static void call_args_init(call_args *a, int allow)
@@ -763,6 +764,23 @@ static int get_cu(const call_args *a, pa_attn_call *c)
 {
     if (a->cuq == Py_None && a->cuk == Py_None) return 0;
     pa_ssize nq, nk;
+    if (a->paged) {             /* packed queries on a paged cache: kv_len per (sequence, head) */
+        if (a->cuk != Py_None || a->kv_len == Py_None || a->mask != Py_None || a->want_w || a->qoff != Py_None ||
+            a->dropout_p > 0) {
+            PyErr_SetString(PyExc_ValueError, "paged with cu_seqlens_q: give kv_len, no cu_seqlens_k, mask, "
+                            "weights, qoff or dropout");
+            return -1;
+        }
+        if (get_cu1(a->cuq, "cu_seqlens_q", c->L, &c->cu_seqlens_q, &nq) < 0) return -1;
+        if (a->row_div > 1 && (c->bt.nb != 2 || c->bt.shape[1] != (pa_ssize)a->row_div || a->slopes != Py_None ||
+                               a->sinks != Py_None)) {
+            PyErr_SetString(PyExc_ValueError, "paged with cu_seqlens_q: row_div > 1 needs batch axes (Hkv, "
+                            "row_div) and no slopes or sinks");
+            return -1;
+        }
+        c->nseq = nq;
+        return 0;
+    }
     if (a->cuq == Py_None || a->cuk == Py_None) {
         PyErr_SetString(PyExc_ValueError, "give both cu_seqlens_q and cu_seqlens_k, or neither");
         return -1;
@@ -830,9 +848,9 @@ static int get_perhead(const call_args *a, pa_attn_call *c)
     c->slopes = (const double *)pp;
     if (get_perbatch(a->sinks, "sinks", NPY_FLOAT64, c->bt.count, &pp) < 0) return -1;
     c->sinks = (const double *)pp;
-    if (get_perbatch(a->kv_len, "cache_seqlens", NPY_INT64, c->bt.count, &pp) < 0) return -1;
+    if (get_perbatch(a->kv_len, "cache_seqlens", NPY_INT64, c->bt.count * ns, &pp) < 0) return -1;
     c->kv_len = (const int64_t *)pp;
-    for (pa_ssize b = 0; c->kv_len && b < c->bt.count; b++)
+    for (pa_ssize b = 0; c->kv_len && b < c->bt.count * ns; b++)
         if (c->kv_len[b] < 0 || c->kv_len[b] > (int64_t)c->S) {
             PyErr_Format(PyExc_ValueError, "cache_seqlens must be in [0, %zd]", (Py_ssize_t)c->S);
             return -1;
@@ -857,7 +875,7 @@ static int attn_call_of(const call_args *a, pa_attn_call *c, view *qkv)
     const int nd = q->nd, nb = nd - 2;
     if (same_batch(q, "query", k, "key", nb) < 0 || same_batch(q, "query", v, "value", nb) < 0) return -1;
     const pa_ssize L = q->shape[nd - 2], E = q->shape[nd - 1];
-    if (a->row_div < 1 || L % a->row_div != 0 || (a->row_div > 1 && (a->want_w || a->mask != Py_None))) {
+    if (a->row_div < 1 || (L % a->row_div != 0 && !(a->paged && a->cuq != Py_None)) || (a->row_div > 1 && (a->want_w || a->mask != Py_None))) {
         PyErr_SetString(PyExc_ValueError, "row_div must be >= 1 and divide L (and excludes masks "
                                           "and weights)");
         return -1;
@@ -934,9 +952,11 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
                                      &a.sinks, &a.kv_len, &a.row_div, &a.qoff, &req_threads, &a.bf16,
                                      &appo, &a.cuq, &a.cuk, &pago, &a.k_scale, &a.v_scale, &bmo))
         return NULL;
+    a.paged = pago != Py_None;
     if (attn_call_of(&a, &c, qkv) < 0) goto fail;
-    if ((appo != Py_None || pago != Py_None || c.kv_scales || bmo != Py_None) && c.cu_seqlens_q) {
-        PyErr_SetString(PyExc_ValueError, "cu_seqlens exclude append, paged and quantized caches and block_mask");
+    if (((appo != Py_None && pago == Py_None) || c.kv_scales || bmo != Py_None) && c.cu_seqlens_q) {
+        PyErr_SetString(PyExc_ValueError, "cu_seqlens exclude append (but for a paged cache), quantized caches "
+                        "and block_mask");
         goto fail;
     }
     if (pago != Py_None && c.kv_scales) {

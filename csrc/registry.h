@@ -73,10 +73,12 @@
     X(softmax, C, void, (const pa_softmax_row *r), __VA_ARGS__)                                \
     X(softcap, C, void, (void *x, pa_ssize n, double cap), __VA_ARGS__)                        \
     X(rowdot, S, void, (const void *Q, pa_ssize qrs, pa_ssize R, const void *K, pa_ssize krs,   \
-                        pa_ssize nj, pa_ssize E, void *s, pa_ssize ss), __VA_ARGS__)           \
+                        pa_ssize nj, pa_ssize E, void *s, pa_ssize ss, const void *next,       \
+                        pa_ssize nnext), __VA_ARGS__)                                          \
     X(rowsm, C, void, (void *s, pa_ssize nj, void *m, void *l, void *alpha), __VA_ARGS__)      \
     X(rowpv, S, void, (const void *P, pa_ssize ps, pa_ssize R, const void *V, pa_ssize vrs,     \
-                       pa_ssize nj, pa_ssize Ev, void *acc, pa_ssize ald), __VA_ARGS__)        \
+                       pa_ssize nj, pa_ssize Ev, void *acc, pa_ssize ald, const void *next,    \
+                       pa_ssize nnext), __VA_ARGS__)                                           \
     X(widen, W, void, (float *dst, const uint16_t *src, pa_ssize n), __VA_ARGS__)              \
     X(read_probe, F, float, (const float *p, size_t n), __VA_ARGS__)                           \
     X(qrowdot, F, void, (const float *Q, pa_ssize qrs, pa_ssize R, const void *K, pa_ssize krs,  \

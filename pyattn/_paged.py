@@ -5,11 +5,15 @@
 The C side reads the pools through the block table in place (csrc/ops/
 paged.h, csrc/bind_paged.c): no gathered copy of a cache exists. A call
 whose sequences bring different numbers of new tokens runs one kernel call
-per distinct count (every decode step of the batch in one, each prefill
-chunk length in one); every check is made before the first of them, and
-should a later one fail (MemoryError, KeyboardInterrupt) the rows the
-earlier ones wrote are put back, so a call that raises leaves the caches as
-they were.
+in ONE kernel call (csrc/ops/paged_packed.c: tasks over (sequence, head,
+query block), each sequence with its own kv length and block-table row,
+bit-identical to calling it alone); the new rows are written by the call's
+before-hook once every check has passed and everything is allocated, so a
+call that raises writes nothing. Only with a tree_mask do sequences with
+different token counts still run one kernel call per distinct count; there
+every check is made before the first call, and should a later one fail
+(MemoryError, KeyboardInterrupt) the rows the earlier ones wrote are put
+back.
 """
 from __future__ import annotations
 
@@ -18,7 +22,9 @@ import math
 import numpy as np
 
 from ._api import _cache_array, _sdpa, _seqlens
-from ._checks import as_array, check_numeric, check_out, is16, number, real_scalar, to_dtype
+from . import _C
+from ._checks import (as_array, bcast, check_numeric, check_out, is16, number, per_head, real_scalar,
+                      split_axis, store16, to_dtype)
 from ._spec import attn_spec
 
 __all__ = ["PagedKVCache", "CacheFullError"]
@@ -191,6 +197,14 @@ def kvcache_paged(query, k_cache, v_cache, key, value, cache_seqlens, block_tabl
                              f"({Hq},) or ({B}, {Hq})")
     qd = q if is16(q.dtype) and cd == np.float32 else to_dtype(q, cd)
     u16 = [c.view(np.uint16) if c.dtype.kind == "V" else c for c in (kc, vc)]
+    if packed and tm is None and B > 0 and (sinks is None or np.ndim(sinks) <= 1):
+        res, lse = _packed(qd, kc, vc, u16, table, kn if new else None, vn if new else None, n, kv_len, cu,
+                           S, Hkv, E, Ev, is_causal, sc, window, slopes, softcap, sinks, precision,
+                           return_lse)
+        if out is not None:
+            out[...] = res
+            res = out
+        return (res, lse) if return_lse else res
     groups = {}
     for b in range(B):
         if Ts[b] or not packed:
@@ -231,6 +245,49 @@ def kvcache_paged(query, k_cache, v_cache, key, value, cache_seqlens, block_tabl
         out[...] = res
         res = out
     return (res, lse) if return_lse else res
+
+
+def _packed(qd, kc, vc, u16, table, kn, vn, n, kv_len, cu, S, Hkv, E, Ev, is_causal, sc, window,
+            slopes, softcap, sinks, precision, return_lse):
+    """One kernel call for every sequence (csrc/ops/paged_packed.c): query
+    (total, Hq, E) viewed head-major (Hq, total, E), or (Hkv, G, total, E)
+    with GQA; decode steps (one token) have their G query heads stacked as
+    rows, as the dense call of a decode step (_api._sdpa)."""
+    total, Hq = qd.shape[0], qd.shape[1]
+    B = len(kv_len)
+    views = []
+    for c, D in ((kc, E), (vc, Ev)):          # the call's k, v: shape only (C reads the pools)
+        first = c[:1, :, :1, :][0] if c.shape[0] and c.shape[2] else np.zeros((Hkv, 1, D), c.dtype)
+        views.append(np.broadcast_to(first, (Hkv, S, D)))
+    spec = attn_spec(qd.transpose(1, 0, 2), views[0], views[1], None, 0.0,
+                     "bottom_right" if is_causal else False, sc, Hq != Hkv, window=window, softcap=softcap,
+                     sinks=sinks, precision=precision, return_lse=return_lse)
+    dt, G, hkv = spec.dtype, spec.groups, spec.hkv
+    q = store16(spec.query, dt)
+    k, v = (store16(x, dt) for x in (spec.key, spec.value))
+    buf = np.empty((total, Hq, Ev), dt)
+    o = buf.transpose(1, 0, 2)
+    if G > 1:
+        q, o = split_axis(q, -3, hkv, G), split_axis(o, -3, hkv, G)
+        k, v = (bcast(x[:, None], (hkv, G, S, x.shape[-1])) for x in (k, v))
+    kw = spec.c_kwargs()
+    kw["cu_seqlens_q"] = cu
+    kw["kv_len"] = np.repeat(np.asarray(kv_len, np.int64), Hq)
+    if slopes is not None:
+        kw["slopes"] = per_head(slopes, "alibi_slopes", (B, Hq), "(Hq,) or (B, Hq)").reshape(-1)
+    if G > 1 and slopes is None and sinks is None and G <= 48:
+        kw["row_div"] = G                       # decode steps: the G query heads as rows
+    if spec.bf16:
+        kw["bf16"] = True
+    if return_lse:
+        kw["want_lse"] = True
+    if kn is not None:
+        rk, rv = [x.astype(c.dtype, order="C", copy=True) for x, c in ((kn, kc), (vn, vc))]
+        rk, rv = [x.view(np.uint16) if x.dtype.kind == "V" else x for x in (rk, rv)]
+        kw["append"] = (rk, rv, np.ascontiguousarray(n, np.int64))
+    kw["paged"] = (u16[0], u16[1], np.ascontiguousarray(table))
+    _, _, lse = _C.sdpa(q, k, v, o, **kw)
+    return buf, (None if lse is None else np.ascontiguousarray(lse.reshape(Hq, total).T))
 
 
 def _group(qd, kc, vc, u16, table, kn, vn, idx, Tg, n, kv_len, cu, packed, whole, tm, S, Hkv, E, Ev,

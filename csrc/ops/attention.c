@@ -174,6 +174,7 @@ static void attn_run(attn_ctx *c, size_t ntasks, int nt)
 
 int pa_attention(const pa_family *fam, const pa_attn_call *call, int nthreads)
 {
+    if (call->cu_seqlens_q && call->block_table) return pa_attention_paged_packed(fam, call, nthreads);
     if (call->cu_seqlens_q) return pa_attention_varlen(fam, call, nthreads);
     if (call->bt.count == 0 || call->L == 0 || (call->Ev == 0 && !call->has_w && !call->has_lse)) {
         if (call->before) call->before(call->before_ctx);   /* nothing to allocate */

@@ -164,6 +164,11 @@ int pa_attention(const pa_family *fam, const pa_attn_call *c, int nthreads);
  * [cu_k[i], cu_k[i+1]) of S only, each sequence as its own dense call. */
 int pa_attention_varlen(const pa_family *fam, const pa_attn_call *c, int nthreads);
 
+/* A paged call (block_table) with packed queries (cu_seqlens_q): a mixed
+ * batch of prefill chunks and decode steps in one call (paged_packed.c,
+ * its header comment); pa_attention hands such calls on. */
+int pa_attention_paged_packed(const pa_family *fam, const pa_attn_call *c, int nthreads);
+
 /* The backward's own operands (per flat batch index b): the incoming
  * gradient go (L, Ev) and the gradients it adds into, dq (L, E), dk (S, E),
  * dv (S, Ev) -- which the caller zeroed. dk and dv have batch stride 0 on
