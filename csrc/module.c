@@ -935,8 +935,8 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
                                      &appo, &a.cuq, &a.cuk, &pago, &a.k_scale, &a.v_scale, &bmo))
         return NULL;
     if (attn_call_of(&a, &c, qkv) < 0) goto fail;
-    if ((appo != Py_None || pago != Py_None || c.kv_scales || bmo != Py_None) && c.cu_seqlens_q) {
-        PyErr_SetString(PyExc_ValueError, "cu_seqlens exclude append, paged and quantized caches and block_mask");
+    if ((appo != Py_None || pago != Py_None || c.kv_scales) && c.cu_seqlens_q) {
+        PyErr_SetString(PyExc_ValueError, "cu_seqlens exclude append, paged and quantized caches");
         goto fail;
     }
     if (pago != Py_None && c.kv_scales) {

@@ -240,6 +240,22 @@ ax.plot(loss_p, ".-", label="packed, block_mask = causal & document")
 ax.set_xlabel("step"); ax.set_ylabel("summed squared error"); ax.legend()
 ax.set_title(f"the same training, packed or not (largest relative difference {rel:.0e})", fontsize=10)
 plt.show()"""),
+("md", """The same packing in FlashAttention's layout: `scaled_dot_product_attention_varlen` takes the
+documents packed along the first axis with their offsets `cu_seqlens`, and `block_mask=` there
+is a mask **per sequence**: `mask_mod`'s `b` is the sequence number and `q_idx`, `kv_idx` count
+from each sequence's start. Below, each document gets its own prefix length (a prefix-LM per
+document); each document's rows equal, bit for bit, the call on that document alone."""),
+("code", """prefix = np.array([5, 40, 0, 100])                          # one prefix length per document
+per_doc = pyattn.BlockMask.from_mask_mod(masks.prefix_lm(prefix), len(lens), None, max(lens), max(lens))
+tok = lambda a: a.reshape(T, Hm, Em)                       # (T, Hm * Em) -> (T, Hm, Em): token-major
+qp, kp, vp = tok(x @ w_p["wq"]), tok(x @ w_p["wk"]), tok(x @ w_p["wv"])
+out_v = pyattn.scaled_dot_product_attention_varlen(qp, kp, vp, cu, cu, block_mask=per_doc)
+for i, (a, b) in enumerate(zip(cu[:-1], cu[1:])):
+    alone = pyattn.BlockMask.from_mask_mod(masks.prefix_lm(int(prefix[i])), None, None, b - a, b - a)
+    o_i = pyattn.scaled_dot_product_attention(*(t[a:b].transpose(1, 0, 2) for t in (qp, kp, vp)), block_mask=alone)
+    assert np.array_equal(out_v[a:b], o_i.transpose(1, 0, 2))
+print(per_doc)
+print("each document's rows: the same bits as the document alone")"""),
 ("md", """## FlexAttention's examples, in pyattn
 The examples of PyTorch's FlexAttention introduction, each written for pyattn next to
 PyTorch's version. Masks (`mask_mod`) become `BlockMask.from_mask_mod`; FlexAttention's
