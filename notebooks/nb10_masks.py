@@ -36,6 +36,7 @@ small shapes) on the CPU named in the figures; re-running the notebook re-measur
 from pyattn import masks
 try:
     import torch
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     torch.set_num_threads(1)
 except ImportError:
     torch = None
@@ -307,7 +308,6 @@ for name, (mod, kw, t_mask, t_score) in examples.items():
     t_pa = best(lambda: pyattn.scaled_dot_product_attention(qf, kf, vf, block_mask=bm, **kw))
     diff = t_fx = float("nan")
     if torch is not None:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
         tq, tk, tv = (torch.from_numpy(a) for a in (qf, kf, vf))
         fbm = None if t_mask is None else create_block_mask(t_mask, None, None, Lf, Lf, device="cpu")
         with warnings.catch_warnings():                    # eager flex_attention warns that it is slow
