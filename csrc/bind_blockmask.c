@@ -112,7 +112,9 @@ int pa_bm_get(PyObject *o, pa_attn_call *c, pa_bm_arg *arg)
     arg->nbuf = 2;
     if (get_buf(bi, "block_mask bits", 8, -1, 0, &arg->buf[2]) < 0) return -1;
     arg->nbuf = 3;
-    if (get_buf(sl, "block_mask heads", 8, c->bt.count, 0, &arg->buf[3]) < 0) return -1;
+    size_t nsl = (size_t)c->bt.count;         /* varlen: a slab per (sequence, head) */
+    if (c->cu_seqlens_q && !pa_mul_ok((size_t)c->nseq, nsl, &nsl)) return bm_error("too many heads");
+    if (get_buf(sl, "block_mask heads", 8, (Py_ssize_t)nsl, 0, &arg->buf[3]) < 0) return -1;
     arg->nbuf = 4;
     if (arg->buf[2].len / 8 % PA_BM_QB) return bm_error("bits of a partial tile cut short");
     m->state = arg->buf[0].buf;
@@ -121,7 +123,7 @@ int pa_bm_get(PyObject *o, pa_attn_call *c, pa_bm_arg *arg)
     m->slab = arg->buf[3].buf;
     m->q_extra = qe;
     m->k_extra = ke;
-    if (bm_check(m, ntiles, arg->buf[2].len / 8 / PA_BM_QB, c->bt.count) < 0) return -1;
+    if (bm_check(m, ntiles, arg->buf[2].len / 8 / PA_BM_QB, (pa_ssize)nsl) < 0) return -1;
     c->block_mask = m;
     return 0;
 }

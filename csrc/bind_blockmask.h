@@ -24,7 +24,8 @@ typedef struct {
 } pa_bm_arg;
 
 /* o: None (c->block_mask stays NULL) or the tuple pyattn's BlockMask._c_arg
- * gives (state, index, bits, slab, L, S, q_extra, k_extra), checked so that
+ * gives (state, index, bits, slab, L, S, q_extra, k_extra; with cu_seqlens,
+ * slab has a row of heads per sequence: c->nseq * c->bt.count), checked so that
  * no read leaves its arrays; c->block_mask = &arg->m. -1 with an exception. */
 int pa_bm_get(PyObject *o, pa_attn_call *c, pa_bm_arg *arg);
 void pa_bm_release(pa_bm_arg *arg);

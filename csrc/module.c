@@ -954,9 +954,10 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
         return NULL;
     a.paged = pago != Py_None;
     if (attn_call_of(&a, &c, qkv) < 0) goto fail;
-    if (((appo != Py_None && pago == Py_None) || c.kv_scales || bmo != Py_None) && c.cu_seqlens_q) {
+    if (((appo != Py_None && pago == Py_None) || c.kv_scales || (bmo != Py_None && pago != Py_None)) &&
+        c.cu_seqlens_q) {
         PyErr_SetString(PyExc_ValueError, "cu_seqlens exclude append (but for a paged cache), quantized caches "
-                        "and block_mask");
+                        "and block_mask with a paged cache");
         goto fail;
     }
     if (pago != Py_None && c.kv_scales) {

@@ -69,6 +69,8 @@ def heatmap(ax, m, rows=None, cols=None, title="", fmt="{:.2f}", cmap="viridis",
 """
 
 NB = {}
+import nb10_masks  # noqa: E402  (notebook 10's cells live in nb10_masks.py)
+NB["10_masks"] = nb10_masks.cells(SETUP)
 
 # ---------------------------------------------------------------------------
 NB["01_self_attention_from_scratch"] = [

@@ -270,3 +270,24 @@ def check_block_mask(block_mask, L, S, full_batch, kv_len=None, q_extra=0, k_ext
     elif (bL, bS) != (L, S) and (q_extra, k_extra) == (0, 0):
         raise ValueError(f"block_mask has shape {block_mask.shape}: its (L, S) must be the call's ({L}, {S})")
     return block_mask._c_arg(full_batch, q_extra, k_extra)
+
+
+def check_block_mask_varlen(block_mask, cu_q, cu_k, hq):
+    """The varlen functions' check of block_mask= (cu_q, cu_k: the checked
+    offsets; hq: the query heads): the tuple the binding takes, with a slab
+    per (sequence, head). mask_mod's b is the sequence number and its
+    q_idx / kv_idx count from each sequence's start, so the block mask must
+    cover the longest sequence's queries and keys."""
+    if not isinstance(block_mask, BlockMask):
+        raise TypeError(f"block_mask must be a pyattn.BlockMask (BlockMask.from_mask_mod), got "
+                        f"{type(block_mask).__name__}")
+    n = len(cu_q) - 1
+    lq = int(np.diff(cu_q).max()) if n else 0
+    lk = int(np.diff(cu_k).max()) if n else 0
+    bL, bS = block_mask.shape[2:]
+    if bL < lq or bS < lk:
+        raise ValueError(f"block_mask has shape {block_mask.shape}: with cu_seqlens its (L, S) must cover the "
+                         f"longest sequence's queries and keys ({lq}, {lk}); positions count from each "
+                         "sequence's start")
+    sl = block_mask._slabs((n, hq), "(sequences, query heads)")
+    return block_mask._c_arg(None, slabs=sl)

@@ -530,11 +530,13 @@ def multi_head_attention(query, key, value, num_heads, w_q, w_k, w_v, w_o=None,
 def scaled_dot_product_attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, *,
                                         is_causal=False, scale=None, enable_gqa=False, dropout_p=0.0,
                                         dropout_key=0, window=None, alibi_slopes=None, softcap=None,
-                                        sinks=None, return_lse=False, precision=None):
+                                        sinks=None, return_lse=False, precision=None, block_mask=None):
     """Packed sequences (total, H, E): a loop over the sequences of the dense
     reference, sequence i with its own rows and keys; its dropout mask is the
     dense call's for batch entry i (the counters of (i, head, row, key)
-    in a batch of i + 1 entries of its shape), ALiBi slopes (Hq,) or (N, Hq)."""
+    in a batch of i + 1 entries of its shape), ALiBi slopes (Hq,) or (N, Hq);
+    block_mask (a pyattn.BlockMask of B = N or None): sequence i's slab's
+    top-left L_i x S_i as one more bool mask."""
     q, k, v = (np.asarray(t) for t in (query, key, value))
     cq, ck = np.asarray(cu_seqlens_q), np.asarray(cu_seqlens_k)
     dt = compute_dtype((q, "query"), (k, "key"), (v, "value"))
@@ -542,6 +544,7 @@ def scaled_dot_product_attention_varlen(query, key, value, cu_seqlens_q, cu_seql
     slopes = None if alibi_slopes is None else np.broadcast_to(_f64(alibi_slopes), (n, H))
     out = np.zeros(q.shape[:2] + v.shape[2:], dt)
     lse = np.zeros(q.shape[:2], dt)
+    dense = None if block_mask is None else block_mask.to_dense()
     for i in range(n):
         if cq[i + 1] == cq[i]:
             continue
@@ -555,7 +558,8 @@ def scaled_dot_product_attention_varlen(query, key, value, cu_seqlens_q, cu_seql
         o, ls = scaled_dot_product_attention(
             qi, ki, vi, None, dropout_p, is_causal, scale, enable_gqa, dropout_key=dropout_key,
             window=window, alibi_slopes=None if slopes is None else slopes[i], softcap=softcap,
-            sinks=sinks, return_lse=True, precision=precision)
+            sinks=sinks, return_lse=True, precision=precision,
+            block_mask=None if dense is None else dense[i if len(dense) > 1 else 0, :, :qi.shape[-2], :ki.shape[-2]])
         if dropout_p > 0:
             o, ls = o[i], ls[i]
         out[cq[i]:cq[i + 1]] = o.transpose(1, 0, 2)

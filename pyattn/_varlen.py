@@ -9,6 +9,7 @@ import copy
 import numpy as np
 
 from ._api import _sdpa
+from ._blockmask import check_block_mask_varlen
 from ._checks import as_array, check_out, dropout_key, dropout_p_value, per_head
 from ._grad import _backward
 from ._spec import attn_spec
@@ -42,9 +43,10 @@ def _cu(x, name, total, of):
 
 
 def _spec(query, key, value, cu_seqlens_q, cu_seqlens_k, is_causal, scale, enable_gqa, dropout_p,
-          rng, window, alibi_slopes, softcap, sinks, precision, return_lse):
+          rng, window, alibi_slopes, softcap, sinks, precision, return_lse, block_mask=None):
     """The AttnSpec of a varlen call: the dense spec of the head-major views
-    (H, total, E), with the offsets and the per-sequence ALiBi slopes."""
+    (H, total, E), with the offsets, the per-sequence ALiBi slopes and the
+    block mask (a slab per sequence and head)."""
     q, k, v = as_array(query, "query"), as_array(key, "key"), as_array(value, "value")
     for x, n in ((q, "query"), (k, "key"), (v, "value")):
         if x.ndim != 3:
@@ -67,13 +69,14 @@ def _spec(query, key, value, cu_seqlens_q, cu_seqlens_k, is_causal, scale, enabl
     slopes = None
     if alibi_slopes is not None:
         slopes = per_head(alibi_slopes, "alibi_slopes", (cq.size - 1, q.shape[1]), "(Hq,) or (N, Hq)").reshape(-1)
-    return spec._replace(slopes=slopes, cu_seqlens_q=cq, cu_seqlens_k=ck)
+    bm = None if block_mask is None else check_block_mask_varlen(block_mask, cq, ck, q.shape[1])
+    return spec._replace(slopes=slopes, cu_seqlens_q=cq, cu_seqlens_k=ck, block_mask=bm)
 
 
 def scaled_dot_product_attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, *, is_causal=False,
                                         scale=None, enable_gqa=False, dropout_p=0.0, rng=None, window=None,
                                         alibi_slopes=None, softcap=None, sinks=None, return_lse=False,
-                                        precision=None, out=None):
+                                        precision=None, out=None, block_mask=None):
     """Attention over sequences of different lengths packed along the first axis.
 
     FlashAttention's ``flash_attn_varlen_func`` layout: sequence ``i`` is
@@ -102,6 +105,15 @@ def scaled_dot_product_attention_varlen(query, key, value, cu_seqlens_q, cu_seql
         As :func:`scaled_dot_product_attention`, per sequence (window and
         ALiBi positions count from each sequence's start).
     alibi_slopes : array_like ``(Hq,)`` or ``(N, Hq)``, optional
+    block_mask : pyattn.BlockMask, optional
+        A mask as a function, per sequence: built with ``B = N`` (``b`` is
+        the sequence number) or ``None``, ``H = Hq`` or ``None``, and
+        ``L``, ``S`` at least the longest sequence's queries and keys;
+        ``mask_mod``'s ``q_idx`` and ``kv_idx`` count from each sequence's
+        start. Sequence ``i`` reads the top-left ``L_i x S_i`` of its
+        slab; its empty tiles are never computed. Sequence ``i``'s result
+        equals, bit for bit, the dense call on it alone with
+        ``attn_mask=block_mask.to_dense()[i if B else 0, :, :L_i, :S_i]``.
     dropout_p, rng : float, seed or Generator
         One key is drawn from ``rng`` as the dense call draws it. Sequence
         ``i`` gets the dropout mask the dense call gives **batch entry i**:
@@ -124,10 +136,13 @@ def scaled_dot_product_attention_varlen(query, key, value, cu_seqlens_q, cu_seql
         Operands not 3-D or of mismatched shapes; cu_seqlens that do not
         start at 0, decrease, or do not end at the total (the message names
         the argument and the first bad position); differing sequence counts;
-        head counts that differ without ``enable_gqa``; and every option error
-        of the dense call. Nothing is written to ``out`` on an error.
+        head counts that differ without ``enable_gqa``; a ``block_mask``
+        whose ``(L, S)`` does not cover the longest sequence or whose
+        ``(B, H)`` is not ``(N or 1, Hq or 1)``; and every option error of
+        the dense call. Nothing is written to ``out`` on an error.
     TypeError
-        Non-integer cu_seqlens; unsupported dtypes.
+        Non-integer cu_seqlens; unsupported dtypes; a ``block_mask`` that is
+        not a :class:`pyattn.BlockMask`.
 
     Examples
     --------
@@ -138,7 +153,7 @@ def scaled_dot_product_attention_varlen(query, key, value, cu_seqlens_q, cu_seql
     (7, 2, 4)
     """
     spec = _spec(query, key, value, cu_seqlens_q, cu_seqlens_k, is_causal, scale, enable_gqa, dropout_p,
-                 rng, window, alibi_slopes, softcap, sinks, precision, return_lse)
+                 rng, window, alibi_slopes, softcap, sinks, precision, return_lse, block_mask)
     shape = (spec.L, spec.full_batch[-1], spec.Ev)
     if out is None:
         buf = np.empty(shape, spec.dtype)
@@ -161,7 +176,7 @@ def _packed_input(x, name, shape):
 def scaled_dot_product_attention_varlen_backward(grad_out, query, key, value, out, lse, cu_seqlens_q,
                                                  cu_seqlens_k, *, is_causal=False, scale=None,
                                                  enable_gqa=False, dropout_p=0.0, rng=None, window=None,
-                                                 alibi_slopes=None, softcap=None, sinks=None):
+                                                 alibi_slopes=None, softcap=None, sinks=None, block_mask=None):
     """Gradients of :func:`scaled_dot_product_attention_varlen`.
 
     Given the forward's ``out (total_q, Hq, Ev)`` and ``lse (total_q, Hq)``
@@ -195,7 +210,7 @@ def scaled_dot_product_attention_varlen_backward(grad_out, query, key, value, ou
     (7, 2, 4)
     """
     spec = _spec(query, key, value, cu_seqlens_q, cu_seqlens_k, is_causal, scale, enable_gqa, dropout_p,
-                 rng, window, alibi_slopes, softcap, sinks, None, False)
+                 rng, window, alibi_slopes, softcap, sinks, None, False, block_mask)
     hq = spec.full_batch[-1]
     oshape = (spec.L, hq, spec.Ev)
     go = _packed_input(grad_out, "grad_out", oshape)
@@ -212,7 +227,7 @@ def scaled_dot_product_attention_varlen_backward(grad_out, query, key, value, ou
 def scaled_dot_product_attention_varlen_vjp(query, key, value, cu_seqlens_q, cu_seqlens_k, *,
                                             is_causal=False, scale=None, enable_gqa=False, dropout_p=0.0,
                                             rng=None, window=None, alibi_slopes=None, softcap=None,
-                                            sinks=None):
+                                            sinks=None, block_mask=None):
     """Run :func:`scaled_dot_product_attention_varlen` and return ``(out, backward)``, as ``jax.vjp``.
 
     ``backward(grad_out) -> (grad_query, grad_key, grad_value[, grad_sinks])``
@@ -241,7 +256,7 @@ def scaled_dot_product_attention_varlen_vjp(query, key, value, cu_seqlens_q, cu_
         gen = rng if is_gen else np.random.default_rng(rng)
         saved = copy.deepcopy(gen)
     kw = dict(is_causal=is_causal, scale=scale, enable_gqa=enable_gqa, dropout_p=p, window=window,
-              alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks)
+              alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks, block_mask=block_mask)
     out, lse = scaled_dot_product_attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, rng=gen,
                                                    return_lse=True, **kw)
 

@@ -42,3 +42,25 @@ def test_vs_torch():
     except Exception as exc:  # pragma: no cover - depends on the torch build
         pytest.skip(f"flex_attention does not run on this CPU / torch: {exc}")
     check(o, fo, mag_attention(q, k, v, w, 32 ** -0.5), inexact=2)
+
+
+def test_varlen_vs_torch_dense_mask(rng):
+    """block_mask= on the varlen function against F.scaled_dot_product_attention
+    per sequence with the sequence's dense mask (rows with no key left are 0
+    in pyattn, NaN in torch)"""
+    torch = pytest.importorskip("torch")
+    from test_blockmask_varlen import LK, LQ, N, _dense_slab, _mods, packed, seq
+    q, k, v, cq, ck = packed(rng, np.float64)
+    mod, B, Hm = _mods(rng)["window_document"]
+    bm = BM.from_mask_mod(mod, B, Hm, max(LQ), max(LK))
+    o = pyattn.scaled_dot_product_attention_varlen(q, k, v, cq, ck, enable_gqa=True, block_mask=bm)
+    d = bm.to_dense()
+    for i in range(N):
+        if LQ[i] == 0 or LK[i] == 0:
+            continue
+        m = _dense_slab(d, i, LQ[i], LK[i])
+        t = [torch.from_numpy(np.ascontiguousarray(seq(x, c, i))) for x, c in ((q, cq), (k, ck), (v, ck))]
+        want = torch.nn.functional.scaled_dot_product_attention(*t, attn_mask=torch.from_numpy(m),
+                                                                enable_gqa=True).numpy()
+        want = np.where(m.any(-1, keepdims=True), want, 0.0)
+        np.testing.assert_allclose(seq(o, cq, i), want, rtol=1e-12, atol=1e-12)

@@ -27,6 +27,11 @@
  * one task in a fixed order; a sink's gradient is summed over the sequences
  * in sequence order after the tasks.
  *
+ * Block masks: sequence i's head b reads the block mask's slab at slab[i *
+ * count + b], at positions and keys counted from the sequence's start (its
+ * rows are the dense call's rows 0.., as pa_attn_setup gives them), and its
+ * query blocks are the family's height (on the map's grid, as the dense op).
+ *
  * Dropout: sequence i's head b uses the counters of flat batch index
  * i * count + b of a dense call with its lengths (ctr_base = (i * count +
  * b) * L_i * S_i), i.e. the dense call's batch entry i.
@@ -85,6 +90,12 @@ static void vl_args(const vl_ctx *c, pa_ssize i, pa_ssize b, pa_attn_call *s, pa
 {
     vl_seq(c->call, i, s);
     pa_attn_setup(a, c->fam, s, b);
+    if (a->bm.state) {                  /* the block mask's slab of (sequence i, head b) */
+        const pa_bmask *m = (const pa_bmask *)c->call->block_mask;
+        const pa_ssize x = (pa_ssize)m->slab[i * c->call->bt.count + b] * m->nqt * m->nkt;
+        a->bm.state = m->state + x;
+        a->bm.index = m->index + x;
+    }
     a->ctr_base = ((uint64_t)i * (uint64_t)c->call->bt.count + (uint64_t)b) * (uint64_t)s->L *
                   (uint64_t)s->S;
 }
@@ -131,13 +142,14 @@ static int vl_splits(const pa_attn_call *s)
            s->E <= PA_FLASH_MAXD && s->Ev <= PA_FLASH_MAXD;
 }
 
-/* the dense op's query block height for L rows (attention.c, attn_init) */
-static pa_ssize vl_bq(const pa_family *fam, int dtype, pa_ssize L)
+/* the dense op's query block height for L rows (attention.c, attn_init;
+ * a block mask: the family's height, blocks on its grid) */
+static pa_ssize vl_bq(const pa_family *fam, int dtype, pa_ssize L, int bm)
 {
     pa_ssize bq = fam->attn_bq[dtype];
     const pa_ssize nblk = (L + bq - 1) / bq;
     const pa_ssize h = ((L + nblk - 1) / nblk + 15) / 16 * 16;
-    return h < bq ? h : bq;
+    return h < bq && !bm ? h : bq;
 }
 
 static void vl_set(vl_task *t, pa_ssize seq, pa_ssize b, pa_ssize i0, pa_ssize i1, pa_ssize chunk,
@@ -187,7 +199,7 @@ static int vl_fwd_plan(const vl_ctx *c, vl_task *out, size_t *ntasks, size_t *nm
         }
         pa_attn_args a;
         pa_attn_setup(&a, c->fam, &s, 0);
-        const pa_ssize bq = vl_bq(c->fam, k->dtype, s.L);
+        const pa_ssize bq = vl_bq(c->fam, k->dtype, s.L, k->block_mask != NULL);
         double cost = 0;                /* the keys its rows visit, all blocks */
         for (pa_ssize i0 = 0; i0 < s.L; i0 += bq) {
             pa_ssize lo, hi;

@@ -37,7 +37,8 @@ typedef struct {
     const uint8_t *state;       /* (nslab, nqt, nkt): PA_BM_* */
     const int64_t *index;       /* (nslab, nqt, nkt): a partial tile's number, else -1 */
     const uint64_t *bits;       /* (npartial, QB) */
-    const int64_t *slab;        /* (count,): the slab of each flat batch index */
+    const int64_t *slab;        /* (count,): the slab of each flat batch index;
+                                   varlen: (nseq, count), sequence i's heads at i * count */
     pa_ssize q_extra, k_extra;  /* row i is position i / div + (cache offset) + q_extra,
                                    key j is key j + k_extra (pyattn.dask's blocks) */
 } pa_bmask;
