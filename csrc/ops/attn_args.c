@@ -82,5 +82,7 @@ void pa_attn_setup(pa_attn_args *out, const pa_family *fam, const pa_attn_call *
     a.vs_rs = qs ? qs->vs.rs : 0;
     a.kG = qs ? qs->kG : 1;
     a.vG = qs ? qs->vG : 1;
+    a.ks_blk = qs && c->block_table ? qs->ks_blk : 0;
+    a.vs_blk = qs && c->block_table ? qs->vs_blk : 0;
     *out = a;
 }
