@@ -104,21 +104,26 @@ def test_tiled_and_rows_paths_with_options():
         same_bits(got, ref)
 
 
-def test_packed_sequences_equal_one_call_each():
+@pytest.mark.parametrize("paged", [True, False])
+def test_packed_sequences_equal_one_call_each(paged):
     """cu_seqlens_q: sequences bringing 1, 0, 7 and 3 tokens (one kernel call
-    per count) give each sequence's own contiguous call's bits"""
+    per count) give each sequence's own contiguous call's bits; over pools,
+    or over the contiguous caches themselves (no block_table)"""
     rng = np.random.default_rng(8)
     B, Hq, Hkv, E, S, bs = 4, 4, 2, 32, 64, 8
     kc, ks = qcache(rng, B, Hkv, S, E, "int8", 32)
     vc, vs = qcache(rng, B, Hkv, S, E, "int4", 32)
-    (kp, vp, ksp, vsp), tab = to_pools([kc, vc, ks, vs], bs, rng)
+    if paged:
+        (kp, vp, ksp, vsp), tab = to_pools([kc, vc, ks, vs], bs, rng)
+    else:                                                # one block of S rows per sequence
+        (kp, vp, ksp, vsp), tab = [x.copy() for x in (kc, vc, ks, vs)], np.arange(B)[:, None]
     Ts = np.array([1, 0, 7, 3])
     cu = np.concatenate([[0], np.cumsum(Ts)])
     n = np.array([10, 20, 40, 63 - 3])
     q = rng.standard_normal((cu[-1], Hq, E)).astype(np.float32)
     kn, vn = rng.standard_normal((2, cu[-1], Hkv, E)).astype(np.float32)
-    got = pyattn.attention_with_kvcache(q, kp, vp, kn, vn, cache_seqlens=n, block_table=tab, cu_seqlens_q=cu,
-                                       k_scale=ksp, v_scale=vsp)
+    got = pyattn.attention_with_kvcache(q, kp, vp, kn, vn, cache_seqlens=n, block_table=tab if paged else None,
+                                       cu_seqlens_q=cu, k_scale=ksp, v_scale=vsp)
     for b in range(B):
         if not Ts[b]:
             continue
@@ -285,3 +290,18 @@ def test_the_binding_checks_what_the_kernels_rely_on():
         _C.sdpa(q, k, v, paged=(kp, vp, tab.astype(np.int64), ksp, vsp[:-1]), **kw)
     with pytest.raises(TypeError, match="k_scale"):
         _C.sdpa(q, k, v, paged=(kp, vp, tab.astype(np.int64), ksp.astype(np.float64), vsp), **kw)
+
+
+def test_tree_mask_over_quantized_pools_matches_the_dequantized_pools():
+    """a token tree (tree_mask) over int8 / int4 pools: the float32 call over
+    the dequantized pools, to float32 rounding (the float pools' own path)"""
+    rng = np.random.default_rng(12)
+    (kp, vp, ksp, vsp), tab = _pools(rng)
+    kd, vd = pyattn.dequantize(kp, ksp, dtype="int8", group_size=16), pyattn.dequantize(vp, vsp, dtype="int4",
+                                                                                       group_size=16)
+    tree = np.array([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], bool)[None, None]
+    q = rng.standard_normal((2, 4, 4, 32)).astype(np.float32)
+    kw = dict(cache_seqlens=[3, 9], block_table=tab, tree_mask=tree)
+    o = pyattn.attention_with_kvcache(q, kp, vp, k_scale=ksp, v_scale=vsp, **kw)
+    want = pyattn.attention_with_kvcache(q, kd, vd, **kw)
+    assert np.max(np.abs(o - want)) <= 3e-6 * (1 + np.max(np.abs(want)))
