@@ -13,6 +13,7 @@
 
 #include "pyattn.h"
 #include "bind_paged.h"
+#include "ops/quant.h"
 
 /* a 4-D pool / rows array or the 2-D table: its data, shape, element strides */
 typedef struct {
@@ -30,7 +31,8 @@ static int get_arr(PyObject *o, const char *name, int nd, int want_dt, int write
     PyArrayObject *a = (PyArrayObject *)o;
     const int tn = PyArray_TYPE(a);
     r->dtype = tn == NPY_FLOAT32 ? PA_F32 : tn == NPY_FLOAT64 ? PA_F64 : tn == NPY_HALF ? PA_F16
-             : tn == NPY_UINT16 ? PA_BF16 : tn == NPY_INT64 ? -2 : -1;
+             : tn == NPY_UINT16 ? PA_BF16 : tn == NPY_INT64 ? -2 : tn == NPY_INT8 ? PA_I8
+             : tn == NPY_UINT8 ? PA_I4 : -1;
     if (r->dtype != want_dt) {
         PyErr_Format(PyExc_TypeError, "%s has the wrong dtype (%s expected)", name,
                      want_dt == -2 ? "int64" : "the dtype of the matching cache operand");
@@ -69,6 +71,21 @@ static void paged_append_run(void *ctx)
     for (int x = 0; x < 2; x++) {
         const pa_ssize es = (pa_ssize)a->es[x], D = a->D[x];
         const pa_ssize *ps = a->pst[x], *rs = a->rst[x];
+        if (a->bits[x]) {                  /* float32 rows quantized into their pages (finite:
+                                              get_rows checked every one) */
+            const pa_ssize *ss = a->sst[x];
+            for (pa_ssize b = 0; b < a->B; b++)
+                for (pa_ssize h = 0; h < a->H; h++)
+                    for (pa_ssize t = 0; t < a->T; t++) {
+                        const pa_ssize r = (pa_ssize)a->pos[b] + t;
+                        const int64_t blk = a->pg->table[b * a->pg->tbs[0] + r / a->pg->block_size];
+                        float *srow = a->sc[x] + (pa_ssize)blk * ss[0] + h * ss[1] + (r % a->pg->block_size) * ss[2];
+                        const float *src = (const float *)a->rows[x] + (b * rs[0] + h * rs[1] + t * rs[2]);
+                        (void)pa_quant_row(a->bits[x], src, rs[3], D, a->G[x], a->pool[x] + page_off(a, x, b, h, r),
+                                           ps[3], srow, ss[3]);
+                    }
+            continue;
+        }
         for (pa_ssize b = 0; b < a->B; b++)
             for (pa_ssize h = 0; h < a->H; h++)
                 for (pa_ssize t = 0; t < (a->cu ? (pa_ssize)(a->cu[b + 1] - a->cu[b]) : a->T); t++) {
@@ -158,9 +175,10 @@ static int get_rows(PyObject *o, const parr *pool, pa_attn_call *c, pa_paged *pg
     }
     parr r[2], pos;
     for (int x = 0; x < 2; x++) {
-        if (get_arr(PyTuple_GET_ITEM(o, x), rn[x], 4, pool[x].dtype, 0, &r[x]) < 0) return -1;
+        const int bits = pa_qbits(pool[x].dtype);
+        if (get_arr(PyTuple_GET_ITEM(o, x), rn[x], 4, bits ? PA_F32 : pool[x].dtype, 0, &r[x]) < 0) return -1;
         if (r[x].shape[0] != c->bt.shape[0] || r[x].shape[1] != pool[x].shape[1] ||
-            r[x].shape[2] != r[0].shape[2] || r[x].shape[3] != pool[x].shape[3]) {
+            r[x].shape[2] != r[0].shape[2] || r[x].shape[3] != (x ? c->Ev : c->E)) {
             PyErr_Format(PyExc_ValueError, "%s must be (B, Hkv, T, %s) as the pools and the batch are",
                          rn[x], x ? "Ev" : "E");
             return -1;
@@ -169,8 +187,19 @@ static int get_rows(PyObject *o, const parr *pool, pa_attn_call *c, pa_paged *pg
         ap->rows[x] = r[x].data;
         memcpy(ap->pst[x], pool[x].st, sizeof(ap->pst[x]));
         memcpy(ap->rst[x], r[x].st, sizeof(ap->rst[x]));
-        ap->D[x] = pool[x].shape[3];
+        ap->D[x] = x ? c->Ev : c->E;
         ap->es[x] = pa_elsize(pool[x].dtype);
+        ap->bits[x] = bits;
+        if (bits) {                         /* its scale pool (bind_scale_pools) */
+            const pa_kv_scales *qs = (const pa_kv_scales *)c->kv_scales;
+            const pa_operand *so = x ? &qs->vs : &qs->ks;
+            ap->sc[x] = (float *)(uintptr_t)so->p;
+            ap->sst[x][0] = x ? qs->vs_blk : qs->ks_blk;
+            ap->sst[x][1] = so->bs[1];
+            ap->sst[x][2] = so->rs;
+            ap->sst[x][3] = 1;
+            ap->G[x] = x ? qs->vG : qs->kG;
+        }
     }
     if (get_arr(PyTuple_GET_ITEM(o, 2), "positions", 1, -2, 0, &pos) < 0) return -1;
     const pa_ssize B = c->bt.shape[0], T = r[0].shape[2];
@@ -191,8 +220,55 @@ static int get_rows(PyObject *o, const parr *pool, pa_attn_call *c, pa_paged *pg
                           pool[0].shape[0], b) < 0)
             return -1;
     }
+    for (int x = 0; x < 2; x++)         /* quantized: every new row finite, before anything is written */
+        for (pa_ssize b = 0; ap->bits[x] && b < B; b++)
+            for (pa_ssize h = 0; h < ap->H; h++)
+                for (pa_ssize t = 0; t < T; t++)
+                    if (!pa_quant_finite((const float *)ap->rows[x] + (b * ap->rst[x][0] + h * ap->rst[x][1] +
+                                                                        t * ap->rst[x][2]), ap->rst[x][3], ap->D[x])) {
+                        PyErr_Format(PyExc_ValueError, "%s holds NaN or infinity (sequence %zd, head %zd, "
+                                     "row %zd): the %s pool's scales cannot hold it; nothing was written",
+                                     rn[x], (Py_ssize_t)b, (Py_ssize_t)h, (Py_ssize_t)t, pa_dtypes[pool[x].dtype].name);
+                        return -1;
+                    }
     c->before = paged_append_run;
     c->before_ctx = ap;
+    return 0;
+}
+
+/* a quantized call's scale pools (paged's entries 3, 4): float32 (num_blocks,
+ * Hkv, block_size, D / G) for each quantized pool (G: the stand-ins' group,
+ * in qs), None for a float one; then qs's operands read them (per flat b the
+ * pool's [0, h, 0, 0]; rows through the block table) */
+static int bind_scale_pools(PyObject *paged, int writeable, const parr *pool, pa_kv_scales *qs)
+{
+    static const char *sn[2] = {"k_scale", "v_scale"};
+    pa_operand *op[2] = {&qs->ks, &qs->vs};
+    const pa_ssize G[2] = {qs->kG, qs->vG};
+    pa_ssize *blk[2] = {&qs->ks_blk, &qs->vs_blk};
+    for (int x = 0; x < 2; x++) {
+        PyObject *o = PyTuple_GET_ITEM(paged, 3 + x);
+        if (!op[x]->p) {
+            if (o != Py_None) {
+                PyErr_Format(PyExc_ValueError, "%s pool is given but that pool is not int8 / int4", sn[x]);
+                return -1;
+            }
+            continue;
+        }
+        parr sp;
+        if (get_arr(o, sn[x], 4, PA_F32, writeable, &sp) < 0) return -1;
+        const pa_ssize vals = pool[x].shape[3] * (pool[x].dtype == PA_I4 ? 2 : 1);
+        if (sp.shape[0] != pool[x].shape[0] || sp.shape[1] != pool[x].shape[1] ||
+            sp.shape[2] != pool[x].shape[2] || sp.shape[3] * G[x] != vals || (sp.shape[3] > 1 && sp.st[3] != 1)) {
+            PyErr_Format(PyExc_ValueError, "the %s pool must be (num_blocks, Hkv, block_size, groups) as its "
+                         "cache pool, with contiguous groups", sn[x]);
+            return -1;
+        }
+        op[x]->p = sp.data;
+        for (int d = 0; d < PA_MAXDIMS; d++) op[x]->bs[d] = d == 1 ? sp.st[1] : 0;
+        op[x]->rs = sp.st[2];
+        *blk[x] = sp.st[0];
+    }
     return 0;
 }
 
@@ -200,8 +276,12 @@ int pa_bind_paged(PyObject *paged, PyObject *append, pa_attn_call *c, pa_paged *
 {
     static const char *pn[2] = {"k_cache", "v_cache"};
     if (PyArray_ImportNumPyAPI() < 0) return -1;
-    if (!PyTuple_Check(paged) || PyTuple_GET_SIZE(paged) != 3) {
-        PyErr_SetString(PyExc_TypeError, "paged must be (k_pool, v_pool, block_table)");
+    memset(ap, 0, sizeof *ap);                         /* (bits[], cu: 0 unless set below) */
+    pa_kv_scales *qs = (pa_kv_scales *)c->kv_scales;    /* py_sdpa's own: rebound below */
+    if (!PyTuple_Check(paged) || PyTuple_GET_SIZE(paged) != (qs ? 5 : 3)) {
+        PyErr_SetString(PyExc_TypeError, qs ? "paged must be (k_pool, v_pool, block_table, k_scale_pool, "
+                                              "v_scale_pool) with k_scale / v_scale"
+                                            : "paged must be (k_pool, v_pool, block_table)");
         return -1;
     }
     parr pool[2], tb;
@@ -209,7 +289,8 @@ int pa_bind_paged(PyObject *paged, PyObject *append, pa_attn_call *c, pa_paged *
     for (int x = 0; x < 2; x++) {
         if (get_arr(PyTuple_GET_ITEM(paged, x), pn[x], 4, dts[x], append != Py_None, &pool[x]) < 0) return -1;
         if (pool[x].shape[0] != pool[0].shape[0] || pool[x].shape[1] != pool[0].shape[1] ||
-            pool[x].shape[2] != pool[0].shape[2] || pool[x].shape[3] != (x ? c->Ev : c->E)) {
+            pool[x].shape[2] != pool[0].shape[2] ||
+            pool[x].shape[3] * (dts[x] == PA_I4 ? 2 : 1) != (x ? c->Ev : c->E)) {
             PyErr_Format(PyExc_ValueError, "%s must be (num_blocks, Hkv, block_size, %s), as k_cache", pn[x],
                          x ? "Ev" : "E");
             return -1;
@@ -245,11 +326,17 @@ int pa_bind_paged(PyObject *paged, PyObject *append, pa_attn_call *c, pa_paged *
         kv[x]->cs = pool[x].st[3];
     }
     c->block_table = pg;
+    if (qs && bind_scale_pools(paged, append != Py_None, pool, qs) < 0) return -1;
     for (pa_ssize i = 0; packed && i < c->nseq; i++) {  /* the rows each sequence reads (any head) */
         int64_t n = 0;
         for (pa_ssize b = 0; b < c->bt.count; b++)
             if (c->kv_len[i * c->bt.count + b] > n) n = c->kv_len[i * c->bt.count + b];
         if (check_entries(pg->table + i * pg->tbs[0], (pa_ssize)n, bs, nblocks, i) < 0) return -1;
+    }
+    if (packed && qs) {
+        PyErr_SetString(PyExc_ValueError, "packed queries (cu_seqlens_q) over quantized paged pools run per "
+                        "token count (pyattn/_paged.py), not as one call");
+        return -1;
     }
     if (packed) return append == Py_None ? 0 : get_rows_packed(append, pool, c, pg, ap);
     for (pa_ssize b = 0; b < c->bt.count; b++) {   /* the rows the call reads */

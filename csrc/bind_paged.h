@@ -23,12 +23,21 @@ typedef struct {
     const pa_paged *pg;
     const int64_t *cu;              /* packed (cu_seqlens_q): rows (total, H, E / Ev), sequence b
                                        its rows [cu[b], cu[b+1]), T unused; or NULL */
+    int bits[2];                    /* 8 / 4: an int8 / int4 pool, its new rows float32 */
+    float *sc[2];                   /* its scale pool (num_blocks, Hkv, block_size, D / G) */
+    pa_ssize sst[2][4], G[2];
 } pa_paged_append;
 
 /* paged = (k_pool, v_pool, block_table), append = (key, value, positions)
  * or None: checked in full (every table entry the call reads or writes in
  * [0, num_blocks)), then c->block_table = pg and, with new rows, c->before
- * writes them. -1 with an exception set. */
+ * writes them. A quantized call (c->kv_scales, from the k_scale / v_scale
+ * stand-ins attn_call_of bound) takes paged = (k_pool, v_pool, block_table,
+ * k_scale_pool, v_scale_pool): int8 / int4 (uint8) pools, float32 scale
+ * pools (num_blocks, Hkv, block_size, D / G) (None where that operand is
+ * not quantized), which replace the stand-ins' operands in *c->kv_scales;
+ * its new rows are float32, quantized as they are written. -1 with an
+ * exception set. */
 int pa_bind_paged(PyObject *paged, PyObject *append, pa_attn_call *c, pa_paged *pg, pa_paged_append *ap);
 
 #endif

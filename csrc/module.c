@@ -923,7 +923,8 @@ PyDoc_STRVAR(sdpa_doc,
 "entries, + k_scale, v_scale of the caches; float32 rows quantized as\n"
 "written); k_scale, v_scale: float32 scales of int8 / int4 (uint8) k, v;\n"
 "paged = (k_pool, v_pool, block_table): a paged cache (bind_paged.c; append\n"
-"then (key, value, positions)). Use\n"
+"then (key, value, positions)); quantized pools: + (k_scale_pool, v_scale_pool),\n"
+"k_scale / v_scale then stand-ins of the call's shape. Use\n"
 "pyattn.scaled_dot_product_attention.");
 
 static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
@@ -958,10 +959,6 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
         c.cu_seqlens_q) {
         PyErr_SetString(PyExc_ValueError, "cu_seqlens exclude append (but for a paged cache), quantized caches "
                         "and block_mask with a paged cache");
-        goto fail;
-    }
-    if (pago != Py_None && c.kv_scales) {
-        PyErr_SetString(PyExc_ValueError, "paged caches are not quantized (k_scale, v_scale excluded)");
         goto fail;
     }
     if (pa_bm_get(bmo, &c, &bma) < 0) goto fail;

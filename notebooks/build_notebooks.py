@@ -924,7 +924,8 @@ runs the model on one token and reads `t` cached rows.
 
 This notebook builds a small character model from `pyattn.nn` layers, generates with
 `pyattn.KVCache`, checks the result against re-running the whole prefix, times both ways,
-counts the cache's bytes in float32 and 16-bit, and pictures the attention variants that
+counts the cache's bytes in float32, 16-bit, int8 and int4 (and what quantized caches do to
+speed and to the next-token distribution), and pictures the attention variants that
 `pyattn.attention_with_kvcache` takes (sliding window, ALiBi, softcap, sinks) and
 `pyattn.merge_attention`."""),
 ("code", SETUP + """import os, platform, time
@@ -1153,6 +1154,136 @@ for name, dt in dtypes.items():
               f"{np.abs(pyattn.softmax(lg, scale=1 / 0.05) - p).max():.1e}, same likeliest character at "
               f"{np.mean(lg.argmax(-1) == ref.argmax(-1)):.0%} of {len(ref)} steps", end="")
     print()"""),
+("md", """## Quantized caches: int8 and int4
+A cache can be stored in fewer bits still. `dtype="int8"` or `"int4"` (in `KVCache`,
+`layer.new_cache`, `PagedKVCache`) keeps each key and value row as small integers plus one
+float32 **scale per group** of `group_size` numbers along the head dimension:
+`scale = max|x| / 127` (int4: `/ 7`), `q = round(x / scale)`, read back as `q × scale`
+(`pyattn.quantize` / `pyattn.dequantize`; llama.cpp's `q8_0` and `q4_0` caches work the same
+way). New rows are quantized as they are written; the decode kernels read the integers and
+scales in place and dequantize in registers, so a step reads about 1.125 bytes per number
+(int8, groups of 32) or 0.625 (int4) instead of 4.
+
+First the bytes, for Llama 3 8B's shape as above, and what that does to a decode step: one
+attention layer of that shape (32 query heads over 8 KV heads of 128) reads a cache of `S`
+tokens for one new token, timed here on one thread for each cache type. A decode step is
+memory-bound, so fewer bytes should mean more tokens per second: the right panel shows
+how many steps per second the attention of a 32-layer model would allow (one layer's time
+× 32; the rest of the model not counted). The time is the step's **CPU time** (one thread,
+the least of 15 steps), which on a machine busy with other work is steadier than the wall
+clock and on an idle one the same. **The times depend on the machine** (its memory
+bandwidth, its caches); re-run to measure yours. Where a type with fewer bytes is not
+faster, its step is bound by arithmetic (unpacking and scaling the integers: int4 has two
+numbers per byte to shift and sign-extend) rather than by memory, as one thread on a
+machine with fast memory can show; more threads, or longer caches than the processor's
+caches hold, tilt it back towards memory."""),
+("code", """CACHE_TYPES = ["float32", "bfloat16", "int8", "int4"] if ml_dtypes is not None else ["float32", "int8", "int4"]
+G32 = 32                                           # values per scale (int8 / int4)
+COLOUR = {"float32": "C0", "bfloat16": "C1", "int8": "C2", "int4": "C3"}
+bytes_per_value = {"float32": 4.0, "bfloat16": 2.0, "int8": 1 + 4 / G32, "int4": 0.5 + 4 / G32}
+
+def kv_cache(kind, S, H_kv, E, g, data):
+    \"\"\"A KVCache of one sequence, S rows filled from data (k, v float32 (1, H_kv, S, E)).\"\"\"
+    dt = ml_dtypes.bfloat16 if kind == "bfloat16" else np.float32 if kind == "float32" else kind
+    c = pyattn.KVCache(1, H_kv, S, E, dtype=dt, group_size=g)
+    for arr, sc, x in ((c.k, c.k_scale, data[0]), (c.v, c.v_scale, data[1])):
+        if sc is None:
+            arr[...] = x.astype(arr.dtype)
+        else:
+            arr[...], sc[...] = pyattn.quantize(x, kind, group_size=g)
+    return c
+
+def decode_seconds(c, q, kn, vn, reps=15):
+    \"\"\"The least CPU time of reps decode steps (write one token after S - 1 rows, attend over
+    all S): CPU time, not wall time, so that other programs sharing the cores do not count.\"\"\"
+    ts = []
+    for _ in range(reps):
+        c.lengths[:] = c.max_len - 1
+        t = time.process_time(); c.attend(q, kn, vn); ts.append(time.process_time() - t)
+    return min(ts)
+
+g = np.random.default_rng(2)
+H_q, H_kv, E128 = 32, 8, 128
+lengths = [1024, 4096, 16384]
+steps = {kind: [] for kind in CACHE_TYPES}
+for S in lengths:
+    data = g.standard_normal((2, 1, H_kv, S, E128), dtype=np.float32)
+    q1 = g.standard_normal((1, H_q, 1, E128), dtype=np.float32)
+    kn, vn = g.standard_normal((2, 1, H_kv, 1, E128), dtype=np.float32)
+    for kind in CACHE_TYPES:
+        steps[kind].append(decode_seconds(kv_cache(kind, S, H_kv, E128, G32, data), q1, kn, vn))
+    del data
+
+fig, axs = plt.subplots(1, 2, figsize=(12, 4.2), layout="constrained")
+kinds = list(CACHE_TYPES)
+per_token = [2 * layers * kv_heads * head_dim * bytes_per_value[k] for k in kinds]   # K and V, all layers
+bars = axs[0].bar(kinds, [b * 8192 / 2**30 for b in per_token], color=[COLOUR[k] for k in kinds])
+axs[0].bar_label(bars, [f"{b * 8192 / 2**30:.2f} GiB" for b in per_token])
+axs[0].set_ylabel("GiB"); axs[0].set_title("KV cache of 8192 tokens, Llama 3 8B's shape (computed)", fontsize=10)
+for kind in kinds:
+    axs[1].plot(lengths, [1 / (layers * t) for t in steps[kind]], marker="o", color=COLOUR[kind], label=kind)
+axs[1].set_xscale("log", base=2); axs[1].set_yscale("log")
+axs[1].set_xticks(lengths, [f"{S // 1024}k" for S in lengths])
+axs[1].set_xlabel("tokens in the cache"); axs[1].set_ylabel("tokens per second (attention only, 32 layers)")
+axs[1].set_title(f"measured: one layer (GQA {H_q}/{H_kv}, head dim {E128}) x 32, 1 thread, CPU time", fontsize=10)
+axs[1].legend()
+fig.suptitle(f"when this notebook ran, on {cpu_name()} (re-run to measure your machine)", fontsize=10)
+plt.show()
+for kind in kinds:
+    print(f"{kind:8s}: {bytes_per_value[kind]:5.3f} bytes per number; decode step of one layer at "
+          + ", ".join(f"{S // 1024}k: {t * 1e3:6.2f} ms" for S, t in zip(lengths, steps[kind]))
+          + f"  ({steps['float32'][-1] / steps[kind][-1]:.1f}x float32 at {lengths[-1] // 1024}k)")"""),
+("md", """Fewer bits are not free: every key and value is now off by up to half a step
+(`scale / 2`), and the model's next-token distribution moves. How far is the trade-off a
+user has to judge, so measure it: the small model reads a **held-out text** (a passage of
+`training_corpus.txt`, which the head was not fitted on, lower-cased and kept to the
+model's characters) through caches of each type, one token at a time (teacher forcing:
+every cache type sees the same tokens), and at every step the next-character distribution
+(the sampling distribution at temperature 0.05, as above) is compared with the one from the
+float32 cache by the **KL divergence** `KL(p_float32 ‖ p_cache) = Σ p_float32 log(p_float32 / p_cache)`
+(0: the same distribution; in nats). The small model's heads have 16 dimensions, so its
+int8 / int4 caches take one scale per 16 numbers (`group_size=16`)."""),
+("code", """held = " ".join(open("data/training_corpus.txt").read().lower().split())
+held = "".join(c for c in held if c in stoi)[5000:5400]          # 400 characters the head never saw
+print(repr(held[:120]) + " ...")
+
+def replay_cache(text, kind, group_size=16):
+    \"\"\"Logits of each step (teacher forcing) through caches of kind, and the caches.\"\"\"
+    dt = ml_dtypes.bfloat16 if kind == "bfloat16" else np.float32 if kind == "float32" else kind
+    ids = [stoi[c] for c in text]
+    caches = [block.attn.new_cache(1, MAX_LEN, dt, group_size) for block in blocks]
+    rows = [logits(np.array([ids[:len(prompt)]]), caches)[0, -1]]
+    rows += [logits(np.array([ids[t:t + 1]]), caches)[0, -1] for t in range(len(prompt), len(ids) - 1)]
+    return np.array(rows, np.float64), caches
+
+def log_probs(lg, temperature=0.05):
+    z = lg / temperature
+    return z - np.logaddexp.reduce(z, axis=-1, keepdims=True)
+
+ref_lg, _ = replay_cache(held, "float32")
+lp_ref = log_probs(ref_lg)
+kl, agree = {}, {}
+for kind in CACHE_TYPES:
+    lg, caches = replay_cache(held, kind)
+    kl[kind] = np.sum(np.exp(lp_ref) * (lp_ref - log_probs(lg)), axis=-1)
+    agree[kind] = np.mean(lg.argmax(-1) == ref_lg.argmax(-1))
+    nbytes = sum(a.nbytes for c in caches for a in (c.k, c.v, c.k_scale, c.v_scale) if a is not None)
+    print(f"{kind:8s}: caches {nbytes / 2**10:4.0f} KiB (scales included); KL vs float32 per step: mean "
+          f"{kl[kind].mean():.1e}, largest {kl[kind].max():.1e} nats; same likeliest character at "
+          f"{agree[kind]:.0%} of {len(ref_lg)} steps")
+assert np.all(kl["float32"] == 0)                    # the float32 cache against itself
+assert kl["int4"].mean() > kl["int8"].mean()         # fewer bits, a larger change
+
+fig, ax = plt.subplots(figsize=(10, 4), layout="constrained")
+for kind in CACHE_TYPES[1:]:
+    ax.plot(np.maximum(kl[kind], 1e-12), color=COLOUR[kind], lw=0.6, alpha=0.3)
+    mean15 = np.convolve(kl[kind], np.ones(15) / 15, mode="same")     # a running mean over 15 steps
+    ax.plot(mean15, color=COLOUR[kind], lw=2, label=f"{kind}: mean {kl[kind].mean():.1e} nats")
+ax.set_yscale("log"); ax.set_ylim(1e-9, None)
+ax.set_xlabel("step of the held-out text (characters read)"); ax.set_ylabel("KL(float32 || cache type), nats")
+ax.set_title("how far each cache type moves the next-character distribution (temperature 0.05); "
+             "thin: each step, thick: running mean", fontsize=10)
+ax.legend(); plt.show()"""),
 ("md", """## Attention variants, pictured
 The cached call takes the same structured masks as `scaled_dot_product_attention`, with
 positions counted in the cache.

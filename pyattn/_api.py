@@ -733,7 +733,9 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
     k_scale, v_scale : ndarray, float32 ``(B, Hkv, S_max, E / group)``, optional
         The scales of an int8 cache (``np.int8 (B, Hkv, S_max, E)``) or an
         int4 cache (``np.uint8 (B, Hkv, S_max, E / 2)``, two values per byte
-        as :func:`pyattn.quantize` packs them): required with such a cache,
+        as :func:`pyattn.quantize` packs them): required with such a cache
+        (with ``block_table``: int8 / int4 pools and scale pools ``(num_blocks,
+        Hkv, block_size, E / group)``, read per block in place),
         the group size is ``E / k_scale.shape[-1]``. New keys/values are
         rounded to float32 and quantized as they are written (the rule of
         :func:`pyattn.quantize`: only their rows and scales change; NaN or
@@ -779,9 +781,9 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
     if (key is None) != (value is None):
         raise ValueError("give both key and value to append, or neither")
     if (k_scale is not None or v_scale is not None) and any(
-            x is not None for x in (cache_leftpad, cache_batch_idx, block_table, cu_seqlens_q, tree_mask)):
-        raise NotImplementedError("quantized caches (k_scale, v_scale) with cache_leftpad, cache_batch_idx, "
-                                  "block_table, cu_seqlens_q or tree_mask are not supported yet")
+            x is not None for x in (cache_leftpad, cache_batch_idx)):
+        raise NotImplementedError("quantized caches (k_scale, v_scale) with cache_leftpad or cache_batch_idx "
+                                  "are not supported yet")
     if block_mask is not None and any(
             x is not None for x in (cache_leftpad, cache_batch_idx, block_table, cu_seqlens_q, tree_mask)):
         raise NotImplementedError("block_mask with cache_leftpad, cache_batch_idx, block_table, cu_seqlens_q "
@@ -801,7 +803,8 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
         return kvcache_paged(query, k_cache, v_cache, key, value, cache_seqlens, block_table,
                              cu_seqlens_q, tree_mask, is_causal=is_causal, scale=scale, window=window,
                              alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks,
-                             return_lse=return_lse, out=out, precision=precision)
+                             return_lse=return_lse, out=out, precision=precision,
+                             k_scale=k_scale, v_scale=v_scale)
     new = key is not None
     kc = _cache_array(k_cache, "k_cache", new)
     vc = _cache_array(v_cache, "v_cache", new)

@@ -21,10 +21,10 @@ import math
 
 import numpy as np
 
-from ._api import _cache_array, _sdpa, _seqlens
+from ._api import _cache_array, _qcache, _sdpa, _seqlens
 from . import _C
-from ._checks import (as_array, bcast, check_numeric, check_out, is16, number, per_head, real_scalar,
-                      split_axis, store16, to_dtype)
+from ._checks import (as_array, bcast, check_numeric, check_out, is16, number, per_head, precision_value,
+                      real_scalar, split_axis, store16, to_dtype)
 from ._spec import attn_spec
 
 __all__ = ["PagedKVCache", "CacheFullError"]
@@ -117,32 +117,57 @@ def _tree_mask(tm, idx, T, base, S):
     return m
 
 
+def _scales(c, sc, cname, sname, new):
+    """A quantized pool's scale pool (float32, the pool's first three axes,
+    groups dividing the head dim; writeable with new rows); None for a
+    float pool. Returns (scales or None, values per row)."""
+    per = _qcache(c)
+    if not per:
+        if sc is not None:
+            raise ValueError(f"{sname} is given but {cname} is {c.dtype}, not an int8 / int4 cache")
+        return None, c.shape[3]
+    if sc is None:
+        raise ValueError(f"{cname} is an {'int8' if per == 1 else 'int4'} cache: {sname} (its float32 "
+                         "scales, (num_blocks, Hkv, block_size, E / group) with block_table) is required")
+    if not (isinstance(sc, np.ndarray) and sc.dtype == np.float32):
+        raise TypeError(f"{sname} must be a float32 numpy.ndarray, got {getattr(sc, 'dtype', type(sc).__name__)}")
+    D = c.shape[3] * per
+    if sc.ndim != 4 or sc.shape[:3] != c.shape[:3] or sc.shape[3] < 1 or D % sc.shape[3]:
+        raise ValueError(f"{sname} has shape {sc.shape}; expected {c.shape[:3]} + (groups,) as {cname}, "
+                         f"groups dividing its head dim {D}")
+    if new and not sc.flags.writeable:
+        raise ValueError(f"{sname} is read-only, but key/value were given to be quantized into it")
+    return sc, D
+
+
 def kvcache_paged(query, k_cache, v_cache, key, value, cache_seqlens, block_table, cu_seqlens_q,
                   tree_mask, *, is_causal, scale, window, alibi_slopes, softcap, sinks, return_lse,
-                  out, precision):
+                  out, precision, k_scale=None, v_scale=None):
     """attention_with_kvcache with block_table, cu_seqlens_q or tree_mask (its docstring)."""
     new = key is not None
     kc = _cache_array(k_cache, "k_cache", new)
     vc = _cache_array(v_cache, "v_cache", new)
-    cd = np.dtype(np.float32) if is16(kc.dtype) else kc.dtype
-    if (np.dtype(np.float32) if is16(vc.dtype) else vc.dtype) != cd:
+    ks, E = _scales(kc, k_scale, "k_cache", "k_scale", new)
+    vs, Ev = _scales(vc, v_scale, "v_cache", "v_scale", new)
+    quant = ks is not None or vs is not None
+    cd = np.dtype(np.float32) if is16(kc.dtype) or ks is not None else kc.dtype
+    if (np.dtype(np.float32) if is16(vc.dtype) or vs is not None else vc.dtype) != cd:
         raise TypeError(f"k_cache ({kc.dtype}) and v_cache ({vc.dtype}) must compute in one dtype")
     if vc.shape[:3] != kc.shape[:3]:
         raise ValueError(f"v_cache has shape {vc.shape} and k_cache {kc.shape}: their first three "
                          "axes must match")
     paged = block_table is not None
     if paged:                                   # pools (num_blocks, Hkv, block_size, E)
-        nblk, Hkv, bs, E = kc.shape
+        nblk, Hkv, bs = kc.shape[:3]
         if bs == 0:
             raise ValueError(f"k_cache has shape {kc.shape}: block_size (axis 2) must be >= 1")
         table = _int_array(block_table, "block_table", 2)
         B = table.shape[0]
         S = table.shape[1] * bs
     else:                                       # one block of S_max rows per sequence
-        B, Hkv, S, E = kc.shape
+        B, Hkv, S = kc.shape[:3]
         nblk, bs = B, max(S, 1)
         table = np.arange(B, dtype=np.int64)[:, None]
-    Ev = vc.shape[3]
     q = as_array(query, "query")
     check_numeric(q, "query")
     packed = cu_seqlens_q is not None
@@ -174,6 +199,9 @@ def kvcache_paged(query, k_cache, v_cache, key, value, cache_seqlens, block_tabl
             if x.shape != want:
                 raise ValueError(f"{nm} has shape {x.shape}; expected {want} (as query, with the "
                                  "cache heads and head dim)")
+            if (ks if nm == "key" else vs) is not None and not np.isfinite(x).all():
+                raise ValueError(f"{nm} holds NaN or infinity: the {'k' if nm == 'key' else 'v'}_cache's "
+                                 "scales cannot hold it (it is quantized as it is written); nothing was written")
     n = _seqlens(cache_seqlens, B, S, 0)
     if new and (n > S - Ts).any():
         b = int(np.argmax(n > S - Ts))
@@ -195,9 +223,11 @@ def kvcache_paged(query, k_cache, v_cache, key, value, cache_seqlens, block_tabl
         if slopes.ndim == 2 and slopes.shape != (B, Hq):
             raise ValueError(f"alibi_slopes has shape {slopes.shape}; expected (Hq,) or (B, Hq) = "
                              f"({Hq},) or ({B}, {Hq})")
+    if quant and precision_value(precision, cd):
+        raise ValueError("precision='bf16' is not available with int8 / int4 caches")
     qd = q if is16(q.dtype) and cd == np.float32 else to_dtype(q, cd)
     u16 = [c.view(np.uint16) if c.dtype.kind == "V" else c for c in (kc, vc)]
-    if packed and tm is None and B > 0 and (sinks is None or np.ndim(sinks) <= 1):
+    if packed and tm is None and not quant and B > 0 and (sinks is None or np.ndim(sinks) <= 1):
         res, lse = _packed(qd, kc, vc, u16, table, kn if new else None, vn if new else None, n, kv_len, cu,
                            S, Hkv, E, Ev, is_causal, sc, window, slopes, softcap, sinks, precision,
                            return_lse)
@@ -214,12 +244,12 @@ def kvcache_paged(query, k_cache, v_cache, key, value, cache_seqlens, block_tabl
     lse = None if whole or not return_lse else np.empty(shape[:-1], cd)
     saved = None
     if new and len(groups) > 1:                 # the rows, to put back if a later group fails
-        saved = [(c, c[written[0], :, written[1], :].copy()) for c in (kc, vc)]
+        saved = [(c, c[written[0], :, written[1], :].copy()) for c in (kc, vc, ks, vs) if c is not None]
     try:
         for Tg, idx in groups.items():
             r = _group(qd, kc, vc, u16, table, kn if new else None, vn if new else None, idx, Tg, n,
                        kv_len, cu, packed, whole, tm, S, Hkv, E, Ev, cd, is_causal, sc, window,
-                       slopes, softcap, sinks, precision, return_lse)
+                       slopes, softcap, sinks, precision, return_lse, ks, vs)
             if whole:
                 res, lse = r if return_lse else (r, None)
                 break
@@ -291,7 +321,7 @@ def _packed(qd, kc, vc, u16, table, kn, vn, n, kv_len, cu, S, Hkv, E, Ev, is_cau
 
 
 def _group(qd, kc, vc, u16, table, kn, vn, idx, Tg, n, kv_len, cu, packed, whole, tm, S, Hkv, E, Ev,
-           cd, is_causal, sc, window, slopes, softcap, sinks, precision, return_lse):
+           cd, is_causal, sc, window, slopes, softcap, sinks, precision, return_lse, ks=None, vs=None):
     """One kernel call: the sequences idx, each with Tg new tokens."""
     ix = np.asarray(idx, np.int64)
     if packed:
@@ -299,14 +329,17 @@ def _group(qd, kc, vc, u16, table, kn, vn, idx, Tg, n, kv_len, cu, packed, whole
         qg = qd[rows].transpose(0, 2, 1, 3)
     else:
         qg = qd if whole else qd[ix]
-    views = []
-    for c, D in ((kc, E), (vc, Ev)):          # the call's k, v: shape only (C reads the pools)
+    def stand_in(c, D):                         # the call's k, v: shape only (C reads the pools)
         first = c[:1, :, :1, :] if c.shape[0] and c.shape[2] else np.zeros((1, Hkv, 1, D), c.dtype)
-        views.append(np.broadcast_to(first, (len(idx), Hkv, S, D)))
+        return np.broadcast_to(first, (len(idx), Hkv, S, D))
+    views = [stand_in(kc, kc.shape[3]), stand_in(vc, vc.shape[3])]
+    quant = ks is not None or vs is not None
+    svs = [None if x is None else stand_in(x, x.shape[3]) for x in (ks, vs)]
     append = None
     if kn is not None:
         rk, rv = [(x[rows].transpose(0, 2, 1, 3) if packed else (x if whole else x[ix])) for x in (kn, vn)]
-        rk, rv = [x.astype(c.dtype, order="C", copy=True) for x, c in ((rk, kc), (rv, vc))]
+        rk, rv = [x.astype(np.float32 if s is not None else c.dtype, order="C", copy=True)
+                  for x, c, s in ((rk, kc, ks), (rv, vc, vs))]
         rk, rv = [x.view(np.uint16) if x.dtype.kind == "V" else x for x in (rk, rv)]
         append = (rk, rv, np.ascontiguousarray(n[ix]))
     mask = None
@@ -316,10 +349,17 @@ def _group(qd, kc, vc, u16, table, kn, vn, idx, Tg, n, kv_len, cu, packed, whole
     sl = slopes
     if sl is not None and sl.ndim == 2:
         sl = sl[ix]
-    spec = attn_spec(qg, views[0], views[1], mask, 0.0, "bottom_right" if is_causal else False, sc,
+    # a quantized pool: float32 stand-ins of its values for the spec's checks,
+    # then the spec carries the pools' stand-ins and their scales'
+    kspec = np.broadcast_to(np.float32(0), views[0].shape[:3] + (E,)) if ks is not None else views[0]
+    vspec = np.broadcast_to(np.float32(0), views[1].shape[:3] + (Ev,)) if vs is not None else views[1]
+    spec = attn_spec(qg, kspec, vspec, mask, 0.0, "bottom_right" if is_causal else False, sc,
                      qg.shape[1] != Hkv, window=window, alibi_slopes=sl, softcap=softcap, sinks=sinks,
                      precision=precision, return_lse=return_lse, kv_len=kv_len[ix][:, None])
     paged = (u16[0], u16[1], np.ascontiguousarray(table[ix]))
+    if quant:
+        spec = spec._replace(key=views[0], value=views[1], kv_scales=tuple(svs))
+        paged += (ks, vs)
     return _sdpa(spec, None, append=append, paged=paged)
 
 
@@ -334,23 +374,36 @@ class PagedKVCache:
     from a free list; :meth:`fork` makes a sequence that shares its parent's
     blocks (nothing is copied) and the first write into a shared block
     copies that block first (copy-on-write, by reference counts), so the
-    parent's rows never change. ``k_scale``/``v_scale`` are None (they hold
-    the scales of quantized caches).
+    parent's rows never change.
 
     Parameters
     ----------
     num_blocks, block_size, num_kv_heads, head_dim : int
     value_dim : int, optional (default ``head_dim``)
-    dtype : float32 (default), float64, float16 or ``ml_dtypes.bfloat16``
-    group_size : int, default 32 (the quantization group of int8/int4 caches;
-        unused by the float dtypes)
+    dtype : float32 (default), float64, float16, ``ml_dtypes.bfloat16``, ``"int8"`` or ``"int4"``
+        ``"int8"`` / ``"int4"``: quantized pools (``k`` is ``np.int8
+        (num_blocks, Hkv, block_size, E)`` or ``np.uint8 (..., E / 2)``, two
+        values per byte) with float32 scale pools ``k_scale (num_blocks, Hkv,
+        block_size, E / group_size)`` (``v``, ``v_scale`` likewise): new rows
+        are quantized into their pages as they are written
+        (:func:`pyattn.quantize`'s rule), the kernels read rows and scales
+        per block in place; a copied-on-write block takes its scales along.
+    group_size : int, default 32
+        Values per scale of an int8 / int4 pool (it must divide head_dim and
+        value_dim); unused by the float dtypes.
+
+    Attributes
+    ----------
+    k, v : ndarray, the pools
+    k_scale, v_scale : ndarray float32 (their scale pools), or None for a float cache
 
     Raises
     ------
     ValueError
-        A negative size, ``block_size`` or ``num_kv_heads`` below 1.
+        A negative size, ``block_size`` or ``num_kv_heads`` below 1; a
+        ``group_size`` that does not divide the head dims (int4: odd head dims).
     TypeError
-        A dtype other than the four above, sizes that are not integers.
+        A dtype other than the six above, sizes that are not integers.
 
     Examples
     --------
@@ -380,22 +433,33 @@ class PagedKVCache:
         gs = number(group_size, "group_size", integer=True)
         if gs < 1:
             raise ValueError(f"group_size must be >= 1, got {gs}")
-        try:
-            dt = np.dtype(dtype)
-        except TypeError:
-            raise TypeError(f"dtype must be a NumPy dtype, got {dtype!r}") from None
-        if dt not in (np.float32, np.float64) and not is16(dt):
-            raise TypeError(f"dtype must be float32, float64, float16 or bfloat16 (ml_dtypes), got {dt}")
+        quant = dtype if isinstance(dtype, str) and dtype in ("int8", "int4") else None
+        if quant:
+            dt = np.dtype(np.int8 if quant == "int8" else np.uint8)
+        else:
+            try:
+                dt = np.dtype(dtype)
+            except TypeError:
+                raise TypeError(f"dtype must be a NumPy dtype, 'int8' or 'int4', got {dtype!r}") from None
+            if dt not in (np.float32, np.float64) and not is16(dt):
+                raise TypeError(f"dtype must be float32, float64, float16, bfloat16 (ml_dtypes), 'int8' or "
+                                f"'int4', got {dt}")
         N, bs, H, E, Ev = dims
+        if quant and (E % gs or Ev % gs or (quant == "int4" and (E % 2 or Ev % 2))):
+            raise ValueError(f"group_size {gs} must divide head_dim {E} and value_dim {Ev}"
+                             + (" (which must be even for int4)" if quant == "int4" else ""))
         limit = np.iinfo(np.intp).max
         for D, what in ((E, "head_dim"), (Ev, "value_dim")):
-            if N * H * bs * D * dt.itemsize > limit:
+            if N * H * bs * D * max(dt.itemsize, 4 if quant else 1) > limit:
                 raise ValueError(f"PagedKVCache(num_blocks={N}, block_size={bs}, num_kv_heads={H}, "
                                  f"{what}={D}) would need more than {limit} bytes")
-        self.k = np.zeros((N, H, bs, E), dt)
-        self.v = np.zeros((N, H, bs, Ev), dt)
-        self.k_scale = self.v_scale = None
+        per = 2 if quant == "int4" else 1             # values per stored element
+        self.k = np.zeros((N, H, bs, E // per), dt)
+        self.v = np.zeros((N, H, bs, Ev // per), dt)
+        self.k_scale = np.zeros((N, H, bs, E // gs), np.float32) if quant else None
+        self.v_scale = np.zeros((N, H, bs, Ev // gs), np.float32) if quant else None
         self.group_size = gs
+        self._quant = quant
         self._free = list(range(N - 1, -1, -1))   # pop() hands out the lowest block first
         self._refs = np.zeros(N, np.int64)
         self._seqs = {}                            # id -> [blocks (list), length]
@@ -519,12 +583,17 @@ class PagedKVCache:
         for i, b in enumerate(lists):
             table[i, :len(b)] = b
         lengths = np.array([self._seqs[s][1] for s in ids], np.int64)
+        for name in ("k_scale", "v_scale"):
+            if name in kw:
+                raise TypeError(f"PagedKVCache.attend takes no {name} (the cache holds them)")
+        pools = [x for x in (self.k, self.v, self.k_scale, self.v_scale) if x is not None]
         for src, dst in copies:                      # into free blocks: no live row changes
-            self.k[dst] = self.k[src]
-            self.v[dst] = self.v[src]
+            for p in pools:                          # (the scales of a quantized block with it)
+                p[dst] = p[src]
         from ._api import attention_with_kvcache
         res = attention_with_kvcache(query, self.k, self.v, key, value, cache_seqlens=lengths,
-                                     block_table=table, cu_seqlens_q=cu_seqlens_q, **kw)
+                                     block_table=table, cu_seqlens_q=cu_seqlens_q, k_scale=self.k_scale,
+                                     v_scale=self.v_scale, **kw)
         for src, _ in copies:                        # the writer leaves the shared block
             self._refs[src] -= 1
         for s, b, t in zip(ids, lists, Ts):
@@ -537,6 +606,8 @@ class PagedKVCache:
 
     def __repr__(self) -> str:
         N, H, bs, E = self.k.shape
-        return (f"PagedKVCache(num_blocks={N}, block_size={bs}, num_kv_heads={H}, head_dim={E}, "
-                f"value_dim={self.v.shape[3]}, dtype={self.k.dtype}, sequences={len(self._seqs)}, "
-                f"blocks_free={self.blocks_free})")
+        per = 2 if self._quant == "int4" else 1
+        q = f", group_size={self.group_size}" if self._quant else ""
+        return (f"PagedKVCache(num_blocks={N}, block_size={bs}, num_kv_heads={H}, head_dim={E * per}, "
+                f"value_dim={self.v.shape[3] * per}, dtype={self._quant or self.k.dtype}{q}, "
+                f"sequences={len(self._seqs)}, blocks_free={self.blocks_free})")

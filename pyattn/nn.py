@@ -387,14 +387,15 @@ class _Attention:
         if seqs is None:
             raise TypeError("a PagedKVCache needs seqs=[sequence ids] (one per row of x)")
         H, hd = self.num_heads, self.d_out // self.num_heads
-        if cache.k.shape[1] != H or cache.k.shape[3] != hd or cache.v.shape[3] != hd:
+        per = 2 if cache.k.dtype == np.uint8 else 1             # int4: two values per byte
+        if cache.k.shape[1] != H or cache.k.shape[3] * per != hd or cache.v.shape[3] * per != hd:
             raise ValueError(f"cache {cache!r} does not fit this layer: expected {H} heads of {hd} features")
         if cu is None and x.ndim != 3:
             raise ValueError(f"x must be (len(seqs), T, d_in) with a PagedKVCache (or packed (total, d_in) "
                              f"with cu_seqlens_q), got shape {x.shape}")
         if cu is not None and x.ndim != 2:
             raise ValueError(f"x must be packed (total, d_in) with cu_seqlens_q, got shape {x.shape}")
-        dt = np.dtype(np.float32) if is16(cache.k.dtype) else cache.k.dtype
+        dt = np.dtype(np.float32) if is16(cache.k.dtype) or cache.k.dtype.kind in "iu" else cache.k.dtype
         x3 = to_dtype(x if x.ndim == 3 else x[None], dt)
         q, k, v = self._qkv(x3, dt)
         if cu is not None:                            # (1, H, total, hd) -> (total, H, hd)

@@ -64,6 +64,8 @@ typedef struct {
     const float *ks, *vs;
     pa_ssize ks_rs, vs_rs, kG, vG;
     pa_bm_head bm;                          /* block mask (bm.state NULL: none) */
+    pa_ssize ks_blk, vs_blk;                /* a paged quantized cache: the scale pools'
+                                               block strides (ks_rs, vs_rs within a block) */
 } pa_attn_args;
 
 /* THE element offsets of key row j in k and v (from a->k, a->v): through
@@ -79,6 +81,18 @@ static inline pa_ssize pa_attn_vrow(const pa_attn_args *a, pa_ssize j)
 {
     if (!a->bt_row) return j * a->v_rs;
     return (pa_ssize)a->bt_row[j / a->bsz] * a->v_blk + (j % a->bsz) * a->v_rs;
+}
+/* THE element offsets of key row j's scales in ks and vs (a quantized
+ * K / V): through the block table as the rows are */
+static inline pa_ssize pa_attn_ksrow(const pa_attn_args *a, pa_ssize j)
+{
+    if (!a->bt_row) return j * a->ks_rs;
+    return (pa_ssize)a->bt_row[j / a->bsz] * a->ks_blk + (j % a->bsz) * a->ks_rs;
+}
+static inline pa_ssize pa_attn_vsrow(const pa_attn_args *a, pa_ssize j)
+{
+    if (!a->bt_row) return j * a->vs_rs;
+    return (pa_ssize)a->bt_row[j / a->bsz] * a->vs_blk + (j % a->bsz) * a->vs_rs;
 }
 /* a read prefetch hint (the paged rows path's next block), where the compiler has one */
 static inline void pa_prefetch(const void *p)

@@ -94,5 +94,7 @@ void pa_attn_setup(pa_attn_args *out, const pa_family *fam, const pa_attn_call *
         a.bm.koff = m->k_extra;
         a.bm.div = c->row_div;
     }
+    a.ks_blk = qs && c->block_table ? qs->ks_blk : 0;
+    a.vs_blk = qs && c->block_table ? qs->vs_blk : 0;
     *out = a;
 }

@@ -38,6 +38,9 @@ typedef struct {
 typedef struct {
     pa_operand ks, vs;
     pa_ssize kG, vG;
+    /* a paged cache (ops/paged.h): the scale pools' block strides (rows
+     * through the block table as K's, rs then the row stride in a block) */
+    pa_ssize ks_blk, vs_blk;
 } pa_kv_scales;
 
 /* bits of a storage dtype: 8 (PA_I8), 4 (PA_I4), 0 (not quantized) */
