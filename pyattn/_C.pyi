@@ -19,6 +19,7 @@ def sdpa(q: NDArray[Any], k: NDArray[Any], v: NDArray[Any], out: Optional[NDArra
                                 NDArray[np.int64]]] = ...,
          cu_seqlens_q: Optional[NDArray[np.int64]] = ..., cu_seqlens_k: Optional[NDArray[np.int64]] = ...,
          paged: Optional[Tuple[NDArray[Any], NDArray[Any], NDArray[np.int64]]] = ...,
+         seq_align: bool = ...,
          ) -> Tuple[NDArray[Any], Optional[NDArray[Any]], Optional[NDArray[Any]]]: ...
 def sdpa_backward(q: NDArray[Any], k: NDArray[Any], v: NDArray[Any], o: NDArray[Any], go: NDArray[Any],
                   lse: NDArray[Any], mask: Optional[NDArray[Any]] = ..., causal: int = ..., scale: float = ...,
@@ -26,7 +27,7 @@ def sdpa_backward(q: NDArray[Any], k: NDArray[Any], v: NDArray[Any], o: NDArray[
                   softcap: float = ..., slopes: Optional[NDArray[np.float64]] = ...,
                   sinks: Optional[NDArray[np.float64]] = ..., reduce: Any = ..., nthreads: int = ...,
                   cu_seqlens_q: Optional[NDArray[np.int64]] = ..., cu_seqlens_k: Optional[NDArray[np.int64]] = ...,
-                  qoff: Optional[int] = ...,
+                  qoff: Optional[int] = ..., seq_align: bool = ...,
                   ) -> Tuple[NDArray[Any], NDArray[Any], NDArray[Any], Optional[NDArray[np.float64]]]: ...
 def softmax_backward(grad_y: NDArray[Any], y: NDArray[Any], scale: float = ..., /) -> NDArray[Any]: ...
 def merge(outs: NDArray[Any], lses: NDArray[Any], nthreads: int = ...) -> Tuple[NDArray[Any], NDArray[Any]]: ...

@@ -65,6 +65,7 @@ class AttnSpec(NamedTuple):
     block_table: Optional[np.ndarray] = None
     kv_scales: Optional[tuple] = None
     block_mask: Optional[np.ndarray] = None
+    seq_align: bool = False      # varlen: each sequence bottom-right (align="bottom_right")
 
     @property
     def out_shape(self) -> tuple:
@@ -90,6 +91,8 @@ class AttnSpec(NamedTuple):
             kw["sinks"] = self.sinks
         if self.cu_seqlens_q is not None:
             kw["cu_seqlens_q"], kw["cu_seqlens_k"] = self.cu_seqlens_q, self.cu_seqlens_k
+        if self.seq_align:
+            kw["seq_align"] = True
         return kw
 
 
