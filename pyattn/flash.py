@@ -371,12 +371,13 @@ def _varlen_kw(o, q, k):
 def _varlen_forward(q, k, v, o):
     _same_dtype(((q, "q"), (k, "k"), (v, "v")))
     f, _ = _varlen_api()
-    if o["return_attn_probs"] and o["dropout_p"] > 0:
-        raise NotImplementedError("return_attn_probs with dropout (S_dmask) is not offered for varlen")
     cq, ck, kw, slopes, fa_causal, lq, lk = _varlen_kw(o, q, k)
     odt = q.dtype if (is16(q.dtype) or q.dtype in (np.float32, np.float64)) else np.dtype(np.float64)
     out = np.empty(q.shape[:2] + (v.shape[2],), odt)
     res, lse = f(q, k, v, cq, ck, return_lse=True, out=out, **kw)
+    s_dmask = None
+    if o["return_attn_probs"] and o["dropout_p"] > 0:
+        s_dmask = _varlen_s_dmask(q, k, v, cq, ck, kw, o, odt)
     pos = np.repeat(lk - lq, lq) + (np.arange(q.shape[0]) - np.repeat(cq[:-1], lq))   # d(i), (total_q,)
     fa = lse.T                                                                    # (Hq, total_q)
     if slopes is not None and fa_causal:
@@ -384,7 +385,36 @@ def _varlen_forward(q, k, v, o):
         sl = slopes[:, None] if slopes.ndim == 1 else slopes[seq].T
         fa = fa + (sl * pos).astype(lse.dtype)
     fa = np.where(np.isneginf(fa), np.inf, fa)
-    return out, fa, lse, None
+    return out, fa, lse, s_dmask
+
+
+def _varlen_s_dmask(q, k, v, cq, ck, kw, o, odt):
+    """S_dmask of a varlen call with dropout, FlashAttention's padded
+    (N, Hq, max_seqlen_q, max_seqlen_k) layout (zeros past each sequence's
+    lengths), each sequence's block as _forward makes it. Sequence i's
+    dropout pattern is the dense call's on batch entry i with the same seed
+    (pyattn.scaled_dot_product_attention_varlen's rule), so its weights come
+    from the dense call on i + 1 stride-0 copies of it: testing only (as
+    FlashAttention says of return_attn_probs), O(N^2) in the sequences."""
+    n = len(cq) - 1
+    lq, lk = np.diff(cq), np.diff(ck)
+    mq = max(int(lq.max(initial=0)), int(o.get("max_seqlen_q") or 0))
+    mk = max(int(lk.max(initial=0)), int(o.get("max_seqlen_k") or 0))
+    sd = np.zeros((n, q.shape[1], mq, mk), odt)
+    sl = kw.get("alibi_slopes")
+    for i in range(n):
+        if lq[i] == 0 or lk[i] == 0:
+            continue
+        qi, ki, vi = (x[c[i]:c[i + 1]].transpose(1, 0, 2) for x, c in ((q, cq), (k, ck), (v, ck)))
+        kwi = dict(kw, alibi_slopes=None if sl is None else (sl if sl.ndim == 1 else sl[i]))
+        qb = np.broadcast_to(qi, (i + 1,) + qi.shape)
+        wd = _api.scaled_dot_product_attention(qb, ki, vi, return_weights=True, **kwi)[1][i]
+        kwi.update(dropout_p=0.0, rng=None)
+        p = _api.scaled_dot_product_attention(qi, ki, vi, return_weights=True, **kwi)[1]
+        top = p.max(axis=-1, keepdims=True)
+        s = np.divide(p, top, out=np.zeros_like(p), where=top > 0)
+        sd[i, :, :lq[i], :lk[i]] = np.where((wd == 0) & (p > 0), -s, s)
+    return sd
 
 
 def _varlen_backward(dout, q, k, v, out, lse, o):
@@ -413,6 +443,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                              softcap, alibi_slopes, return_attn_probs, block_table)
     opts = _opts(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs)
     opts["cu_seqlens_q"], opts["cu_seqlens_k"] = _arr(cu_seqlens_q, "cu_seqlens_q"), _arr(cu_seqlens_k, "cu_seqlens_k")
+    opts["max_seqlen_q"], opts["max_seqlen_k"] = max_seqlen_q, max_seqlen_k
     return _run("varlen", q, k, v, opts)
 
 
