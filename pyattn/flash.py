@@ -106,6 +106,12 @@ def _get_block_size_n(device=None, head_dim=None, is_dropout=None, is_causal=Non
     return 1 << 40
 
 
+class _CheckError(ValueError, RuntimeError):
+    """A bad argument FlashAttention rejects with a ``RuntimeError`` (its
+    TORCH_CHECKs): a ``ValueError`` as pyattn's API raises, and a
+    ``RuntimeError`` as code written against FlashAttention catches."""
+
+
 # ---- options -----------------------------------------------------------------
 
 def _window(window_size, causal, S):
@@ -483,6 +489,45 @@ def _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, wi
     return (out, fa, None) if return_attn_probs else out
 
 
+def _flash_attn_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                               softmax_scale, causal, window_size_left=-1, window_size_right=-1, softcap=0.0,
+                               alibi_slopes=None, return_softmax=False, block_table=None, leftpad_k=None,
+                               seqused_k=None, zero_tensors=False, num_splits=0):
+    """FlashAttention's private ``flash_attn_interface._flash_attn_varlen_forward``
+    (its tests call it): ``(out, softmax_lse, S_dmask, rng_state)``, forward
+    only (no autograd). With ``block_table``, ``k``/``v`` are the paged pools
+    ``(num_blocks, block_size, Hkv, E)`` and ``seqused_k`` (else the
+    ``cu_seqlens_k`` differences) the keys of each sequence;
+    ``num_splits > 1`` is FlashAttention's RuntimeError there. ``leftpad_k``,
+    and ``seqused_k`` without ``block_table``, are a NotImplementedError.
+    ``S_dmask`` is None unless ``return_softmax`` with dropout;
+    ``rng_state`` is two zeros (pyattn's dropout is not replayed from it)."""
+    if leftpad_k is not None:
+        raise NotImplementedError("_flash_attn_varlen_forward: leftpad_k is not offered (use "
+                                  "flash_attn_with_kvcache(cache_leftpad=))")
+    window = (window_size_left, window_size_right)
+    if block_table is not None:
+        if int(num_splits) > 1:
+            raise _CheckError("num_splits > 1 is not supported for varlen paged KV")
+        if seqused_k is not None:
+            used = np.asarray(_arr(seqused_k, "seqused_k"), np.int64)
+            cu_seqlens_k = np.concatenate([[0], np.cumsum(used)])
+        out, lse, _ = _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window,
+                                    softcap, alibi_slopes, True, block_table)
+        s_dmask = None
+    else:
+        if seqused_k is not None:
+            raise NotImplementedError("_flash_attn_varlen_forward: seqused_k is offered with block_table only")
+        res = flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                                     softmax_scale, causal, window, softcap, alibi_slopes,
+                                     return_attn_probs=True)
+        out, lse, s_dmask = (x.detach() if _is_tensor(x) else x for x in res)
+        if not return_softmax:
+            s_dmask = None
+    state = np.zeros(2, np.int64)
+    return out, lse, s_dmask, (_tensor(state) if _is_tensor(q) else state)
+
+
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None,
                                      causal=False, window_size=(-1, -1), softcap=0.0,
                                      alibi_slopes=None, deterministic=False, return_attn_probs=False):
@@ -517,6 +562,23 @@ _VARIANTS = {"fixed": (_forward, _backward), "varlen": (_varlen_forward, _varlen
 
 def _paged_supported():
     return "block_table" in inspect.signature(_api.attention_with_kvcache).parameters
+
+
+def _table_bounds(cache_seqlens, Tk, S_max, tshape, pshape):
+    """FlashAttention's guard: every sequence's rows (cache_seqlens + the new
+    keys) within its block_table row's capacity, else a _CheckError naming
+    block_table (pyattn would say so too, naming cache_seqlens)."""
+    if cache_seqlens is None:
+        return
+    n = np.asarray(_arr(cache_seqlens, "cache_seqlens"))
+    if n.dtype.kind not in "iu":
+        return                                  # pyattn's TypeError follows
+    over = np.nonzero(n.reshape(-1).astype(np.int64) > S_max - Tk)[0]
+    if over.size:
+        b = int(over[0])
+        raise _CheckError(f"cache_seqlens[{b}] = {int(n.reshape(-1)[b])} plus {Tk} new keys exceeds the "
+                          f"block_table capacity {S_max} (block_table shape {tuple(tshape)} x block size "
+                          f"{pshape[1]}); nothing was written")
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
@@ -574,6 +636,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                       "(attention_with_kvcache(block_table=...)), which this pyattn lacks")
         kw["block_table"] = _arr(block_table, "block_table")
         S_max = kw["block_table"].shape[1] * kca.shape[1]
+        _table_bounds(cache_seqlens, 0 if ka is None else ka.shape[1], S_max, kw["block_table"].shape, kca.shape)
     else:
         S_max = kca.shape[1]
     if cache_seqlens is None:
