@@ -13,11 +13,11 @@ lines = src.split('\n')
 # CI subsets: test -> {param: python source of the subset}
 SUB = {
  'test_flash_attn_qkvpacked': {'deterministic': '[False]', 'd': '[59]', 'seqlen': '[97]'},
- 'test_flash_attn_varlen_qkvpacked': {'deterministic': '[False]', 'd': '[59]', 'seqlen': '[97]'},
+ 'test_flash_attn_varlen_qkvpacked': {'deterministic': '[False]', 'd': '[59]', 'seqlen': '[97]', 'dtype': '[torch.float16]'},
  'test_flash_attn_output': {'dtype': '[torch.bfloat16]', 'mha_type': '["gqa"]', 'deterministic': '[False]', 'd': '[59]', 'seqlen_q,seqlen_k': '[(512, 256)]'},
- 'test_flash_attn_varlen_output': {'dtype': '[torch.bfloat16]', 'mha_type': '["gqa"]', 'deterministic': '[False]', 'd': '[59]', 'seqlen_q,seqlen_k': '[(512, 256)]'},
+ 'test_flash_attn_varlen_output': {'dtype': '[torch.bfloat16]', 'mha_type': '["gqa"]', 'deterministic': '[False]', 'd': '[59]', 'seqlen_q,seqlen_k': '[(113, 203)]'},
  'test_flash_attn_causal': {'d': '[59]', 'seqlen_q,seqlen_k': '[(1, 239), (113, 203)]'},
- 'test_flash_attn_varlen_causal': {'d': '[59]', 'seqlen_q,seqlen_k': '[(1, 239), (113, 203)]'},
+ 'test_flash_attn_varlen_causal': {'d': '[59]', 'seqlen_q,seqlen_k': '[(1, 239), (113, 203)]', 'paged_kv_block_size': '[None, 256]'},
  'test_flash_attn_splitkv': {'dtype': '[torch.float16]', 'deterministic': '[False]', 'd': '[59]', 'seqlen_q,seqlen_k': '[(1, 239), (3, 799)]'},
  'test_flash_attn_kvcache': {'d': '[59]', 'seqlen_q,seqlen_k': '[(3, 799)]', 'num_splits': '[0]', 'mha_type': '["gqa"]',
                              'seqlen_new_eq_seqlen_q': '[False]', 'rotary_fraction': '[0.0, 0.5]'},
