@@ -31,7 +31,9 @@ What differs from FlashAttention on a GPU:
   entropy (NumPy arrays); the backward regenerates the same pattern.
 - ``return_attn_probs=True`` with ``dropout_p > 0`` returns ``S_dmask``
   ``(B, Hq, L, S)``: the probabilities divided by their row maximum (one
-  block per row, ``_get_block_size_n`` says so), negative where dropped.
+  block per row, ``_get_block_size_n`` says so), negative where dropped
+  (varlen: ``(N, Hq, max_seqlen_q, max_seqlen_k)``, zeros past each
+  sequence's lengths).
 - tensors on a GPU are a ``NotImplementedError`` (this is the CPU path).
 
 Examples
@@ -438,13 +440,20 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     ``cu_seqlens_q``/``cu_seqlens_k (N + 1,)`` int offsets -> ``out (total_q,
     Hq, Ev)``, ``softmax_lse (Hq, total_q)``. ``max_seqlen_*`` are accepted
     (pyattn reads the lengths from the offsets). Runs on
-    ``pyattn.scaled_dot_product_attention_varlen``; without it,
-    ``NotImplementedError``. ``block_table`` (paged keys) is a
-    ``NotImplementedError``.
+    ``pyattn.scaled_dot_product_attention_varlen`` (window and ALiBi
+    bottom-right per sequence when ``L_i != S_i``, as FlashAttention).
+    ``S_dmask`` (``return_attn_probs`` with dropout) is ``(N, Hq,
+    max_seqlen_q, max_seqlen_k)``, zeros past each sequence's lengths.
+    With ``block_table``, ``k``/``v`` are paged pools ``(num_blocks,
+    block_size, Hkv, E)`` and sequence ``i`` has ``cu_seqlens_k[i+1] -
+    cu_seqlens_k[i]`` keys; forward only (no dropout, no autograd).
 
     >>> from pyattn.flash import flash_attn_varlen_func
     """
     if block_table is not None:
+        if float(dropout_p) > 0:
+            raise NotImplementedError("flash_attn_varlen_func: dropout_p > 0 with block_table (paged keys) "
+                                      "is not offered (the paged path is forward-only inference)")
         return _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_size,
                              softcap, alibi_slopes, return_attn_probs, block_table)
     opts = _opts(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs)
@@ -509,6 +518,8 @@ def _flash_attn_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     if block_table is not None:
         if int(num_splits) > 1:
             raise _CheckError("num_splits > 1 is not supported for varlen paged KV")
+        if float(dropout_p) > 0:
+            raise NotImplementedError("_flash_attn_varlen_forward: dropout_p > 0 with block_table is not offered")
         if seqused_k is not None:
             used = np.asarray(_arr(seqused_k, "seqused_k"), np.int64)
             cu_seqlens_k = np.concatenate([[0], np.cumsum(used)])

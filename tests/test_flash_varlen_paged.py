@@ -115,5 +115,7 @@ def test_block_table_guard_is_value_and_runtime_error(rng):
     cq, ck = np.array([0, 1], np.int32), np.array([0, 8], np.int32)
     with pytest.raises(RuntimeError, match="num_splits > 1"):
         _flash_attn_varlen_forward(q[0], kp, kp, cq, ck, 1, 8, 0.0, None, False, block_table=table, num_splits=2)
+    with pytest.raises(NotImplementedError, match="dropout_p > 0 with block_table"):
+        flash_attn_varlen_func(q[0], kp, kp, cq, ck, 1, 8, dropout_p=0.1, block_table=table)
     with pytest.raises(NotImplementedError, match="leftpad_k"):
         _flash_attn_varlen_forward(q[0], kp, kp, cq, ck, 1, 8, 0.0, None, False, leftpad_k=np.zeros(1, np.int32))
