@@ -721,6 +721,7 @@ typedef struct {
     PyObject *k_scale, *v_scale;    /* a quantized cache's scales, or None */
     pa_kv_scales *qsc;              /* where attn_call_of puts them (NULL: not accepted) */
     int paged;                      /* a paged cache: cu_seqlens_q alone (ops/paged_packed.c) */
+    int seq_align;                  /* varlen: each sequence bottom-right aligned (align=) */
 } call_args;
 
 static void call_args_init(call_args *a, int allow)
@@ -762,7 +763,13 @@ static int get_cu1(PyObject *o, const char *name, pa_ssize total, const int64_t 
 /* A varlen call's offsets (both or neither), and what they exclude. */
 static int get_cu(const call_args *a, pa_attn_call *c)
 {
-    if (a->cuq == Py_None && a->cuk == Py_None) return 0;
+    if (a->cuq == Py_None && a->cuk == Py_None) {
+        if (a->seq_align) {
+            PyErr_SetString(PyExc_ValueError, "seq_align needs cu_seqlens_q and cu_seqlens_k");
+            return -1;
+        }
+        return 0;
+    }
     pa_ssize nq, nk;
     if (a->paged) {             /* packed queries on a paged cache: kv_len per (sequence, head) */
         if (a->cuk != Py_None || a->kv_len == Py_None || a->mask != Py_None || a->want_w || a->qoff != Py_None ||
@@ -798,6 +805,7 @@ static int get_cu(const call_args *a, pa_attn_call *c)
         return -1;
     }
     c->nseq = nq;
+    c->seq_align = a->seq_align != 0;
     return 0;
 }
 
@@ -914,7 +922,7 @@ PyDoc_STRVAR(sdpa_doc,
 "     dropout_key=0, want_weights=False, want_lse=False, left=-1, right=-1,\n"
 "     softcap=0.0, slopes=None, sinks=None, kv_len=None, row_div=1, qoff=None,\n"
 "     nthreads=0, bf16=False, append=None, cu_seqlens_q=None, cu_seqlens_k=None, paged=None,\n"
-"     k_scale=None, v_scale=None)\n"
+"     k_scale=None, v_scale=None, seq_align=False)\n"
 "     -> (out, weights or None, lse or None)\n\n"
 "Private kernel entry: fused attention, all operands with equal batch axes;\n"
 "slopes, sinks (float64) and kv_len (int64) hold one value per flat batch\n"
@@ -933,7 +941,7 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
                              "dropout_key", "want_weights", "want_lse", "left", "right",
                              "softcap", "slopes", "sinks", "kv_len", "row_div", "qoff", "nthreads",
                              "bf16", "append", "cu_seqlens_q", "cu_seqlens_k", "paged", "k_scale", "v_scale",
-                             "block_mask", NULL};
+                             "block_mask", "seq_align", NULL};
     call_args a;
     pa_kv_scales qsc;
     call_args_init(&a, PA_ALLOW_16 | PA_ALLOW_Q);
@@ -947,11 +955,11 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
     pa_attn_call c;
     view qkv[3], o, w, lv;
     PyArrayObject *res = NULL, *wres = NULL, *lres = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOiddKppnndOOOnOipOOOOOOO:sdpa", kwlist, &a.q, &a.k, &a.v,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOiddKppnndOOOnOipOOOOOOOp:sdpa", kwlist, &a.q, &a.k, &a.v,
                                      &outo, &a.mask, &a.causal, &a.scale, &a.dropout_p, &a.key,
                                      &a.want_w, &want_lse, &a.left, &a.right, &a.softcap, &a.slopes,
                                      &a.sinks, &a.kv_len, &a.row_div, &a.qoff, &req_threads, &a.bf16,
-                                     &appo, &a.cuq, &a.cuk, &pago, &a.k_scale, &a.v_scale, &bmo))
+                                     &appo, &a.cuq, &a.cuk, &pago, &a.k_scale, &a.v_scale, &bmo, &a.seq_align))
         return NULL;
     a.paged = pago != Py_None;
     if (attn_call_of(&a, &c, qkv) < 0) goto fail;
@@ -1095,7 +1103,8 @@ static int get_reduce(PyObject *redo, int nb, int *r)
 PyDoc_STRVAR(sdpa_backward_doc,
 "sdpa_backward(q, k, v, o, go, lse, mask=None, causal=0, scale=1.0, dropout_p=0.0,\n"
 "              dropout_key=0, left=-1, right=-1, softcap=0.0, slopes=None, sinks=None,\n"
-"              reduce=(), nthreads=0, cu_seqlens_q=None, cu_seqlens_k=None, qoff=None)\n"
+"              reduce=(), nthreads=0, cu_seqlens_q=None, cu_seqlens_k=None, qoff=None,\n"
+"              seq_align=False)\n"
 "              -> (dq, dk, dv, dsinks or None)\n\n"
 "Private kernel entry: the attention backward, every operand of one compute\n"
 "dtype with equal batch axes; reduce flags the batch axes that key and value\n"
@@ -1106,7 +1115,7 @@ static PyObject *py_sdpa_backward(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"q", "k", "v", "o", "go", "lse", "mask", "causal", "scale",
                              "dropout_p", "dropout_key", "left", "right", "softcap", "slopes",
-                             "sinks", "reduce", "nthreads", "cu_seqlens_q", "cu_seqlens_k", "qoff", "block_mask",
+                             "sinks", "reduce", "nthreads", "cu_seqlens_q", "cu_seqlens_k", "qoff", "block_mask", "seq_align",
                              NULL};
     call_args a;
     call_args_init(&a, 0);
@@ -1117,10 +1126,10 @@ static PyObject *py_sdpa_backward(PyObject *self, PyObject *args, PyObject *kw)
     pa_attn_grads g;
     view qkv[3], dqv, dkv, dvv;
     PyArrayObject *dq = NULL, *dk = NULL, *dv = NULL, *ds = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOO|OiddKnndOOOiOOOO:sdpa_backward", kwlist, &a.q, &a.k,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOO|OiddKnndOOOiOOOOp:sdpa_backward", kwlist, &a.q, &a.k,
                                      &a.v, &io[0], &io[1], &io[2], &a.mask, &a.causal, &a.scale,
                                      &a.dropout_p, &a.key, &a.left, &a.right, &a.softcap, &a.slopes,
-                                     &a.sinks, &redo, &req_threads, &a.cuq, &a.cuk, &a.qoff, &bmo))
+                                     &a.sinks, &redo, &req_threads, &a.cuq, &a.cuk, &a.qoff, &bmo, &a.seq_align))
         return NULL;
     memset(&g, 0, sizeof g);
     if (attn_call_of(&a, &c, qkv) < 0 || get_bwd_inputs(io, qkv, &c, &g) < 0 || pa_bm_get(bmo, &c, &bma) < 0)

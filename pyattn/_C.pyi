@@ -20,6 +20,7 @@ def sdpa(q: NDArray[Any], k: NDArray[Any], v: NDArray[Any], out: Optional[NDArra
          cu_seqlens_q: Optional[NDArray[np.int64]] = ..., cu_seqlens_k: Optional[NDArray[np.int64]] = ...,
          paged: Optional[Tuple[NDArray[Any], NDArray[Any], NDArray[np.int64]]] = ...,
          block_mask: Optional[Tuple[Any, ...]] = ...,
+         seq_align: bool = ...,
          ) -> Tuple[NDArray[Any], Optional[NDArray[Any]], Optional[NDArray[Any]]]: ...
 def sdpa_backward(q: NDArray[Any], k: NDArray[Any], v: NDArray[Any], o: NDArray[Any], go: NDArray[Any],
                   lse: NDArray[Any], mask: Optional[NDArray[Any]] = ..., causal: int = ..., scale: float = ...,
@@ -29,6 +30,7 @@ def sdpa_backward(q: NDArray[Any], k: NDArray[Any], v: NDArray[Any], o: NDArray[
                   cu_seqlens_q: Optional[NDArray[np.int64]] = ..., cu_seqlens_k: Optional[NDArray[np.int64]] = ...,
                   qoff: Optional[int] = ...,
                   block_mask: Optional[Tuple[Any, ...]] = ...,
+                  seq_align: bool = ...,
                   ) -> Tuple[NDArray[Any], NDArray[Any], NDArray[Any], Optional[NDArray[np.float64]]]: ...
 def softmax_backward(grad_y: NDArray[Any], y: NDArray[Any], scale: float = ..., /) -> NDArray[Any]: ...
 def merge(outs: NDArray[Any], lses: NDArray[Any], nthreads: int = ...) -> Tuple[NDArray[Any], NDArray[Any]]: ...

@@ -214,6 +214,7 @@ def scaled_dot_product_attention_varlen(
     rng: _Rng = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
     softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., return_lse: Literal[False] = ...,
     precision: _Precision = ..., out: Optional[NDArray[Any]] = ..., block_mask: Optional[BlockMask] = ...,
+    align: _Align = ...,
 ) -> _F: ...
 @overload
 def scaled_dot_product_attention_varlen(
@@ -222,6 +223,7 @@ def scaled_dot_product_attention_varlen(
     rng: _Rng = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
     softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., return_lse: Literal[True],
     precision: _Precision = ..., out: Optional[NDArray[Any]] = ..., block_mask: Optional[BlockMask] = ...,
+    align: _Align = ...,
 ) -> Tuple[_F, _F]: ...
 def scaled_dot_product_attention_varlen_backward(
     grad_out: ArrayLike, query: ArrayLike, key: ArrayLike, value: ArrayLike, out: ArrayLike, lse: ArrayLike,
@@ -229,12 +231,14 @@ def scaled_dot_product_attention_varlen_backward(
     enable_gqa: bool = ..., dropout_p: float = ..., rng: _Rng = ..., window: _Window = ...,
     alibi_slopes: Optional[ArrayLike] = ..., softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ...,
     block_mask: Optional[BlockMask] = ...,
+    align: _Align = ...,
 ) -> Tuple[_F, ...]: ...
 def scaled_dot_product_attention_varlen_vjp(
     query: ArrayLike, key: ArrayLike, value: ArrayLike, cu_seqlens_q: ArrayLike, cu_seqlens_k: ArrayLike, *,
     is_causal: _Causal = ..., scale: Optional[float] = ..., enable_gqa: bool = ..., dropout_p: float = ...,
     rng: _Rng = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
     softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., block_mask: Optional[BlockMask] = ...,
+    align: _Align = ...,
 ) -> Tuple[_F, Callable[[ArrayLike], Tuple[_F, ...]]]: ...
 
 _QDtype = Literal["int8", "int4"]

@@ -697,7 +697,10 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
         ``n_b`` (FlashAttention's rule). The first ``rotary_dim`` features
         rotate, computed in the compute dtype (a 16-bit query is rounded back
         to its dtype, new keys to the cache dtype). Positions ``>= R`` are a
-        ``ValueError``.
+        ``ValueError``. Also with ``block_table`` and ``cu_seqlens_q``
+        (packed: row ``t`` of sequence ``b`` at ``n_b + t``), rotated before
+        the paged write; not with ``tree_mask`` (``NotImplementedError``: a
+        tree's tokens have no positions ``n_b + t``).
     rotary_interleaved : bool, default False
         False: features ``i`` and ``i + rotary_dim/2`` form a pair (GPT-NeoX,
         Llama, Hugging Face); True: ``2i`` and ``2i + 1`` (GPT-J;
@@ -719,7 +722,9 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
         token-major pool as ``.transpose(0, 2, 1, 3)``); sequence ``b``'s row
         ``r`` is row ``r % block_size`` of block ``block_table[b, r //
         block_size]``, read (and written) in place. Entries a sequence does not
-        reach are ignored (-1 allowed).
+        reach are ignored (-1 allowed). ``key``/``value (B, Hkv, Tk, E/Ev)``
+        may bring ``Tk != T`` rows here too (not with ``cu_seqlens_q`` or
+        ``tree_mask``).
     cu_seqlens_q : (B + 1,) integer array, optional
         Packed queries: ``query (total_q, Hq, E)``, ``key``/``value (total_q,
         Hkv, E/Ev)``, sequence ``b`` bringing ``cu[b+1] - cu[b]`` tokens (0
@@ -796,15 +801,16 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
                  precision=precision, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
                  rotary_interleaved=rotary_interleaved))
     if block_table is not None or cu_seqlens_q is not None or tree_mask is not None:
-        if rotary_cos is not None or rotary_sin is not None:
-            raise NotImplementedError("rotary_cos/rotary_sin with block_table, cu_seqlens_q or tree_mask "
-                                      "are not supported yet")
+        if tree_mask is not None and (rotary_cos is not None or rotary_sin is not None):
+            raise NotImplementedError("rotary_cos/rotary_sin with tree_mask: a tree's tokens have no "
+                                      "positions n_b + t (rotate the query and keys at their tree "
+                                      "positions before the call)")
         from ._paged import kvcache_paged           # paged / packed / tree calls
         return kvcache_paged(query, k_cache, v_cache, key, value, cache_seqlens, block_table,
                              cu_seqlens_q, tree_mask, is_causal=is_causal, scale=scale, window=window,
                              alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks,
                              return_lse=return_lse, out=out, precision=precision,
-                             k_scale=k_scale, v_scale=v_scale)
+                             k_scale=k_scale, v_scale=v_scale, rotary=(rotary_cos, rotary_sin, rotary_interleaved))
     new = key is not None
     kc = _cache_array(k_cache, "k_cache", new)
     vc = _cache_array(v_cache, "v_cache", new)

@@ -28,6 +28,45 @@ def _table(x, name):
     return a
 
 
+def _rot_tables(rotary_cos, rotary_sin, k, E, need, what, cd):
+    """The checked (cos, sin) tables in cd, for positions up to need."""
+    if rotary_cos is None or rotary_sin is None:
+        raise ValueError("give both rotary_cos and rotary_sin, or neither")
+    if k is None:
+        raise ValueError("rotary_cos/rotary_sin rotate the new keys as they are written: "
+                         "key and value must be given with them")
+    cos, sin = _table(rotary_cos, "rotary_cos"), _table(rotary_sin, "rotary_sin")
+    if cos.shape != sin.shape:
+        raise ValueError(f"rotary_cos has shape {cos.shape} and rotary_sin {sin.shape}: they must match")
+    R, half = cos.shape
+    if 2 * half > E:
+        raise ValueError(f"rotary_cos has shape {cos.shape}: rotary_dim = {2 * half} exceeds the head "
+                         f"dim {E}")
+    if need is not None and need >= R:
+        raise ValueError(f"rotary_cos/rotary_sin have {R} rows, but positions up to {need} are "
+                         f"needed ({what})")
+    return cos.astype(cd, copy=False), sin.astype(cd, copy=False)
+
+
+def _rot_apply(x, pos, cos, sin, interleaved, cd):
+    """x (..., t, E) rotated at pos (broadcasting to x.shape[:-1] with a head
+    axis of 1 before t), as a new array in cd."""
+    half = cos.shape[1]
+    y = x.astype(cd, copy=True)
+    if half == 0 or x.shape[-2] == 0:
+        return y
+    c, s = cos[pos][..., None, :, :], sin[pos][..., None, :, :]     # (..., 1, t, half)
+    if interleaved:
+        x1, x2 = y[..., 0:2 * half:2].copy(), y[..., 1:2 * half:2].copy()
+        y[..., 0:2 * half:2] = x1 * c - x2 * s
+        y[..., 1:2 * half:2] = x1 * s + x2 * c
+    else:
+        x1, x2 = y[..., :half].copy(), y[..., half:2 * half].copy()
+        y[..., :half] = x1 * c - x2 * s
+        y[..., half:2 * half] = x1 * s + x2 * c
+    return y
+
+
 def rotate(q, k, n, rotary_cos, rotary_sin, interleaved, q_steps, cd):
     """Rotary embedding (RoPE) of the new keys ``k (B, Hkv, Tk, E)`` at
     positions ``n_b + t`` and of the queries ``q (B, Hq, T, E)`` at ``n_b + t``
@@ -38,45 +77,37 @@ def rotate(q, k, n, rotary_cos, rotary_sin, interleaved, q_steps, cd):
     rounds it), else ``cd``. The first ``rotary_dim`` features rotate:
     pairs ``(2i, 2i+1)`` when ``interleaved``, else ``(i, i + rotary_dim/2)``
     (GPT-NeoX / Llama)."""
-    if rotary_cos is None or rotary_sin is None:
-        raise ValueError("give both rotary_cos and rotary_sin, or neither")
-    if k is None:
-        raise ValueError("rotary_cos/rotary_sin rotate the new keys as they are written: "
-                         "key and value must be given with them")
-    cos, sin = _table(rotary_cos, "rotary_cos"), _table(rotary_sin, "rotary_sin")
-    if cos.shape != sin.shape:
-        raise ValueError(f"rotary_cos has shape {cos.shape} and rotary_sin {sin.shape}: they must match")
-    R, half = cos.shape
-    E = k.shape[-1]
-    if 2 * half > E:
-        raise ValueError(f"rotary_cos has shape {cos.shape}: rotary_dim = {2 * half} exceeds the head "
-                         f"dim {E}")
+    need = None
+    if k is not None:
+        T, Tk = q.shape[2], k.shape[2]
+        if Tk or T:
+            need = int(n.max(initial=0)) + max(Tk, T if q_steps else 1) - 1
+    cos, sin = _rot_tables(rotary_cos, rotary_sin, k, None if k is None else k.shape[-1], need,
+                           f"cache_seqlens {None if n is None else n.tolist()} plus the new rows", cd)
     T, Tk = q.shape[2], k.shape[2]
-    need = int(n.max(initial=0)) + max(Tk, T if q_steps else 1) - 1
-    if need >= R and (Tk or T):
-        raise ValueError(f"rotary_cos/rotary_sin have {R} rows, but positions up to {need} are "
-                         f"needed (cache_seqlens {n.tolist()} plus the new rows)")
-    cos = cos.astype(cd, copy=False)
-    sin = sin.astype(cd, copy=False)
-
-    def apply(x, pos):              # x (B, H, t, E), pos (B, t) int
-        y = x.astype(cd, copy=True)
-        if half == 0 or x.shape[2] == 0:
-            return y
-        c, s = cos[pos][:, None], sin[pos][:, None]        # (B, 1, t, half)
-        if interleaved:
-            x1, x2 = y[..., 0:2 * half:2].copy(), y[..., 1:2 * half:2].copy()
-            y[..., 0:2 * half:2] = x1 * c - x2 * s
-            y[..., 1:2 * half:2] = x1 * s + x2 * c
-        else:
-            x1, x2 = y[..., :half].copy(), y[..., half:2 * half].copy()
-            y[..., :half] = x1 * c - x2 * s
-            y[..., half:2 * half] = x1 * s + x2 * c
-        return y
-
-    kr = apply(k, n[:, None] + np.arange(Tk))
+    kr = _rot_apply(k, n[:, None] + np.arange(Tk), cos, sin, interleaved, cd)
     qpos = n[:, None] + (np.arange(T) if q_steps else np.zeros(T, np.int64))
-    qr = apply(q, qpos)
+    qr = _rot_apply(q, qpos, cos, sin, interleaved, cd)
+    if is16(q.dtype):
+        qr = qr.astype(q.dtype)
+    return qr, kr
+
+
+def rotate_packed(q, k, n, cu, rotary_cos, rotary_sin, interleaved, q_steps, cd):
+    """:func:`rotate` for packed sequences (``cu_seqlens_q``): ``q (total,
+    Hq, E)``, ``k (total, Hkv, E)``; row ``cu[b] + t`` of sequence b has
+    position ``n_b + t`` (queries: all at ``n_b`` unless ``q_steps``).
+    Returns ``(q, k)`` as :func:`rotate` does (same shapes)."""
+    Ts = np.diff(cu)
+    seq = np.repeat(np.arange(Ts.size), Ts)
+    t = np.arange(seq.size) - cu[seq]
+    kpos = n[seq] + t
+    need = int(kpos.max(initial=-1)) if seq.size else None
+    cos, sin = _rot_tables(rotary_cos, rotary_sin, k, None if k is None else k.shape[-1], need,
+                           f"cache_seqlens {n.tolist()} plus each sequence's new rows", cd)
+    tr = lambda x: x.transpose(1, 0, 2)  # noqa: E731   (H, total, E): rows on axis -2
+    kr = tr(_rot_apply(tr(k), kpos, cos, sin, interleaved, cd))
+    qr = tr(_rot_apply(tr(q), kpos if q_steps else n[seq], cos, sin, interleaved, cd))
     if is16(q.dtype):
         qr = qr.astype(q.dtype)
     return qr, kr

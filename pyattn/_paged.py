@@ -142,7 +142,7 @@ def _scales(c, sc, cname, sname, new):
 
 def kvcache_paged(query, k_cache, v_cache, key, value, cache_seqlens, block_table, cu_seqlens_q,
                   tree_mask, *, is_causal, scale, window, alibi_slopes, softcap, sinks, return_lse,
-                  out, precision, k_scale=None, v_scale=None):
+                  out, precision, k_scale=None, v_scale=None, rotary=(None, None, False)):
     """attention_with_kvcache with block_table, cu_seqlens_q or tree_mask (its docstring)."""
     new = key is not None
     kc = _cache_array(k_cache, "k_cache", new)
@@ -191,27 +191,44 @@ def kvcache_paged(query, k_cache, v_cache, key, value, cache_seqlens, block_tabl
     if not isinstance(is_causal, (bool, np.bool_)):
         raise TypeError(f"is_causal must be a bool here, got {is_causal!r}")
     T = int(Ts.max()) if B else 0
+    Tn, cun = Ts, cu                            # the new rows per sequence, their offsets
     if new:
         kn, vn = as_array(key, "key"), as_array(value, "value")
+        Tk = kn.shape[2] if kn.ndim == 4 and not packed else T      # any Tk (not packed)
         for x, nm, last in ((kn, "key", E), (vn, "value", Ev)):
             check_numeric(x, nm)
-            want = (q.shape[0], Hkv, last) if packed else (B, Hkv, T, last)
+            want = (q.shape[0], Hkv, last) if packed else (B, Hkv, Tk, last)
             if x.shape != want:
                 raise ValueError(f"{nm} has shape {x.shape}; expected {want} (as query, with the "
-                                 "cache heads and head dim)")
+                                 "cache heads and head dim; key and value alike)")
             if (ks if nm == "key" else vs) is not None and not np.isfinite(x).all():
                 raise ValueError(f"{nm} holds NaN or infinity: the {'k' if nm == 'key' else 'v'}_cache's "
                                  "scales cannot hold it (it is quantized as it is written); nothing was written")
+        if not packed and Tk != T:
+            if tree_mask is not None:
+                raise ValueError(f"tree_mask needs as many new keys as queries (key has {Tk} rows, "
+                                 f"query {T})")
+            Tn, cun = np.full(B, Tk, np.int64), np.arange(B + 1, dtype=np.int64) * Tk
     n = _seqlens(cache_seqlens, B, S, 0)
-    if new and (n > S - Ts).any():
-        b = int(np.argmax(n > S - Ts))
+    if new and (n > S - Tn).any():
+        b = int(np.argmax(n > S - Tn))
         raise ValueError(f"the cache is too short: sequence {b} holds {int(n[b])} rows and brings "
-                         f"{int(Ts[b])} new, past its {S} rows (cache_seqlens + new tokens > "
+                         f"{int(Tn[b])} new, past its {S} rows (cache_seqlens + new tokens > "
                          f"{'block_table columns x block_size' if paged else 'S_max'}); nothing was written")
-    kv_len = n + Ts if new else n
+    kv_len = n + Tn if new else n
     _check_table(table, kv_len, bs, nblk)
-    written = _written_rows(table, n, Ts, cu, bs) if new else None
+    written = _written_rows(table, n, Tn, cun, bs) if new else None
     tm = None if tree_mask is None else _tree(tree_mask, B, Hq, T)
+    if rotary[0] is not None or rotary[1] is not None:    # as the contiguous path (_kvextra)
+        from . import _kvextra
+        q_steps = bool(is_causal) or window is not None
+        if packed:
+            q, r = _kvextra.rotate_packed(q, kn if new else None, n, cu, rotary[0], rotary[1],
+                                          bool(rotary[2]), q_steps, cd)
+        else:
+            q, r = _kvextra.rotate(q, kn if new else None, n, rotary[0], rotary[1], bool(rotary[2]),
+                                   q_steps, cd)
+        kn = r
     sc = (1.0 / math.sqrt(E) if E > 0 else 1.0) if scale is None else real_scalar(scale, "scale")
     shape = (q.shape[0], Hq, Ev) if packed else (B, Hq, T, Ev)
     narrow = tuple(d for d in (q.dtype, kc.dtype, vc.dtype) if is16(d))
@@ -577,6 +594,10 @@ class PagedKVCache:
                 raise ValueError(f"query must be (len(seqs), Hq, T, E) = ({len(ids)}, Hq, T, E), got "
                                  f"shape {q.shape} (or packed, with cu_seqlens_q)")
             Ts = [q.shape[2]] * len(ids)
+            kx = as_array(key, "key")
+            if kx.ndim == 4 and kx.shape[2] != q.shape[2]:     # the cache's lengths advance by T
+                raise ValueError(f"key has shape {kx.shape}: PagedKVCache.attend appends one new key "
+                                 f"per query row (T = {q.shape[2]}, query shape {q.shape})")
         lists, free, copies = self._plan(ids, Ts)
         width = max([len(b) for b in lists] + [1])
         table = np.full((len(ids), width), -1, np.int64)

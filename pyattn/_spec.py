@@ -66,6 +66,7 @@ class AttnSpec(NamedTuple):
     block_table: Optional[np.ndarray] = None
     kv_scales: Optional[tuple] = None
     block_mask: Optional[tuple] = None   # BlockMask._c_arg(full_batch): the binding's tuple
+    seq_align: bool = False      # varlen: each sequence bottom-right (align="bottom_right")
 
     @property
     def out_shape(self) -> tuple:
@@ -93,6 +94,8 @@ class AttnSpec(NamedTuple):
             kw["cu_seqlens_q"], kw["cu_seqlens_k"] = self.cu_seqlens_q, self.cu_seqlens_k
         if self.block_mask is not None:
             kw["block_mask"] = self.block_mask
+        if self.seq_align:
+            kw["seq_align"] = True
         return kw
 
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from ._api import _sdpa
 from ._blockmask import check_block_mask_varlen
-from ._checks import as_array, check_out, dropout_key, dropout_p_value, per_head
+from ._checks import align_code, as_array, check_out, dropout_key, dropout_p_value, per_head
 from ._grad import _backward
 from ._spec import attn_spec
 
@@ -43,7 +43,7 @@ def _cu(x, name, total, of):
 
 
 def _spec(query, key, value, cu_seqlens_q, cu_seqlens_k, is_causal, scale, enable_gqa, dropout_p,
-          rng, window, alibi_slopes, softcap, sinks, precision, return_lse, block_mask=None):
+          rng, window, alibi_slopes, softcap, sinks, precision, return_lse, block_mask=None, align=None):
     """The AttnSpec of a varlen call: the dense spec of the head-major views
     (H, total, E), with the offsets, the per-sequence ALiBi slopes and the
     block mask (a slab per sequence and head)."""
@@ -70,13 +70,14 @@ def _spec(query, key, value, cu_seqlens_q, cu_seqlens_k, is_causal, scale, enabl
     if alibi_slopes is not None:
         slopes = per_head(alibi_slopes, "alibi_slopes", (cq.size - 1, q.shape[1]), "(Hq,) or (N, Hq)").reshape(-1)
     bm = None if block_mask is None else check_block_mask_varlen(block_mask, cq, ck, q.shape[1])
-    return spec._replace(slopes=slopes, cu_seqlens_q=cq, cu_seqlens_k=ck, block_mask=bm)
+    return spec._replace(slopes=slopes, cu_seqlens_q=cq, cu_seqlens_k=ck, block_mask=bm,
+                         seq_align=align_code(align, spec.causal))
 
 
 def scaled_dot_product_attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, *, is_causal=False,
                                         scale=None, enable_gqa=False, dropout_p=0.0, rng=None, window=None,
                                         alibi_slopes=None, softcap=None, sinks=None, return_lse=False,
-                                        precision=None, out=None, block_mask=None):
+                                        precision=None, out=None, block_mask=None, align=None):
     """Attention over sequences of different lengths packed along the first axis.
 
     FlashAttention's ``flash_attn_varlen_func`` layout: sequence ``i`` is
@@ -121,6 +122,14 @@ def scaled_dot_product_attention_varlen(query, key, value, cu_seqlens_q, cu_seql
         ``ki``, ``vi`` likewise), the same seed reproduces it as
         ``scaled_dot_product_attention(np.broadcast_to(qi, (i + 1,) + qi.shape),
         ki, vi, dropout_p=p, rng=seed)[i]``. Any thread count gives the same mask.
+    align : None, "top_left" or "bottom_right"
+        Where each sequence's query rows sit on its key axis, as the dense
+        call's ``align``: ``"bottom_right"`` puts row ``i`` of sequence ``s``
+        at key position ``i + S_s - L_s`` for the causal rule, the window and
+        ALiBi (FlashAttention's placement when ``L_s != S_s``), also without
+        causal; each sequence then equals the dense call with
+        ``align="bottom_right"`` on it alone, bit for bit. ``"top_left"``
+        with ``is_causal="bottom_right"`` is a ``ValueError``.
     return_lse : bool
         Also return ``lse (total_q, Hq)`` in the compute dtype.
     out : ndarray ``(total_q, Hq, Ev)``, optional
@@ -153,7 +162,7 @@ def scaled_dot_product_attention_varlen(query, key, value, cu_seqlens_q, cu_seql
     (7, 2, 4)
     """
     spec = _spec(query, key, value, cu_seqlens_q, cu_seqlens_k, is_causal, scale, enable_gqa, dropout_p,
-                 rng, window, alibi_slopes, softcap, sinks, precision, return_lse, block_mask)
+                 rng, window, alibi_slopes, softcap, sinks, precision, return_lse, block_mask, align)
     shape = (spec.L, spec.full_batch[-1], spec.Ev)
     if out is None:
         buf = np.empty(shape, spec.dtype)
@@ -176,13 +185,14 @@ def _packed_input(x, name, shape):
 def scaled_dot_product_attention_varlen_backward(grad_out, query, key, value, out, lse, cu_seqlens_q,
                                                  cu_seqlens_k, *, is_causal=False, scale=None,
                                                  enable_gqa=False, dropout_p=0.0, rng=None, window=None,
-                                                 alibi_slopes=None, softcap=None, sinks=None, block_mask=None):
+                                                 alibi_slopes=None, softcap=None, sinks=None, block_mask=None, align=None):
     """Gradients of :func:`scaled_dot_product_attention_varlen`.
 
     Given the forward's ``out (total_q, Hq, Ev)`` and ``lse (total_q, Hq)``
     (``return_lse=True``) and the incoming ``grad_out (total_q, Hq, Ev)``,
     with the forward's other arguments (``rng`` as the forward got it: the
-    same seed, or a Generator in the state it had then). Each sequence's
+    same seed, or a Generator in the state it had then; ``align`` as the
+    forward's). Each sequence's
     gradients equal, bit for bit, the dense backward on that sequence alone;
     the key/value heads of a GQA group are summed in a fixed order, so the
     results do not depend on the thread count.
@@ -210,7 +220,7 @@ def scaled_dot_product_attention_varlen_backward(grad_out, query, key, value, ou
     (7, 2, 4)
     """
     spec = _spec(query, key, value, cu_seqlens_q, cu_seqlens_k, is_causal, scale, enable_gqa, dropout_p,
-                 rng, window, alibi_slopes, softcap, sinks, None, False, block_mask)
+                 rng, window, alibi_slopes, softcap, sinks, None, False, block_mask, align)
     hq = spec.full_batch[-1]
     oshape = (spec.L, hq, spec.Ev)
     go = _packed_input(grad_out, "grad_out", oshape)
@@ -227,7 +237,7 @@ def scaled_dot_product_attention_varlen_backward(grad_out, query, key, value, ou
 def scaled_dot_product_attention_varlen_vjp(query, key, value, cu_seqlens_q, cu_seqlens_k, *,
                                             is_causal=False, scale=None, enable_gqa=False, dropout_p=0.0,
                                             rng=None, window=None, alibi_slopes=None, softcap=None,
-                                            sinks=None, block_mask=None):
+                                            sinks=None, block_mask=None, align=None):
     """Run :func:`scaled_dot_product_attention_varlen` and return ``(out, backward)``, as ``jax.vjp``.
 
     ``backward(grad_out) -> (grad_query, grad_key, grad_value[, grad_sinks])``
@@ -256,7 +266,7 @@ def scaled_dot_product_attention_varlen_vjp(query, key, value, cu_seqlens_q, cu_
         gen = rng if is_gen else np.random.default_rng(rng)
         saved = copy.deepcopy(gen)
     kw = dict(is_causal=is_causal, scale=scale, enable_gqa=enable_gqa, dropout_p=p, window=window,
-              alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks, block_mask=block_mask)
+              alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks, block_mask=block_mask, align=align)
     out, lse = scaled_dot_product_attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, rng=gen,
                                                    return_lse=True, **kw)
 

@@ -31,7 +31,9 @@ What differs from FlashAttention on a GPU:
   entropy (NumPy arrays); the backward regenerates the same pattern.
 - ``return_attn_probs=True`` with ``dropout_p > 0`` returns ``S_dmask``
   ``(B, Hq, L, S)``: the probabilities divided by their row maximum (one
-  block per row, ``_get_block_size_n`` says so), negative where dropped.
+  block per row, ``_get_block_size_n`` says so), negative where dropped
+  (varlen: ``(N, Hq, max_seqlen_q, max_seqlen_k)``, zeros past each
+  sequence's lengths).
 - tensors on a GPU are a ``NotImplementedError`` (this is the CPU path).
 
 Examples
@@ -104,6 +106,12 @@ def _get_block_size_n(device=None, head_dim=None, is_dropout=None, is_causal=Non
     that name, which its tests call): pyattn scales each row of ``S_dmask`` by
     its maximum over the whole row, one block."""
     return 1 << 40
+
+
+class _CheckError(ValueError, RuntimeError):
+    """A bad argument FlashAttention rejects with a ``RuntimeError`` (its
+    TORCH_CHECKs): a ``ValueError`` as pyattn's API raises, and a
+    ``RuntimeError`` as code written against FlashAttention catches."""
 
 
 # ---- options -----------------------------------------------------------------
@@ -371,12 +379,13 @@ def _varlen_kw(o, q, k):
 def _varlen_forward(q, k, v, o):
     _same_dtype(((q, "q"), (k, "k"), (v, "v")))
     f, _ = _varlen_api()
-    if o["return_attn_probs"] and o["dropout_p"] > 0:
-        raise NotImplementedError("return_attn_probs with dropout (S_dmask) is not offered for varlen")
     cq, ck, kw, slopes, fa_causal, lq, lk = _varlen_kw(o, q, k)
     odt = q.dtype if (is16(q.dtype) or q.dtype in (np.float32, np.float64)) else np.dtype(np.float64)
     out = np.empty(q.shape[:2] + (v.shape[2],), odt)
     res, lse = f(q, k, v, cq, ck, return_lse=True, out=out, **kw)
+    s_dmask = None
+    if o["return_attn_probs"] and o["dropout_p"] > 0:
+        s_dmask = _varlen_s_dmask(q, k, v, cq, ck, kw, o, odt)
     pos = np.repeat(lk - lq, lq) + (np.arange(q.shape[0]) - np.repeat(cq[:-1], lq))   # d(i), (total_q,)
     fa = lse.T                                                                    # (Hq, total_q)
     if slopes is not None and fa_causal:
@@ -384,7 +393,36 @@ def _varlen_forward(q, k, v, o):
         sl = slopes[:, None] if slopes.ndim == 1 else slopes[seq].T
         fa = fa + (sl * pos).astype(lse.dtype)
     fa = np.where(np.isneginf(fa), np.inf, fa)
-    return out, fa, lse, None
+    return out, fa, lse, s_dmask
+
+
+def _varlen_s_dmask(q, k, v, cq, ck, kw, o, odt):
+    """S_dmask of a varlen call with dropout, FlashAttention's padded
+    (N, Hq, max_seqlen_q, max_seqlen_k) layout (zeros past each sequence's
+    lengths), each sequence's block as _forward makes it. Sequence i's
+    dropout pattern is the dense call's on batch entry i with the same seed
+    (pyattn.scaled_dot_product_attention_varlen's rule), so its weights come
+    from the dense call on i + 1 stride-0 copies of it: testing only (as
+    FlashAttention says of return_attn_probs), O(N^2) in the sequences."""
+    n = len(cq) - 1
+    lq, lk = np.diff(cq), np.diff(ck)
+    mq = max(int(lq.max(initial=0)), int(o.get("max_seqlen_q") or 0))
+    mk = max(int(lk.max(initial=0)), int(o.get("max_seqlen_k") or 0))
+    sd = np.zeros((n, q.shape[1], mq, mk), odt)
+    sl = kw.get("alibi_slopes")
+    for i in range(n):
+        if lq[i] == 0 or lk[i] == 0:
+            continue
+        qi, ki, vi = (x[c[i]:c[i + 1]].transpose(1, 0, 2) for x, c in ((q, cq), (k, ck), (v, ck)))
+        kwi = dict(kw, alibi_slopes=None if sl is None else (sl if sl.ndim == 1 else sl[i]))
+        qb = np.broadcast_to(qi, (i + 1,) + qi.shape)
+        wd = _api.scaled_dot_product_attention(qb, ki, vi, return_weights=True, **kwi)[1][i]
+        kwi.update(dropout_p=0.0, rng=None)
+        p = _api.scaled_dot_product_attention(qi, ki, vi, return_weights=True, **kwi)[1]
+        top = p.max(axis=-1, keepdims=True)
+        s = np.divide(p, top, out=np.zeros_like(p), where=top > 0)
+        sd[i, :, :lq[i], :lk[i]] = np.where((wd == 0) & (p > 0), -s, s)
+    return sd
 
 
 def _varlen_backward(dout, q, k, v, out, lse, o):
@@ -402,17 +440,25 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     ``cu_seqlens_q``/``cu_seqlens_k (N + 1,)`` int offsets -> ``out (total_q,
     Hq, Ev)``, ``softmax_lse (Hq, total_q)``. ``max_seqlen_*`` are accepted
     (pyattn reads the lengths from the offsets). Runs on
-    ``pyattn.scaled_dot_product_attention_varlen``; without it,
-    ``NotImplementedError``. ``block_table`` (paged keys) is a
-    ``NotImplementedError``.
+    ``pyattn.scaled_dot_product_attention_varlen`` (window and ALiBi
+    bottom-right per sequence when ``L_i != S_i``, as FlashAttention).
+    ``S_dmask`` (``return_attn_probs`` with dropout) is ``(N, Hq,
+    max_seqlen_q, max_seqlen_k)``, zeros past each sequence's lengths.
+    With ``block_table``, ``k``/``v`` are paged pools ``(num_blocks,
+    block_size, Hkv, E)`` and sequence ``i`` has ``cu_seqlens_k[i+1] -
+    cu_seqlens_k[i]`` keys; forward only (no dropout, no autograd).
 
     >>> from pyattn.flash import flash_attn_varlen_func
     """
     if block_table is not None:
+        if float(dropout_p) > 0:
+            raise NotImplementedError("flash_attn_varlen_func: dropout_p > 0 with block_table (paged keys) "
+                                      "is not offered (the paged path is forward-only inference)")
         return _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_size,
                              softcap, alibi_slopes, return_attn_probs, block_table)
     opts = _opts(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs)
     opts["cu_seqlens_q"], opts["cu_seqlens_k"] = _arr(cu_seqlens_q, "cu_seqlens_q"), _arr(cu_seqlens_k, "cu_seqlens_k")
+    opts["max_seqlen_q"], opts["max_seqlen_k"] = max_seqlen_q, max_seqlen_k
     return _run("varlen", q, k, v, opts)
 
 
@@ -452,6 +498,47 @@ def _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, wi
     return (out, fa, None) if return_attn_probs else out
 
 
+def _flash_attn_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                               softmax_scale, causal, window_size_left=-1, window_size_right=-1, softcap=0.0,
+                               alibi_slopes=None, return_softmax=False, block_table=None, leftpad_k=None,
+                               seqused_k=None, zero_tensors=False, num_splits=0):
+    """FlashAttention's private ``flash_attn_interface._flash_attn_varlen_forward``
+    (its tests call it): ``(out, softmax_lse, S_dmask, rng_state)``, forward
+    only (no autograd). With ``block_table``, ``k``/``v`` are the paged pools
+    ``(num_blocks, block_size, Hkv, E)`` and ``seqused_k`` (else the
+    ``cu_seqlens_k`` differences) the keys of each sequence;
+    ``num_splits > 1`` is FlashAttention's RuntimeError there. ``leftpad_k``,
+    and ``seqused_k`` without ``block_table``, are a NotImplementedError.
+    ``S_dmask`` is None unless ``return_softmax`` with dropout;
+    ``rng_state`` is two zeros (pyattn's dropout is not replayed from it)."""
+    if leftpad_k is not None:
+        raise NotImplementedError("_flash_attn_varlen_forward: leftpad_k is not offered (use "
+                                  "flash_attn_with_kvcache(cache_leftpad=))")
+    window = (window_size_left, window_size_right)
+    if block_table is not None:
+        if int(num_splits) > 1:
+            raise _CheckError("num_splits > 1 is not supported for varlen paged KV")
+        if float(dropout_p) > 0:
+            raise NotImplementedError("_flash_attn_varlen_forward: dropout_p > 0 with block_table is not offered")
+        if seqused_k is not None:
+            used = np.asarray(_arr(seqused_k, "seqused_k"), np.int64)
+            cu_seqlens_k = np.concatenate([[0], np.cumsum(used)])
+        out, lse, _ = _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window,
+                                    softcap, alibi_slopes, True, block_table)
+        s_dmask = None
+    else:
+        if seqused_k is not None:
+            raise NotImplementedError("_flash_attn_varlen_forward: seqused_k is offered with block_table only")
+        res = flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                                     softmax_scale, causal, window, softcap, alibi_slopes,
+                                     return_attn_probs=True)
+        out, lse, s_dmask = (x.detach() if _is_tensor(x) else x for x in res)
+        if not return_softmax:
+            s_dmask = None
+    state = np.zeros(2, np.int64)
+    return out, lse, s_dmask, (_tensor(state) if _is_tensor(q) else state)
+
+
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None,
                                      causal=False, window_size=(-1, -1), softcap=0.0,
                                      alibi_slopes=None, deterministic=False, return_attn_probs=False):
@@ -486,6 +573,23 @@ _VARIANTS = {"fixed": (_forward, _backward), "varlen": (_varlen_forward, _varlen
 
 def _paged_supported():
     return "block_table" in inspect.signature(_api.attention_with_kvcache).parameters
+
+
+def _table_bounds(cache_seqlens, Tk, S_max, tshape, pshape):
+    """FlashAttention's guard: every sequence's rows (cache_seqlens + the new
+    keys) within its block_table row's capacity, else a _CheckError naming
+    block_table (pyattn would say so too, naming cache_seqlens)."""
+    if cache_seqlens is None:
+        return
+    n = np.asarray(_arr(cache_seqlens, "cache_seqlens"))
+    if n.dtype.kind not in "iu":
+        return                                  # pyattn's TypeError follows
+    over = np.nonzero(n.reshape(-1).astype(np.int64) > S_max - Tk)[0]
+    if over.size:
+        b = int(over[0])
+        raise _CheckError(f"cache_seqlens[{b}] = {int(n.reshape(-1)[b])} plus {Tk} new keys exceeds the "
+                          f"block_table capacity {S_max} (block_table shape {tuple(tshape)} x block size "
+                          f"{pshape[1]}); nothing was written")
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
@@ -543,6 +647,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                       "(attention_with_kvcache(block_table=...)), which this pyattn lacks")
         kw["block_table"] = _arr(block_table, "block_table")
         S_max = kw["block_table"].shape[1] * kca.shape[1]
+        _table_bounds(cache_seqlens, 0 if ka is None else ka.shape[1], S_max, kw["block_table"].shape, kca.shape)
     else:
         S_max = kca.shape[1]
     if cache_seqlens is None:

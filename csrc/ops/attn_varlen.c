@@ -8,7 +8,8 @@
  * [cu_q[i], cu_q[i+1]) of q, out, lse and keys [cu_k[i], cu_k[i+1]) of k,
  * v. vl_seq makes sequence i a dense call of its own (the operands' base
  * pointers moved to its first row, L and S its lengths, its row of ALiBi
- * slopes), which goes through pa_attn_setup exactly as the dense call on
+ * slopes; with seq_align its qoff S_i - L_i, as align="bottom_right"
+ * gives the dense call), which goes through pa_attn_setup exactly as the dense call on
  * that sequence alone does: the same key rule (both causal alignments,
  * window, positions per sequence), the same tiles, hence the same bits.
  *
@@ -82,7 +83,12 @@ static void vl_seq(const pa_attn_call *c, pa_ssize i, pa_attn_call *s)
     vl_shift(&s->out, q0, c->out.rs, c->dtype);
     if (c->has_lse) vl_shift(&s->lse, q0, c->lse.cs, c->dtype);
     if (c->slopes) s->slopes = c->slopes + i * c->bt.count;
+    if (c->seq_align) {                 /* align="bottom_right", as the dense call's qoff */
+        s->has_qoff = 1;
+        s->qoff = s->S - s->L;
+    }
     s->cu_seqlens_q = s->cu_seqlens_k = NULL;
+    s->seq_align = 0;
 }
 
 /* one head's arguments: head b of sequence i (dropout: batch entry i) */

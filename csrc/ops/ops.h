@@ -153,6 +153,9 @@ typedef struct {
     const void *block_mask;
     pa_ssize nseq;              /* with cu_seqlens_q/k: the sequences (cu_seqlens have
                                    nseq + 1 entries; alibi slopes nseq * count) */
+    int seq_align;              /* with cu_seqlens_q/k, 1: each sequence bottom-right
+                                   aligned, its row i at key position i + S_i - L_i
+                                   (align="bottom_right": causal, window, ALiBi) */
 } pa_attn_call;
 
 /* Attention per flat batch index b of call c: out (and w, lse when asked). */

@@ -7,8 +7,6 @@ import os
 
 import torch
 
-import pyattn
-
 # The port runs FlashAttention's own parameter lists with PYATTN_FA_FULL=1;
 # otherwise (CI) the subset each parametrize names.
 FULL = os.environ.get("PYATTN_FA_FULL") == "1"
@@ -17,14 +15,6 @@ FULL = os.environ.get("PYATTN_FA_FULL") == "1"
 def ci(full, subset):
     """FlashAttention's parameter list, or the CI subset of it."""
     return list(full) if FULL else list(subset)
-
-
-HAS_VARLEN = hasattr(pyattn, "scaled_dot_product_attention_varlen")
-try:
-    import inspect
-    HAS_PAGED = "block_table" in inspect.signature(pyattn.attention_with_kvcache).parameters
-except (TypeError, ValueError):
-    HAS_PAGED = False
 
 
 def unpad_input(hidden_states, attention_mask, unused_mask=None):
@@ -76,13 +66,3 @@ def apply_rotary_emb(x, cos, sin, interleaved=False, inplace=False, seqlen_offse
         x.copy_(y)
         return x
     return y
-
-
-def paged(values):
-    """A paged_kv_block_size list: block sizes other than None need pyattn's
-    paged KV caches (the issue "Serve"); until they are merged they skip,
-    saying so (the only skips for a pyattn feature, and only until then)."""
-    import pytest
-    return [v if v is None else pytest.param(v, marks=pytest.mark.skipif(
-        not HAS_PAGED, reason="needs pyattn's paged KV cache (attention_with_kvcache(block_table=)), "
-                              "not merged yet")) for v in values]

@@ -13,11 +13,11 @@ lines = src.split('\n')
 # CI subsets: test -> {param: python source of the subset}
 SUB = {
  'test_flash_attn_qkvpacked': {'deterministic': '[False]', 'd': '[59]', 'seqlen': '[97]'},
- 'test_flash_attn_varlen_qkvpacked': {'deterministic': '[False]', 'd': '[59]', 'seqlen': '[97]'},
+ 'test_flash_attn_varlen_qkvpacked': {'deterministic': '[False]', 'd': '[59]', 'seqlen': '[97]', 'dtype': '[torch.float16]'},
  'test_flash_attn_output': {'dtype': '[torch.bfloat16]', 'mha_type': '["gqa"]', 'deterministic': '[False]', 'd': '[59]', 'seqlen_q,seqlen_k': '[(512, 256)]'},
- 'test_flash_attn_varlen_output': {'dtype': '[torch.bfloat16]', 'mha_type': '["gqa"]', 'deterministic': '[False]', 'd': '[59]', 'seqlen_q,seqlen_k': '[(512, 256)]'},
+ 'test_flash_attn_varlen_output': {'dtype': '[torch.bfloat16]', 'mha_type': '["gqa"]', 'deterministic': '[False]', 'd': '[59]', 'seqlen_q,seqlen_k': '[(113, 203)]'},
  'test_flash_attn_causal': {'d': '[59]', 'seqlen_q,seqlen_k': '[(1, 239), (113, 203)]'},
- 'test_flash_attn_varlen_causal': {'d': '[59]', 'seqlen_q,seqlen_k': '[(1, 239), (113, 203)]'},
+ 'test_flash_attn_varlen_causal': {'d': '[59]', 'seqlen_q,seqlen_k': '[(1, 239), (113, 203)]', 'paged_kv_block_size': '[None, 256]'},
  'test_flash_attn_splitkv': {'dtype': '[torch.float16]', 'deterministic': '[False]', 'd': '[59]', 'seqlen_q,seqlen_k': '[(1, 239), (3, 799)]'},
  'test_flash_attn_kvcache': {'d': '[59]', 'seqlen_q,seqlen_k': '[(3, 799)]', 'num_splits': '[0]', 'mha_type': '["gqa"]',
                              'seqlen_new_eq_seqlen_q': '[False]', 'rotary_fraction': '[0.0, 0.5]'},
@@ -28,10 +28,6 @@ SUB = {
  'test_flash_attn_deterministic': {'d': '[59]', 'seqlen_q,seqlen_k': '[(1, 239), (113, 203)]'},
  'test_flash_attn_varlen_deterministic': {'d': '[59]', 'seqlen_q,seqlen_k': '[(1, 239), (113, 203)]'},
 }
-VARLEN = {'test_flash_attn_varlen_qkvpacked', 'test_flash_attn_varlen_output', 'test_flash_attn_varlen_causal',
-          'test_flash_attn_bwd_varlen_overflow', 'test_flash_attn_varlen_deterministic',
-          'test_flash_attn_varlen_paged_kv_num_splits'}
-PAGED_ONLY = {'test_flash_attn_varlen_paged_kv_num_splits', 'test_flash_attn_kvcache_paged_block_table_bounds'}
 
 HEADER_OLD = '''from flash_attn import (
     flash_attn_func,
@@ -68,7 +64,7 @@ from pyattn.flash import (
 from fa_helpers import pad_input, unpad_input  # pyattn edit
 from pyattn.flash import _get_block_size_n  # pyattn edit
 from fa_helpers import apply_rotary_emb  # pyattn edit
-from fa_helpers import FULL, HAS_PAGED, HAS_VARLEN, ci, paged  # pyattn edit
+from fa_helpers import FULL, ci  # pyattn edit
 
 # pyattn edit: no CUDA extension here; the one test this guards checks the CUDA
 # extension's raw C++ entry points (FlashAttention's own rule skips it without them)
@@ -84,10 +80,6 @@ is_sm8x = False
 is_sm80 = True
 is_sm90 = False
 _DEVICE_MEMORY = 128 * 2**30
-# pyattn edit: tests that need pyattn's varlen (packed sequences) skip, saying so,
-# until that is merged (the issue "Serve"); the paged ones likewise (fa_helpers.paged)
-needs_varlen = pytest.mark.skipif(not HAS_VARLEN, reason="needs pyattn.scaled_dot_product_attention_varlen, not merged yet")
-needs_paged = pytest.mark.skipif(not HAS_PAGED, reason="needs pyattn's paged KV cache (block_table=), not merged yet")
 '''
 assert HEADER_OLD in src
 out = []
@@ -101,10 +93,7 @@ def flush_decos(test):
             res.append(d); continue
         name = eval(m.group(1)); lst = m.group(2).rstrip().rstrip(',')
         sub = SUB.get(test, {}).get(name)
-        if name == 'paged_kv_block_size':
-            inner = f'ci({lst}, {sub})' if sub else lst
-            res.append(f'@pytest.mark.parametrize({m.group(1)}, paged({inner}))  # pyattn edit: paged sizes need pyattn\'s paged caches' + (' ; CI subset' if sub else ''))
-        elif sub:
+        if sub:
             res.append(f'@pytest.mark.parametrize({m.group(1)}, ci({lst}, {sub}))  # pyattn edit: CI runs a subset')
         else:
             res.append(d)
@@ -123,10 +112,6 @@ while i < len(lines):
     if ln.startswith('def test_'):
         test = ln[4:ln.index('(')]
         out.extend(flush_decos(test)); deco = []
-        if test in VARLEN:
-            out.append('@needs_varlen  # pyattn edit: needs pyattn\'s varlen')
-        if test in PAGED_ONLY:
-            out.append('@needs_paged  # pyattn edit: needs pyattn\'s paged KV cache')
         out.append(ln); i += 1; continue
     if deco:
         out.extend(deco); deco = []
@@ -143,6 +128,9 @@ n1 = s.count('device = "cuda"')
 s = s.replace('    device = "cuda"\n', '    device = "cpu"  # pyattn edit: CPU\n')
 s = re.sub(r'(.*)device="cuda"(.*)', lambda m: m.group(1) + 'device="cpu"' + m.group(2) + '  # pyattn edit: CPU', s)
 s = s.replace('torch.cuda.get_device_properties("cuda").total_memory', '_DEVICE_MEMORY')
+# FlashAttention's private varlen forward (its paged num_splits test calls it): pyattn.flash has it
+s = s.replace('    from flash_attn.flash_attn_interface import _flash_attn_varlen_forward\n',
+              '    from pyattn.flash import _flash_attn_varlen_forward  # pyattn edit: FlashAttention\'s private helper\n')
 # mark the OOM-rule lines
 s = re.sub(r'(.*_DEVICE_MEMORY.*)', lambda m: m.group(1) + ('' if '#' in m.group(1) else '  # pyattn edit: _DEVICE_MEMORY'), s)
 s = s.replace('    for _ in range(50):\n', '    for _ in range(50 if FULL else 3):  # pyattn edit: 3 repeats in CI (FULL: 50)\n')
