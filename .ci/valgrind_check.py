@@ -66,4 +66,28 @@ for d16 in (np.float16,):
     pyattn.matmul(q16[0, 0], k16[0, 0].T)
     c = pyattn.KVCache(1, 2, 64, 40, dtype=d16)
     c.attend(q16.astype(np.float32), q16[:, :2], q16[:, :2])
+# wave 3: packed sequences, paged and quantized caches, block masks
+qp = rng.standard_normal((37, 4, 16)).astype(np.float32)
+kp = rng.standard_normal((41, 2, 16)).astype(np.float32)
+cu_q, cu_k = np.array([0, 0, 17, 37]), np.array([0, 5, 5, 41])
+o, lse = pyattn.scaled_dot_product_attention_varlen(qp, kp, kp, cu_q, cu_k, is_causal="bottom_right",
+                                                    enable_gqa=True, return_lse=True)
+pyattn.scaled_dot_product_attention_varlen_backward(np.ones_like(o), qp, kp, kp, o, lse, cu_q, cu_k,
+                                                    is_causal="bottom_right", enable_gqa=True)
+pool = pyattn.PagedKVCache(16, 4, 2, 16)
+s0 = pool.add_sequence()
+pool.attend([s0], qp[None, :5].transpose(0, 2, 1, 3), kp[None, :5].transpose(0, 2, 1, 3),
+            kp[None, :5].transpose(0, 2, 1, 3))
+s1 = pool.fork(s0)
+pool.attend([s0, s1], qp[:2, :, None], kp[:2, :, None], kp[:2, :, None])
+for qd in ("int8", "int4"):
+    c = pyattn.KVCache(1, 2, 64, 16, dtype=qd, group_size=8)
+    c.attend(qp[None, :3].transpose(0, 2, 1, 3), kp[None, :3].transpose(0, 2, 1, 3),
+             kp[None, :3].transpose(0, 2, 1, 3))
+    pyattn.dequantize(*pyattn.quantize(kp, qd, group_size=8), dtype=qd, group_size=8)
+bm = pyattn.BlockMask.from_mask_mod(pyattn.masks.and_masks(pyattn.masks.causal, pyattn.masks.sliding_window(50)),
+                                    None, None, 300, 300)
+x = rng.standard_normal((1, 2, 300, 16)).astype(np.float32)
+o, lse = pyattn.scaled_dot_product_attention(x, x, x, block_mask=bm, return_lse=True)
+pyattn.scaled_dot_product_attention_backward(np.ones_like(o), x, x, x, o, lse, block_mask=bm)
 print("valgrind workout done")
