@@ -275,7 +275,7 @@ static int bind_scale_pools(PyObject *paged, int writeable, const parr *pool, pa
 int pa_bind_paged(PyObject *paged, PyObject *append, pa_attn_call *c, pa_paged *pg, pa_paged_append *ap)
 {
     static const char *pn[2] = {"k_cache", "v_cache"};
-    if (PyArray_ImportNumPyAPI() < 0) return -1;
+    if (PyArray_API == NULL && _import_array() < 0) return -1;   /* this file's NumPy API table (NumPy 1.x and 2.x) */
     memset(ap, 0, sizeof *ap);                         /* (bits[], cu: 0 unless set below) */
     pa_kv_scales *qs = (pa_kv_scales *)c->kv_scales;    /* py_sdpa's own: rebound below */
     if (!PyTuple_Check(paged) || PyTuple_GET_SIZE(paged) != (qs ? 5 : 3)) {
