@@ -308,4 +308,25 @@ size_t pa_attn_ref_ws(int dtype, pa_ssize E, pa_ssize Ev);
 void pa_attn_ref_f32(const pa_attn_args *a, pa_ssize i0, pa_ssize i1, void *ws);
 void pa_attn_ref_f64(const pa_attn_args *a, pa_ssize i0, pa_ssize i1, void *ws);
 
+
+/* A task of a packed call (attn_varlen.c, paged_packed.c): query rows
+ * [i0, i1) of head b of sequence seq (chunk -1), or key chunk `chunk` of
+ * all its rows into the partials at element poff (chunk >= 0), or the merge
+ * of its nchunks partials (chunk -2); cost orders the list. */
+typedef struct {
+    pa_ssize seq, b, i0, i1, chunk, nchunks;
+    size_t poff;
+    double cost;
+} pa_seq_task;
+
+/* qsort order of seq tasks: most work first; then by sequence, head, chunk,
+ * and a head's query blocks last-first (as the dense op: the long rows of a
+ * causal head start early, its K and V stay in cache across its blocks) */
+int pa_seq_task_cmp(const void *x, const void *y);
+
+/* Run task k on a (set up for its sequence s and head): a key chunk into
+ * the partials, the merge of a split sequence's partials, or query rows. */
+void pa_seq_task_run(const pa_family *fam, pa_attn_args *a, const pa_attn_call *s, const pa_seq_task *k,
+                     char *partials, void *ws);
+
 #endif

@@ -46,11 +46,7 @@
 /* A unit of work: rows [i0, i1) of (seq, b); chunk >= 0: key chunk of a
  * split sequence (rows all), its partials at element poff; merge tasks
  * (chunk = -2) merge nchunks partials at poff. */
-typedef struct {
-    pa_ssize seq, b, i0, i1, chunk, nchunks;
-    size_t poff;
-    double cost;
-} vl_task;
+typedef pa_seq_task vl_task;
 
 typedef struct {
     const pa_family *fam;
@@ -110,30 +106,33 @@ static void vl_fwd_task(void *ctx_, pa_ssize t, int tid)
 {
     const vl_ctx *c = (const vl_ctx *)ctx_;
     const vl_task *k = &c->tasks[t];
-    const int dt = c->call->dtype;
     pa_attn_call s;
     pa_attn_args a;
     vl_args(c, k->seq, k->b, &s, &a);
+    pa_seq_task_run(c->fam, &a, &s, k, c->partials, c->ws[tid]);
+}
+
+void pa_seq_task_run(const pa_family *fam, pa_attn_args *a, const pa_attn_call *s, const pa_seq_task *k,
+                     char *partials, void *ws)
+{
+    const int dt = s->dtype;
     if (k->chunk >= 0) {
-        a.key_begin = k->chunk * PA_SPLIT_CHUNK;
-        a.key_end = pa_min(a.key_begin + PA_SPLIT_CHUNK, s.S);
-        a.partial = c->partials + k->poff * pa_elsize(dt);
-        pa_flash_run(c->fam, dt, &a, 0, s.L, c->ws[tid]);
+        a->key_begin = k->chunk * PA_SPLIT_CHUNK;
+        a->key_end = pa_min(a->key_begin + PA_SPLIT_CHUNK, s->S);
+        a->partial = partials + k->poff * pa_elsize(dt);
+        pa_flash_run(fam, dt, a, 0, s->L, ws);
     } else if (k->chunk == -2) {
-        const char *P = c->partials + k->poff * pa_elsize(dt);
-        for (pa_ssize r = 0; r < s.L; r++)
-            pa_flash_merge(dt, &a, r, P, k->nchunks, s.L * (2 + s.Ev), c->ws[tid]);
+        const char *P = partials + k->poff * pa_elsize(dt);
+        for (pa_ssize r = 0; r < s->L; r++)
+            pa_flash_merge(dt, a, r, P, k->nchunks, s->L * (2 + s->Ev), ws);
     } else {
-        pa_flash_run(c->fam, dt, &a, k->i0, k->i1, c->ws[tid]);
+        pa_flash_run(fam, dt, a, k->i0, k->i1, ws);
     }
 }
 
-/* sequences with the most work first; within one, per head, its query
- * blocks last-first (as the dense op: the long rows of a causal head start
- * early, and a head's K and V stay in cache across its blocks) */
-static int vl_cmp(const void *x, const void *y)
+int pa_seq_task_cmp(const void *x, const void *y)
 {
-    const vl_task *a = (const vl_task *)x, *b = (const vl_task *)y;
+    const pa_seq_task *a = (const pa_seq_task *)x, *b = (const pa_seq_task *)y;
     if (a->cost != b->cost) return a->cost > b->cost ? -1 : 1;
     if (a->seq != b->seq) return a->seq < b->seq ? -1 : 1;
     if (a->b != b->b) return a->b < b->b ? -1 : 1;
@@ -260,7 +259,7 @@ int pa_attention_varlen(const pa_family *fam, const pa_attn_call *call, int nthr
         if (!c.partials) goto fail;
     }
     if (vl_fwd_plan(&c, c.tasks, &nt, &nm, &np) != 0) goto fail;
-    qsort(c.tasks, nt, sizeof(vl_task), vl_cmp);
+    qsort(c.tasks, nt, sizeof(vl_task), pa_seq_task_cmp);
     bytes = pa_flash_ws(fam, call->dtype, call->E, call->Ev);
     if (bytes == 0) goto fail;
     nth = nthreads < 1 ? 1 : nthreads;
@@ -389,7 +388,7 @@ int pa_attention_varlen_backward(const pa_family *fam, const pa_attn_call *call,
         memset(c.dsinks, 0, bytes);
     }
     (void)vl_bwd_plan(&c, nouter, c.tasks, &lmax);
-    qsort(c.tasks, nt, sizeof(vl_task), vl_cmp);
+    qsort(c.tasks, nt, sizeof(vl_task), pa_seq_task_cmp);
     bytes = pa_bwd_ws(fam, call->dtype, lmax, call->E, call->Ev);
     if (bytes == 0) goto fail;
     nth = nthreads < 1 ? 1 : nthreads;

@@ -31,11 +31,7 @@
 
 /* rows [i0, i1) of (seq, b); chunk >= 0: a key chunk (partials at poff);
  * chunk = -2: the merge of nchunks partials at poff */
-typedef struct {
-    pa_ssize seq, b, i0, i1, chunk, nchunks;
-    size_t poff;
-    double cost;
-} pp_task;
+typedef pa_seq_task pp_task;
 
 typedef struct {
     const pa_family *fam;
@@ -148,36 +144,12 @@ static void pp_task_run(void *ctx_, pa_ssize ti, int tid)
 {
     const pp_ctx *c = (const pp_ctx *)ctx_;
     const pp_task *k = &c->tasks[ti];
-    const int dt = c->call->dtype;
     pa_attn_call s;
     pa_paged pg;
     pa_attn_args a;
     pp_seq(c->call, k->seq, &s, &pg);
     pa_attn_setup(&a, c->fam, &s, k->b);
-    if (k->chunk >= 0) {
-        a.key_begin = k->chunk * PA_SPLIT_CHUNK;
-        a.key_end = pa_min(a.key_begin + PA_SPLIT_CHUNK, s.S);
-        a.partial = c->partials + k->poff * pa_elsize(dt);
-        pa_flash_run(c->fam, dt, &a, 0, s.L, c->ws[tid]);
-    } else if (k->chunk == -2) {
-        const char *P = c->partials + k->poff * pa_elsize(dt);
-        for (pa_ssize r = 0; r < s.L; r++)
-            pa_flash_merge(dt, &a, r, P, k->nchunks, s.L * (2 + s.Ev), c->ws[tid]);
-    } else {
-        pa_flash_run(c->fam, dt, &a, k->i0, k->i1, c->ws[tid]);
-    }
-}
-
-/* most work first; then by sequence, head, chunk, and a head's query blocks
- * last-first (as the dense op) */
-static int pp_cmp(const void *x, const void *y)
-{
-    const pp_task *a = (const pp_task *)x, *b = (const pp_task *)y;
-    if (a->cost != b->cost) return a->cost > b->cost ? -1 : 1;
-    if (a->seq != b->seq) return a->seq < b->seq ? -1 : 1;
-    if (a->b != b->b) return a->b < b->b ? -1 : 1;
-    if (a->chunk != b->chunk) return a->chunk < b->chunk ? -1 : 1;
-    return a->i0 > b->i0 ? -1 : (a->i0 < b->i0);
+    pa_seq_task_run(c->fam, &a, &s, k, c->partials, c->ws[tid]);
 }
 
 int pa_attention_paged_packed(const pa_family *fam, const pa_attn_call *call, int nthreads)
@@ -198,7 +170,7 @@ int pa_attention_paged_packed(const pa_family *fam, const pa_attn_call *call, in
         if (!c.partials) goto fail;
     }
     if (pp_plan(&c, tasks, &nt, &nm, &np) != 0) goto fail;
-    qsort(tasks, nt, sizeof(pp_task), pp_cmp);
+    qsort(tasks, nt, sizeof(pp_task), pa_seq_task_cmp);
     bytes = pa_flash_ws(fam, call->dtype, call->E, call->Ev);
     if (bytes == 0) goto fail;
     nth = nthreads < 1 ? 1 : nthreads;
