@@ -63,6 +63,47 @@ static void qoperand(PyArrayObject *a, int nb, pa_operand *o)
     o->cs = (pa_ssize)(PyArray_STRIDES(a)[nb] / is);
 }
 
+/* c's shape from x, q and scale (views checked by qview): the leading
+ * shapes agree, the axis lengths fit bits and group size G */
+static int quant_shape(PyArrayObject *x, PyArrayObject *q, PyArrayObject *s, int bits, Py_ssize_t G,
+                       pa_quant_call *c)
+{
+    const int nd = PyArray_NDIM(x);
+    if (PyArray_NDIM(q) != nd || PyArray_NDIM(s) != nd) {
+        PyErr_SetString(PyExc_ValueError, "x, q and scale must have the same number of dimensions");
+        return -1;
+    }
+    const int nb = nd - 1;
+    const pa_ssize E = (pa_ssize)PyArray_DIMS(x)[nb];
+    if (G < 1 || E % G != 0 || (bits == 4 && E % 2 != 0)) {
+        PyErr_Format(PyExc_ValueError, "group_size %zd must divide the axis length %zd%s", G, (Py_ssize_t)E,
+                     bits == 4 ? " (even for int4)" : "");
+        return -1;
+    }
+    c->bits = bits;
+    c->E = E;
+    c->G = (pa_ssize)G;
+    c->bt.nb = nb;
+    c->bt.count = 1;
+    for (int d = 0; d < nb; d++) {
+        const npy_intp n = PyArray_DIMS(x)[d];
+        if (PyArray_DIMS(q)[d] != n || PyArray_DIMS(s)[d] != n) {
+            PyErr_SetString(PyExc_ValueError, "x, q and scale must have the same leading shape");
+            return -1;
+        }
+        c->bt.shape[d] = (pa_ssize)n;
+        c->bt.count *= (pa_ssize)n;     /* no overflow: the elements of an existing array */
+    }
+    if (PyArray_DIMS(q)[nb] != (bits == 8 ? E : E / 2) || PyArray_DIMS(s)[nb] != E / G) {
+        PyErr_SetString(PyExc_ValueError, "q must have E (int4: E/2) and scale E/group_size values along the axis");
+        return -1;
+    }
+    qoperand(x, nb, &c->x);
+    qoperand(q, nb, &c->q);
+    qoperand(s, nb, &c->s);
+    return 0;
+}
+
 /* x, q, s in that order; dq: whether x is the output */
 static PyObject *quant_call(PyObject *args, int dq)
 {
@@ -70,6 +111,7 @@ static PyObject *quant_call(PyObject *args, int dq)
     int bits;
     Py_ssize_t G;
     PyArrayObject *x, *q, *s;
+    pa_quant_call c;
     if (PyArray_API == NULL && _import_array() < 0) return NULL;
     if (dq) {
         if (!PyArg_ParseTuple(args, "OOOin:dequantize", &qo, &so, &xo, &bits, &G)) return NULL;
@@ -82,42 +124,9 @@ static PyObject *quant_call(PyObject *args, int dq)
     }
     if (qview(xo, "x", NPY_FLOAT32, dq, &x) < 0 ||
         qview(qo, "q", bits == 8 ? NPY_INT8 : NPY_UINT8, !dq, &q) < 0 ||
-        qview(so, "scale", NPY_FLOAT32, !dq, &s) < 0)
+        qview(so, "scale", NPY_FLOAT32, !dq, &s) < 0 ||
+        quant_shape(x, q, s, bits, G, &c) < 0)
         return NULL;
-    const int nd = PyArray_NDIM(x);
-    if (PyArray_NDIM(q) != nd || PyArray_NDIM(s) != nd) {
-        PyErr_SetString(PyExc_ValueError, "x, q and scale must have the same number of dimensions");
-        return NULL;
-    }
-    const int nb = nd - 1;
-    const pa_ssize E = (pa_ssize)PyArray_DIMS(x)[nb];
-    if (G < 1 || E % G != 0 || (bits == 4 && E % 2 != 0)) {
-        PyErr_Format(PyExc_ValueError, "group_size %zd must divide the axis length %zd%s", G, (Py_ssize_t)E,
-                     bits == 4 ? " (even for int4)" : "");
-        return NULL;
-    }
-    pa_quant_call c;
-    c.bits = bits;
-    c.E = E;
-    c.G = (pa_ssize)G;
-    c.bt.nb = nb;
-    c.bt.count = 1;
-    for (int d = 0; d < nb; d++) {
-        const npy_intp n = PyArray_DIMS(x)[d];
-        if (PyArray_DIMS(q)[d] != n || PyArray_DIMS(s)[d] != n) {
-            PyErr_SetString(PyExc_ValueError, "x, q and scale must have the same leading shape");
-            return NULL;
-        }
-        c.bt.shape[d] = (pa_ssize)n;
-        c.bt.count *= (pa_ssize)n;      /* no overflow: the elements of an existing array */
-    }
-    if (PyArray_DIMS(q)[nb] != (bits == 8 ? E : E / 2) || PyArray_DIMS(s)[nb] != E / G) {
-        PyErr_SetString(PyExc_ValueError, "q must have E (int4: E/2) and scale E/group_size values along the axis");
-        return NULL;
-    }
-    qoperand(x, nb, &c.x);
-    qoperand(q, nb, &c.q);
-    qoperand(s, nb, &c.s);
     pa_ssize bad = -1;
     int rc;
     const int nt = pa_get_num_threads();
