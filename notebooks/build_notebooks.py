@@ -17,6 +17,27 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
+# timing helpers several notebooks define in their first code cell (each notebook
+# stays self-contained); spliced into the cells' sources
+CPU_NAME = """def cpu_name():
+    \"\"\"The processor's name on Linux, else what the platform module knows.\"\"\"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "an unknown CPU"
+"""
+BEST = """def best(fn, n=3):
+    \"\"\"The shortest of n runs of fn(), in seconds.\"\"\"
+    ts = []
+    for _ in range(n):
+        t = time.perf_counter(); fn(); ts.append(time.perf_counter() - t)
+    return min(ts)
+"""
+
+
 SETUP = """\
 import numpy as np
 import matplotlib.pyplot as plt
@@ -70,7 +91,7 @@ def heatmap(ax, m, rows=None, cols=None, title="", fmt="{:.2f}", cmap="viridis",
 
 NB = {}
 import nb10_masks  # noqa: E402  (notebook 10's cells live in nb10_masks.py)
-NB["10_masks"] = nb10_masks.cells(SETUP)
+NB["10_masks"] = nb10_masks.cells(SETUP, CPU_NAME, BEST)
 
 # ---------------------------------------------------------------------------
 NB["01_self_attention_from_scratch"] = [
@@ -937,16 +958,7 @@ except ImportError:
     print("ml_dtypes is not installed (pip install ml_dtypes): the bfloat16 parts are skipped")
 pyattn.set_num_threads(1)                  # one thread: timings less disturbed by whatever else runs
 
-def cpu_name():
-    \"\"\"The processor's name on Linux, else what the platform module knows.\"\"\"
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "an unknown CPU"
-"""),
+""" + CPU_NAME + """"""),
 ("md", """## A tiny character model
 Token embeddings plus position embeddings (one row per position), two pre-LayerNorm blocks
 (`x + attention(LayerNorm(x))`, then `x + MLP(LayerNorm(x))`, with a causal
@@ -1406,23 +1418,7 @@ import dask.array as da
 from dask.distributed import Client, LocalCluster, wait
 import pyattn.dask                         # needs the dask extra: pip install "pyattn[dask]"
 
-def cpu_name():
-    \"\"\"The processor's name on Linux, else what the platform module knows.\"\"\"
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "an unknown CPU"
-
-def best(fn, n=3):
-    \"\"\"The shortest of n runs of fn(), in seconds.\"\"\"
-    ts = []
-    for _ in range(n):
-        t = time.perf_counter(); fn(); ts.append(time.perf_counter() - t)
-    return min(ts)
-
+""" + CPU_NAME + "\n" + BEST + """
 def task_names(arr, prefix):
     \"\"\"The keys of arr's task graph whose name starts with prefix.\"\"\"
     names = (key[0] if isinstance(key, tuple) else key for key in arr.__dask_graph__())
@@ -1823,16 +1819,7 @@ per second against batch size, packed against padded attention, and blocks in us
 ("code", SETUP + """import os, platform, time
 pyattn.set_num_threads(1)                  # one thread: timings less disturbed by whatever else runs
 
-def cpu_name():
-    \"\"\"The processor's name on Linux, else what the platform module knows.\"\"\"
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "an unknown CPU"
-"""),
+""" + CPU_NAME + """"""),
 ("md", """## The model: notebook 06's, in plain NumPy
 `data/char_model_06.npz` holds the weights notebook 06 trained (float32, 436 KB;
 `python build_notebooks.py --save-char-model` retrains and rewrites it): token and position

@@ -1,12 +1,13 @@
 """Notebook 10_masks's cells (issue #26): masks as functions, pyattn.BlockMask.
 
 Kept apart from build_notebooks.py (which imports it) so that notebooks
-written at the same time do not edit the same lines; cells(SETUP) gives the
-list of (kind, source) build_notebooks.py expects.
+written at the same time do not edit the same lines; cells(SETUP, CPU_NAME, BEST)
+gives the list of (kind, source) build_notebooks.py expects (CPU_NAME and BEST: the
+timing helpers' sources that build_notebooks.py shares between notebooks).
 """
 
 
-def cells(SETUP):
+def cells(SETUP, CPU_NAME, BEST):
     return [
 ("md", """# 10 · Masks as functions: `pyattn.BlockMask`
 
@@ -43,23 +44,7 @@ except ImportError:
     print("PyTorch is not installed: the FlexAttention comparison is skipped (pyattn's side still runs)")
 pyattn.set_num_threads(1)                  # one thread: timings less disturbed by whatever else runs
 
-def cpu_name():
-    \"\"\"The processor's name on Linux, else what the platform module knows.\"\"\"
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "an unknown CPU"
-
-def best(fn, n=3):
-    \"\"\"The shortest of n runs of fn(), in seconds.\"\"\"
-    ts = []
-    for _ in range(n):
-        t = time.perf_counter(); fn(); ts.append(time.perf_counter() - t)
-    return min(ts)
-
+""" + CPU_NAME + "\n" + BEST + """
 print(f"pyattn {pyattn.__version__}, torch {torch.__version__ if torch else '-'}, on {cpu_name()}")"""),
 ("md", """## A mask is a function
 `mask_mod(b, h, q_idx, kv_idx)` returns True where query `q_idx` may attend key `kv_idx`
