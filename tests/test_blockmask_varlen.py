@@ -10,7 +10,9 @@ import pytest
 import pyattn
 from pyattn import _reference as ref
 from pyattn import masks as M
-from conftest import DTYPES, check, mag_attention
+from conftest import DTYPES, check
+import varlen_util as vu
+from varlen_util import seq
 
 BM = pyattn.BlockMask
 # empty, one row, a long one crossing tile rows and columns (96 x 60), keys
@@ -21,19 +23,8 @@ H, HKV, E = 4, 2, 16
 N = len(LQ)
 
 
-def cu(lens):
-    return np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
-
-
 def packed(rng, dtype):
-    q = rng.standard_normal((sum(LQ), H, E)).astype(dtype)
-    k = rng.standard_normal((sum(LK), HKV, E)).astype(dtype)
-    v = rng.standard_normal((sum(LK), HKV, E)).astype(dtype)
-    return q, k, v, cu(LQ), cu(LK)
-
-
-def seq(x, c, i):
-    return x[c[i]:c[i + 1]].transpose(1, 0, 2)
+    return vu.packed(rng, dtype, LQ, LK, H, HKV, E)
 
 
 def _doc_ids(rng):
@@ -131,20 +122,8 @@ def test_threads_bit_identical():
     mod, B, Hm = _mods(rng)["random_per_head"]
     bm = BM.from_mask_mod(mod, B, Hm, max(LQ), max(LK))
     go = rng.standard_normal((cq[-1], H, E)).astype(np.float32)
-    kw = dict(enable_gqa=True, is_causal=True, block_mask=bm, dropout_p=0.2, rng=9)
-    res = []
-    n0 = pyattn.get_num_threads()
-    try:
-        for n in (1, 2, 3):
-            pyattn.set_num_threads(n)
-            o, lse = pyattn.scaled_dot_product_attention_varlen(q, k, v, cq, ck, return_lse=True, **kw)
-            g = pyattn.scaled_dot_product_attention_varlen_backward(go, q, k, v, o, lse, cq, ck, **kw)
-            res.append([o, lse, *g])
-    finally:
-        pyattn.set_num_threads(n0)
-    for r in res[1:]:
-        for a, b in zip(r, res[0]):
-            assert a.tobytes() == b.tobytes()
+    vu.assert_threads_bit_identical(q, k, v, cq, ck, go, enable_gqa=True, is_causal=True, block_mask=bm,
+                                    dropout_p=0.2, rng=9)
 
 
 def test_errors_write_nothing(rng):

@@ -7,20 +7,14 @@ import pytest
 from pyattn import _reference as ref
 from pyattn.flash import (_flash_attn_varlen_forward, flash_attn_func, flash_attn_varlen_func,
                           flash_attn_with_kvcache)
+import varlen_util as vu
 
 LQ, LK = [3, 6, 1, 4], [7, 2, 5, 4]
 H, HKV, E = 4, 2, 16
 
 
-def cu(lens):
-    return np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
-
-
 def packed(rng, dtype=np.float32):
-    q = rng.standard_normal((sum(LQ), H, E)).astype(dtype)
-    k = rng.standard_normal((sum(LK), HKV, E)).astype(dtype)
-    v = rng.standard_normal((sum(LK), HKV, E)).astype(dtype)
-    return q, k, v, cu(LQ), cu(LK)
+    return vu.packed(rng, dtype, LQ, LK, H, HKV, E, np.int32)
 
 
 @pytest.mark.parametrize("opts", [dict(window_size=(2, 1)), dict(alibi_slopes=np.linspace(0.1, 0.5, H)),

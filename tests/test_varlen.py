@@ -7,6 +7,8 @@ import pytest
 import pyattn
 from pyattn import _reference as ref
 from conftest import DTYPES, check, mag_attention
+import varlen_util as vu
+from varlen_util import seq
 
 # 0, 1, odd, one long among short, a decode-shaped one (L = 1, S >= 4096: the
 # dense op's key-split path), an empty query against keys, queries without keys
@@ -15,19 +17,8 @@ LK = [0, 1, 7, 130, 3, 4100, 0, 9]
 H, HKV, E = 4, 2, 16
 
 
-def cu(lens):
-    return np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
-
-
 def packed(rng, dtype, lq=LQ, lk=LK, hq=H, hkv=HKV, e=E):
-    q = rng.standard_normal((sum(lq), hq, e)).astype(dtype)
-    k = rng.standard_normal((sum(lk), hkv, e)).astype(dtype)
-    v = rng.standard_normal((sum(lk), hkv, e)).astype(dtype)
-    return q, k, v, cu(lq), cu(lk)
-
-
-def seq(x, c, i):
-    return x[c[i]:c[i + 1]].transpose(1, 0, 2)
+    return vu.packed(rng, dtype, lq, lk, hq, hkv, e)
 
 
 OPTIONS = {
@@ -140,20 +131,8 @@ def test_threads_bit_identical():
     rng = np.random.default_rng(3)
     q, k, v, cq, ck = packed(rng, np.float32)
     go = rng.standard_normal((cq[-1], H, E)).astype(np.float32)
-    kw = dict(enable_gqa=True, is_causal=True, sinks=np.ones(H, np.float32), dropout_p=0.2, rng=9)
-    res = []
-    n0 = pyattn.get_num_threads()
-    try:
-        for n in (1, 2, 3):
-            pyattn.set_num_threads(n)
-            o, lse = pyattn.scaled_dot_product_attention_varlen(q, k, v, cq, ck, return_lse=True, **kw)
-            g = pyattn.scaled_dot_product_attention_varlen_backward(go, q, k, v, o, lse, cq, ck, **kw)
-            res.append([o, lse, *g])
-    finally:
-        pyattn.set_num_threads(n0)
-    for r in res[1:]:
-        for a, b in zip(r, res[0]):
-            assert a.tobytes() == b.tobytes()
+    vu.assert_threads_bit_identical(q, k, v, cq, ck, go, enable_gqa=True, is_causal=True,
+                                    sinks=np.ones(H, np.float32), dropout_p=0.2, rng=9)
 
 
 def test_dropout_reproducible_per_sequence(rng):

@@ -7,6 +7,8 @@ import pytest
 
 import pyattn
 from pyattn import _reference as ref
+import varlen_util as vu
+from varlen_util import seq
 
 # L < S, L > S (rows before the first key), L == S, empty ones, a decode-shaped
 # one (L = 1, S >= 4096: the dense op's key-split path)
@@ -15,19 +17,8 @@ LK = [11, 4, 5, 3, 4100, 0, 1]
 H, HKV, E = 4, 2, 16
 
 
-def cu(lens):
-    return np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
-
-
 def packed(rng, dtype):
-    q = rng.standard_normal((sum(LQ), H, E)).astype(dtype)
-    k = rng.standard_normal((sum(LK), HKV, E)).astype(dtype)
-    v = rng.standard_normal((sum(LK), HKV, E)).astype(dtype)
-    return q, k, v, cu(LQ), cu(LK)
-
-
-def seq(x, c, i):
-    return x[c[i]:c[i + 1]].transpose(1, 0, 2)
+    return vu.packed(rng, dtype, LQ, LK, H, HKV, E)
 
 
 OPTIONS = {
