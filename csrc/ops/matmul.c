@@ -12,7 +12,10 @@
  * never leaves a task and always runs in the same KC panels, so an element's
  * arithmetic does not depend on the thread count or on its batch.
  */
+#include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
+#include "cpu.h"
 #include "ops.h"
 #include "threads.h"
 
@@ -341,6 +344,74 @@ static int gemm_shared(gemm_ctx *c, int nt)
     return 0;
 }
 
+/* Cache blocking from the caches the OS reports (cpu.c), read once per
+ * process. KC is the family's (PA_GEMM_KC: it fixes every element's order
+ * of summation, so it never moves); MC and NC only partition C, so they may
+ * follow the machine without changing a bit:
+ *   MC: the packed A block (MC x KC) takes at most 1/8 of the L2 -- room for
+ *       the B micro-panel and the C tile streaming through, and for a
+ *       sibling hyperthread -- in whole MR panels, 4 MR .. 480 rows;
+ *   NC: the packed B block (KC x NC) takes at most 1/16 of the L3 (a share
+ *       of a cache shared with other cores), in whole NR panels,
+ *       8 NR .. 4096 columns.
+ * Where the OS says nothing, the family's table values stay. On a Zen 5
+ * (L2 1 MiB, L3 32 MiB), float32: MC 120 (avx512, MR 12) / 126 (avx2,
+ * MR 6), NC 2048. */
+static atomic_int caches_read;
+static _Atomic size_t cache_l2, cache_l3;
+
+static void gemm_caches(size_t *l2, size_t *l3)
+{
+    if (!atomic_load_explicit(&caches_read, memory_order_acquire)) {
+        size_t a, b, c;                /* two threads may both read: the same values */
+        pa_cache_sizes(&a, &b, &c);
+        atomic_store_explicit(&cache_l2, b, memory_order_relaxed);
+        atomic_store_explicit(&cache_l3, c, memory_order_relaxed);
+        atomic_store_explicit(&caches_read, 1, memory_order_release);
+    }
+    *l2 = atomic_load_explicit(&cache_l2, memory_order_relaxed);
+    *l3 = atomic_load_explicit(&cache_l3, memory_order_relaxed);
+}
+
+#define PA_MC_L2_SHARE 8
+#define PA_NC_L3_SHARE 16
+#define PA_MC_MAX 480
+#define PA_NC_MAX 4096
+
+static int blocked_dim(size_t cache, size_t share, size_t bytes_per, int r, int lo_panels, int hi, int dflt)
+{
+    if (cache == 0 || bytes_per == 0 || r <= 0) return dflt;
+    size_t n = cache / share / bytes_per;
+    n -= n % (size_t)r;
+    const size_t lo = (size_t)lo_panels * (size_t)r, top = (size_t)hi - (size_t)hi % (size_t)r;
+    if (n < lo) n = lo;
+    if (n > top) n = top > lo ? top : lo;
+    return (int)n;
+}
+
+pa_gemm_kernel pa_gemm_blocked(const pa_gemm_kernel *g, size_t pes)
+{
+    pa_gemm_kernel b = *g;
+    size_t l2, l3;
+    gemm_caches(&l2, &l3);
+    const size_t panel = (size_t)g->kc * pes;          /* bytes of one A row / B column of a KC panel */
+    b.mc = blocked_dim(l2, PA_MC_L2_SHARE, panel, g->mr, 4, PA_MC_MAX, g->mc);
+    b.nc = blocked_dim(l3, PA_NC_L3_SHARE, panel, g->nr, 8, PA_NC_MAX, g->nc);
+    return b;
+}
+
+int pa_gemm_blocking_note(char *buf, size_t n)
+{
+    size_t l2, l3;
+    gemm_caches(&l2, &l3);
+    char a[64], b[64];
+    if (l2) snprintf(a, sizeof a, "MC: A block <= L2 %zu KiB / %d", l2 >> 10, PA_MC_L2_SHARE);
+    else snprintf(a, sizeof a, "MC: the family's (no L2 size from the OS)");
+    if (l3) snprintf(b, sizeof b, "NC: B block <= L3 %zu KiB / %d", l3 >> 10, PA_NC_L3_SHARE);
+    else snprintf(b, sizeof b, "NC: the family's (no L3 size from the OS)");
+    return snprintf(buf, n, "%s; %s", a, b);
+}
+
 /* The call's context: its operands and its copy of the kernel's blocking,
  * cut into blocks of equal size. N blocks of equal width (whole NR panels):
  * N = 2304 with NC = 2048 gives two blocks of 1152, not 2048 + 256, so the
@@ -354,9 +425,9 @@ static void gemm_init(gemm_ctx *c, const pa_family *fam, const pa_matmul_call *m
     c->a_dt = mm->a_dt; c->b_dt = mm->b_dt;
     c->esa = (pa_ssize)pa_elsize(mm->a_dt); c->esb = (pa_ssize)pa_elsize(mm->b_dt);
     c->A = mm->A; c->B = mm->B; c->C = mm->C; c->bias = mm->bias; c->bias_s = mm->bias_s;
-    c->g = mm->bf16 ? fam->gemm_bf16 : fam->gemm[mm->dtype];   /* this call's copy */
     c->bf16 = mm->bf16;
     c->pes = mm->bf16 ? sizeof(uint16_t) : pa_elsize(mm->dtype);
+    c->g = pa_gemm_blocked(mm->bf16 ? &fam->gemm_bf16 : &fam->gemm[mm->dtype], c->pes);  /* this call's copy */
     c->nblocks = (c->N + c->g.nc - 1) / c->g.nc;
     const pa_ssize w = (c->N + c->nblocks - 1) / c->nblocks;
     c->g.nc = (int)((w + c->g.nr - 1) / c->g.nr * c->g.nr);
@@ -402,9 +473,50 @@ static int gemm_shares(const gemm_ctx *c, int nt, int nthreads)
            (c->M + c->g.mc - 1) / c->g.mc * pa_min(bpanels, 8) >= 2 * pa_max(nthreads, 1);
 }
 
+/* A batch whose B is shared (batch strides 0 wherever the batch axis is
+ * longer than 1) and whose A and C rows run on from one batch item to the
+ * next (batch stride M rows, outer axes nested) is one product with
+ * count x M rows: a (B, T, d_in) @ w.T of torch.nn.Linear's layout, whose
+ * B panels are then packed once per KC x NC block, not once per batch item.
+ * Every element's arithmetic is the same (the same K panels, the same
+ * kernel; an element's value does not depend on where its tile sits). */
+static int rows_run_on(const pa_batch *bt, const pa_ssize *bs, pa_ssize rows)
+{
+    pa_ssize want = rows;
+    for (int d = bt->nb - 1; d >= 0; d--) {
+        if (bt->shape[d] == 1) continue;
+        if (bs[d] != want) return 0;
+        if (__builtin_mul_overflow(want, bt->shape[d], &want)) return 0;
+    }
+    return 1;
+}
+
+static int batch_folds(const pa_matmul_call *mm)
+{
+    if (mm->bt->count <= 1) return 0;
+    for (int d = 0; d < mm->bt->nb; d++)
+        if (mm->bt->shape[d] > 1 && mm->B->bs[d] != 0) return 0;
+    size_t rows;
+    if (!pa_mul_ok((size_t)mm->bt->count, (size_t)mm->M, &rows) || rows > (size_t)PTRDIFF_MAX / 2) return 0;
+    pa_ssize ra, rc;
+    return mm->A->rs != 0 && mm->C->rs != 0 && !__builtin_mul_overflow(mm->M, mm->A->rs, &ra) &&
+           !__builtin_mul_overflow(mm->M, mm->C->rs, &rc) && rows_run_on(mm->bt, mm->A->bs, ra) &&
+           rows_run_on(mm->bt, mm->C->bs, rc);
+}
+
 int pa_matmul(const pa_family *fam, const pa_matmul_call *mm, int nthreads)
 {
     if (mm->bt->count == 0 || mm->M == 0 || mm->N == 0) return 0;
+    pa_matmul_call folded;
+    pa_batch one;
+    if (batch_folds(mm)) {
+        folded = *mm;
+        one.nb = 0;
+        one.count = 1;
+        folded.bt = &one;
+        folded.M = mm->M * mm->bt->count;
+        mm = &folded;
+    }
     if (mm->bf16 && mm->dtype != PA_F32) return -1;
     gemm_ctx c;
     size_t ntasks, bytes;
