@@ -97,3 +97,21 @@ def test_shared_b_batch_16bit_and_bf16(threads):
     for t in (1, 2):
         threads(t)
         assert np.array_equal(pyattn.matmul(x, w, precision="bf16"), want)
+
+
+@pytest.mark.parametrize("M", [2048, 1001, 133])
+def test_row_blocks_dealt_evenly_keep_the_bits(threads, M):
+    # the MC blocks get whole MR panels dealt out evenly (2048 rows: 171
+    # panels of 12 in 18 blocks of 9 or 10): every thread count, each row
+    # alone, and the shared-B path (one product, several threads) agree
+    rng = np.random.default_rng(M)
+    a = rng.standard_normal((M, 260)).astype(np.float32)
+    b = rng.standard_normal((260, 40)).astype(np.float32)
+    outs = []
+    for t in (1, 2, 3, 4):
+        threads(t)
+        outs.append(pyattn.matmul(a, b))
+    for o in outs[1:]:
+        assert np.array_equal(o, outs[0])
+    for i in (0, 119, 120, 121, M // 2, M - 9, M - 1):
+        assert np.array_equal(pyattn.matmul(a[i:i + 1], b)[0], outs[0][i])
