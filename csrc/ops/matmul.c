@@ -435,10 +435,10 @@ int pa_gemm_blocking_note(char *buf, size_t n)
 /* The call's context: its operands and its copy of the kernel's blocking,
  * cut into blocks of equal size. N blocks of equal width (whole NR panels):
  * N = 2304 with NC = 2048 gives two blocks of 1152, not 2048 + 256, so the
- * tasks of one N block take as long as the other's; MC blocks of equal
- * height (whole MR panels) likewise: M = 300 with MC = 96 gives 84, 84, 84,
- * 48 rows, not 96, 96, 96, 12. NC and MC only partition C, so no element's
- * arithmetic changes. */
+ * tasks of one N block take as long as the other's; MC blocks of nearly
+ * equal height (whole MR panels dealt out evenly, m_row) likewise: M = 300
+ * with MC = 96 and MR = 12 gives 72, 72, 72, 84 rows, not 96, 96, 96, 12.
+ * NC and MC only partition C, so no element's arithmetic changes. */
 static void gemm_init(gemm_ctx *c, const pa_family *fam, const pa_matmul_call *mm)
 {
     c->dtype = mm->dtype; c->bt = mm->bt; c->M = mm->M; c->N = mm->N; c->K = mm->K;
