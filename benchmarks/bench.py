@@ -176,7 +176,7 @@ def worker(args):
     peak1 = _peak(pyattn)
     emit = lambda r: print("ROW " + json.dumps(r), flush=True)
     emit({"kind": "impls", "torch": None if torch is None else torch.__version__, "threads": args.threads,
-          "blas": _blas_kernel(), "numpy_env": args.numpy_only})
+          "blas": _blas_kernel(), "numpy_env": args.numpy_only, "avx2_peers": args.avx2_peers})
     if args.numpy_only:               # NumPy's matmul alone, in this process's environment
         mm, _ = _cases(args.quick)
         for M, K, N in [(n, n, n) for n in mm] + ([] if args.quick else list(TALL)):
@@ -213,6 +213,9 @@ def worker(args):
         return buf.nbytes, lambda: _C.read_probe(buf)
 
     def run(case, flops, impls, bytes_of=None, rounds=None, side=None):
+        if args.avx2_peers:               # the peers pinned to AVX2 (AVX2_PINS), labelled so
+            impls = {(k if k == "pyattn" else AVX2_LABELS.get(k, k)): f for k, f in impls.items()}
+            case = dict(case, run="avx2")
         if args.threads == 1:
             _kernel_round(kbest)
         times = {k: [] for k in impls}
@@ -751,10 +754,44 @@ def memory_probe():
 
 OPENBLAS_PINS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 
+# The AVX2 family on a CPU with AVX-512 (PYATTN_ISA=avx2): the peers would run
+# their AVX-512 code, not the comparison the targets mean ("the AVX2 family on
+# an AVX2 CPU"). A second worker then runs them pinned to AVX2 as far as each
+# library allows: OpenBLAS by its core type, PyTorch's ATen kernels by
+# ATEN_CPU_CAPABILITY, its oneDNN by ONEDNN_MAX_CPU_ISA and its MKL by
+# MKL_ENABLE_INSTRUCTIONS, OpenVINO's CPU plugin (its oneDNN) by
+# ONEDNN_MAX_CPU_ISA / DNNL_MAX_CPU_ISA (measured: its SDPA takes 2x longer
+# so pinned). ONNX Runtime has no such switch (MLAS picks its kernels by
+# CPUID; only a build without AVX-512 would do): its rows there are unpinned
+# and say so. pyattn is timed again in that worker, interleaved with them.
+AVX2_PINS = {"OPENBLAS_CORETYPE": "Haswell", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+             "DNNL_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+AVX2_LABELS = {"numpy": "numpy (OpenBLAS Haswell kernel)", "torch": "torch (AVX2-pinned)",
+               "openvino": "openvino (ONEDNN_MAX_CPU_ISA=AVX2)",
+               "onnxruntime": "onnxruntime (AVX-512: cannot be pinned)"}
+AVX2_SECTIONS = ("matmul", "sdpa", "mha")
 
-def spawn(threads, args, first=True, numpy_only=False):
+
+def _avx2_on_avx512():
+    """True when the family in use is avx2 on a CPU that can run AVX-512"""
+    try:
+        import pyattn
+        c = pyattn._C.config()
+    except Exception:                 # no pyattn to ask: no pinned run
+        return False
+    return c["isa"] == "avx2" and c["isa_machine"].startswith("avx512")
+
+
+def spawn(threads, args, first=True, numpy_only=False, avx2_peers=False):
     env = dict(os.environ, PYATTN_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
                OPENBLAS_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    only = args.only
+    if avx2_peers:
+        env.pop("OPENBLAS_L2_SIZE", None)
+        env.update(AVX2_PINS)
+        only = ",".join(x for x in (args.only.split(",") if args.only else AVX2_SECTIONS) if x in AVX2_SECTIONS)
+        if not only:
+            return []
     if numpy_only:                    # NumPy with the OpenBLAS kernel it picks for this CPU
         for var in OPENBLAS_PINS:
             env.pop(var, None)
@@ -762,8 +799,10 @@ def spawn(threads, args, first=True, numpy_only=False):
            "--repeat", str(args.repeat), "--settle", str(args.settle)] + (["--quick"] if args.quick else [])
     if numpy_only:
         cmd.append("--numpy-only")
-    if args.only:
-        cmd += ["--only", args.only]
+    if avx2_peers:
+        cmd.append("--avx2-peers")
+    if only:
+        cmd += ["--only", only]
     # run outside the source tree so that the installed pyattn is imported
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env, cwd="/")
     rows = []
@@ -790,7 +829,7 @@ def spawn(threads, args, first=True, numpy_only=False):
             nmm = len(mm) + (0 if args.quick else len(TALL))
             n_expected = (nmm * (2 + t) + sum((2 + t) if c[2] <= 2048 else (1 + t) for c in attn)
                           + (2 if args.quick else 3) * (1 + t))
-            if args.only:                   # a subset: no total to show
+            if only:                        # a subset: no total to show
                 sys.stderr.write(f"\r  threads={threads} {done} rows ")
                 sys.stderr.flush()
                 continue
@@ -813,7 +852,7 @@ def table(rows):
     data = [r for r in rows if "kind" not in r]
     peak = {r["threads"]: r["gflops_core"] for r in rows if r.get("kind") == "peak"}
     bpeak = {r["threads"]: r["gflops_core"] for r in rows if r.get("kind") == "bf16peak"}
-    key = lambda r: (r["op"], r["shape"], r["threads"])
+    key = lambda r: (r["op"], r["shape"], r["threads"], r.get("run", ""))
     groups = {}
     for r in data:
         groups.setdefault(key(r), []).append(r)
@@ -827,7 +866,8 @@ def table(rows):
                 bp = bpeak.get(r["threads"])
                 pct = f"{100 * gf / (bp * r['threads']):.0f} % (bf16 peak)" if bp else "n/a"
             sp = "" if (mine is None or r is mine) else f"{r['median_ms'] / mine['median_ms']:.2f}x"
-            out.append(f"| {r['op']} | {r['shape']} | {r['threads']} | {r['impl']} | {r['median_ms']:.2f} | "
+            impl = r["impl"] + (" (beside the AVX2-pinned peers)" if r.get("run") and r is mine else "")
+            out.append(f"| {r['op']} | {r['shape']} | {r['threads']} | {impl} | {r['median_ms']:.2f} | "
                        f"{r['min_ms']:.2f} | {gf:.1f} | {pct} | {sp} |")
     return "\n".join(out)
 
@@ -839,7 +879,8 @@ def targets(rows, mem):
     read bandwidth)."""
     peak = {r["threads"]: r["gflops_core"] for r in rows if r.get("kind") == "peak"}
     bw = {r["threads"]: r["gbs"] for r in rows if r.get("kind") == "bandwidth"}
-    data = [r for r in rows if "kind" not in r]
+    data = [r for r in rows if "kind" not in r and not r.get("run")]
+    pinned = [r for r in rows if "kind" not in r and r.get("run") == "avx2"]
     thrs = sorted({r["threads"] for r in data})
     top = thrs[-1] if thrs else 1
 
@@ -1082,7 +1123,33 @@ def targets(rows, mem):
                     f"{r['impl']} vs pyattn's own API"
                 line(f"{r['op']} {r['shape']}, {r['threads']} thr: {what}", f"{100 * extra:+.1f} %",
                      "<= +5 %", extra <= 0.05)
+    _avx2_target_lines(pinned, line)
     return "| target | measured | goal | |\n|---|---|---|---|\n" + "\n".join(out)
+
+
+def _avx2_target_lines(pinned, line):
+    """The targets again for the avx2 family on a CPU with AVX-512, against the
+    peers pinned to AVX2 (AVX2_PINS; ONNX Runtime cannot be: said in its row),
+    each ratio within that worker's interleaved rounds (matmul: min times,
+    the rest: median times, as the main rows)"""
+    def get(op, shape, impl, thr):
+        return next((r for r in pinned if r["op"] == op and r["shape"] == shape and r["impl"] == impl
+                     and r["threads"] == thr), None)
+    goals = {"matmul": 1.0, "sdpa": peers.GOAL, "mha": 1.3}
+    for r in pinned:
+        if r["impl"] == "pyattn" or r["op"] not in goals or (r["op"] == "matmul" and r["shape"] == "512^3"):
+            continue
+        if r["op"] == "sdpa" and r["impl"].startswith("torch"):
+            goal = 1.5
+        else:
+            goal = goals[r["op"]]
+        me = get(r["op"], r["shape"], "pyattn", r["threads"])
+        if not me:
+            continue
+        t = "min_ms" if r["op"] == "matmul" else "median_ms"
+        ratio = r[t] / me[t]
+        line(f"{r['op']} {r['shape']}, {r['threads']} thr, avx2 family vs {r['impl']}", f"{ratio:.2f}x",
+             f">= {goal}x", ratio >= goal)
 
 
 def _cpu_name():
@@ -1112,6 +1179,7 @@ def main():
                     "results.json instead of measuring")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--numpy-only", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--avx2-peers", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.repeat is None:
         args.repeat = 3 if args.quick else 5
@@ -1137,6 +1205,10 @@ def main():
             if pinned and (not args.only or "matmul" in args.only.split(",")):   # NumPy twice: as this environment runs it, and unpinned
                 sys.stderr.write(f"  threads={t}: NumPy again with {', '.join(pinned)} unset\n")
                 rows += spawn(t, args, numpy_only=True)
+        if _avx2_on_avx512():
+            for t in threads:
+                sys.stderr.write(f"  threads={t}: the peers again, pinned to AVX2 ({', '.join(AVX2_PINS)})\n")
+                rows += spawn(t, args, avx2_peers=True)
         mem = None if args.no_memory else memory_probe()
     tab = table(rows)
     peak = {r["threads"]: r["gflops_core"] for r in rows if r.get("kind") == "peak"}
@@ -1165,6 +1237,10 @@ def main():
                         f"{r['hot_ms']:.3f} ms back to back; the 'back to back' thread rows time calls "
                         "with no rest between them")
     for r in rows:
+        if r.get("kind") == "impls" and r.get("avx2_peers") and r["threads"] == threads[0]:
+            head.append(f"peers pinned to AVX2 ({', '.join(f'{k}={v}' for k, v in AVX2_PINS.items())}; "
+                        f"ONNX Runtime cannot be pinned): NumPy's BLAS {r['blas']}")
+            continue
         if r.get("kind") == "impls" and (r["threads"] == threads[0] or r.get("numpy_env")):
             head.append(f"NumPy's BLAS{' with ' + '/'.join(OPENBLAS_PINS) + ' unset' if r.get('numpy_env') else ''}"
                         f": {r['blas']}")

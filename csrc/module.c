@@ -1329,7 +1329,11 @@ static PyObject *py_config(PyObject *self, PyObject *unused)
 #endif
     size_t l1d, l2, l3;
     pa_cache_sizes(&l1d, &l2, &l3);
-    const pa_gemm_kernel *g32 = &f->gemm[PA_F32], *g64 = &f->gemm[PA_F64];
+    const pa_gemm_kernel b32 = pa_gemm_blocked(&f->gemm[PA_F32], pa_elsize(PA_F32)),
+                         b64 = pa_gemm_blocked(&f->gemm[PA_F64], pa_elsize(PA_F64));
+    const pa_gemm_kernel *g32 = &b32, *g64 = &b64;   /* as pa_matmul blocks them here */
+    char gnote[160];
+    pa_gemm_blocking_note(gnote, sizeof gnote);
     char attn32[64], attn64[64];
     snprintf(attn32, sizeof attn32, "pyattn_attn_f32_flash_%dx%d", f->attn_bq[PA_F32], PA_FLASH_BK);
     snprintf(attn64, sizeof attn64, "pyattn_attn_f64_flash_%dx%d", f->attn_bq[PA_F64], PA_FLASH_BK);
@@ -1337,7 +1341,7 @@ static PyObject *py_config(PyObject *self, PyObject *unused)
     if (!kernels) return NULL;
     return Py_BuildValue(
         "{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:i,s:i,s:n,s:n,s:n,"
-        "s:(iiiii),s:(iiiii),s:(ii),s:(ii),s:N}",
+        "s:(iiiii),s:(iiiii),s:(ii),s:(ii),s:N,s:s}",
         "isa", pa_isa_name(f->isa), "isa_machine", pa_isa_name(pa_isa_machine()),
         "gemm_f32", g32->name, "gemm_f64", g64->name, "gemm_bf16", f->gemm_bf16.name,
         "attn_f32", attn32, "attn_f64", attn64,
@@ -1350,7 +1354,7 @@ static PyObject *py_config(PyObject *self, PyObject *unused)
         "gemm_f64_blocking", g64->mr, g64->nr, g64->kc, g64->mc, g64->nc,
         "attn_f32_tile", f->attn_bq[PA_F32], PA_FLASH_BK,
         "attn_f64_tile", f->attn_bq[PA_F64], PA_FLASH_BK,
-        "kernels", kernels);
+        "kernels", kernels, "gemm_blocking_from", gnote);
 }
 
 /* families() -> ((word, code, built), ...): the rows of PA_FAMILIES

@@ -120,7 +120,7 @@ def show_config() -> None:
              else f"  (PYATTN_ISA={asked!r} cannot run on this CPU)"))
     print(f"  GEMM micro-kernels: {c['gemm_f32']}, {c['gemm_f64']}")
     print(f"  GEMM blocking     : float32 {blocking(c['gemm_f32_blocking'])}; "
-          f"float64 {blocking(c['gemm_f64_blocking'])}")
+          f"float64 {blocking(c['gemm_f64_blocking'])} ({c['gemm_blocking_from']})")
     print(f"  attention (flash) : {c['attn_f32']}, {c['attn_f64']} "
           f"(query rows x keys per tile: {c['attn_f32_tile'][0]}x{c['attn_f32_tile'][1]}, "
           f"{c['attn_f64_tile'][0]}x{c['attn_f64_tile'][1]})")

@@ -12,7 +12,10 @@
  * never leaves a task and always runs in the same KC panels, so an element's
  * arithmetic does not depend on the thread count or on its batch.
  */
+#include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
+#include "cpu.h"
 #include "ops.h"
 #include "threads.h"
 
@@ -31,7 +34,8 @@ typedef struct {
     pa_gemm_kernel g;        /* fam->gemm[dtype], or fam->gemm_bf16 */
     int bf16;                /* precision "bf16": operands rounded to bfloat16 as they are packed */
     size_t pes;              /* bytes of a packed element (2 for bfloat16) */
-    pa_ssize mchunk, mchunks, nblocks;   /* rows per task (a multiple of mc), tasks along M, along N */
+    pa_ssize mb, panels;     /* MC blocks along M, MR panels along M (m_row) */
+    pa_ssize mchunk, mchunks, nblocks;   /* MC blocks per task, tasks along M, along N */
     void **ws;               /* per thread: packed A then packed B */
     size_t a_elems;
 } gemm_ctx;
@@ -100,6 +104,24 @@ static void pack_b_pairs(const void *B, pa_ssize rs, pa_ssize cs, pa_ssize kc, p
                     *dst++ = (j < n && p < kc) ? pa_f32_to_bf16(pa_load_f32(B, p * rs + (j0 + j) * cs, sd)) : 0;
                 }
     }
+}
+
+/* First row of MC block i (i <= mb): the M panels of MR rows dealt out to the
+ * mb blocks as evenly as whole panels allow (heights differ by at most MR,
+ * each a multiple of MR but the last, which holds M's edge), so the row
+ * blocks -- the tasks of the threads -- take equal time: M = 2048 with MR 12
+ * is 171 panels, 18 blocks of 9 or 10 panels, not 17 of 120 rows and one of
+ * 8. Blocks start on panel boundaries, so no element's arithmetic moves. */
+static inline pa_ssize m_row(const gemm_ctx *c, pa_ssize i)
+{
+    if (i >= c->mb) return c->M;
+    const pa_ssize q = c->panels / c->mb, r = c->panels % c->mb;
+#if defined(__SIZEOF_INT128__)
+    const pa_ssize extra = (pa_ssize)((__int128)i * r / c->mb);
+#else
+    const pa_ssize extra = (pa_ssize)((double)i * (double)r / (double)c->mb);
+#endif
+    return pa_min(c->M, (i * q + extra) * c->g.mr);
 }
 
 /* K elements of a packed panel: kc, or kc rounded up to even (bfloat16 pairs) */
@@ -185,8 +207,9 @@ static void gemm_task(void *ctx_, pa_ssize t, int tid)
     const pa_ssize ib = (t / c->nblocks) % c->mchunks;
     const pa_ssize b = t / (c->nblocks * c->mchunks);
     const size_t es = pa_elsize(c->dtype);
-    const pa_ssize i0 = ib * c->mchunk, j0 = jb * g->nc;
-    const pa_ssize mt = pa_min(c->M - i0, c->mchunk);
+    const pa_ssize blk0 = ib * c->mchunk, blk1 = pa_min(blk0 + c->mchunk, c->mb);
+    const pa_ssize i0 = m_row(c, blk0), j0 = jb * g->nc;
+    const pa_ssize mt = m_row(c, blk1) - i0;
     const pa_ssize nc = pa_min(c->N - j0, g->nc);
     const char *A = (const char *)c->A->p + (pa_batch_offset(c->bt, c->A->bs, b) + i0 * c->A->rs) * c->esa;
     const char *B = (const char *)c->B->p + (pa_batch_offset(c->bt, c->B->bs, b) + j0 * c->B->cs) * c->esb;
@@ -205,8 +228,8 @@ static void gemm_task(void *ctx_, pa_ssize t, int tid)
         const pa_ssize kc = pa_min(c->K - p0, g->kc);
         const int accumulate = (p0 > 0) || bias != NULL;
         pack_b(c, B + p0 * c->B->rs * c->esb, kc, nc, Bp);
-        for (pa_ssize ic = 0; ic < mt && !pa_stopping(stop); ic += g->mc) {
-            const pa_ssize mc = pa_min(mt - ic, g->mc);
+        for (pa_ssize blk = blk0; blk < blk1 && !pa_stopping(stop); blk++) {
+            const pa_ssize ic = m_row(c, blk) - i0, mc = m_row(c, blk + 1) - i0 - ic;
             gemm_block(c, A + (ic * c->A->rs + p0 * c->A->cs) * c->esa, mc, kc, Bp, nc,
                        C + ic * crs * (pa_ssize)es, accumulate, Ap);
         }
@@ -237,10 +260,10 @@ typedef struct {
  * thread is free first, keep every thread busy within 5 % of the end, else
  * the best such split. (Simulated for up to SIM threads; beyond, the tasks
  * are counted as equal.) */
-static pa_ssize shared_parts(pa_ssize M, pa_ssize mc, pa_ssize npanels, pa_ssize nr, pa_ssize nc, int nt)
+static pa_ssize shared_parts(const gemm_ctx *c, pa_ssize npanels, pa_ssize nr, pa_ssize nc, int nt)
 {
     enum { SIM = 16 };
-    const pa_ssize mblocks = (M + mc - 1) / mc;
+    const pa_ssize mblocks = c->mb;
     if (mblocks >= 8 * (pa_ssize)nt) return 1;                 /* fine-grained enough */
     pa_ssize best = 1;
     double best_eff = 0.0;
@@ -254,7 +277,7 @@ static pa_ssize shared_parts(pa_ssize M, pa_ssize mc, pa_ssize npanels, pa_ssize
             double fin[SIM] = {0.0}, total = 0.0, end = 0.0;
             for (pa_ssize i = 0; i < mblocks; i++)
                 for (pa_ssize j = 0; j < p && j * ppart < npanels; j++) {
-                    const pa_ssize rows = pa_min(M - i * mc, mc);
+                    const pa_ssize rows = m_row(c, i + 1) - m_row(c, i);
                     const pa_ssize c0 = j * ppart * nr, cols = pa_min(nc - c0, ppart * nr);
                     int f = 0;
                     for (int u = 1; u < nt; u++) if (fin[u] < fin[f]) f = u;
@@ -287,8 +310,8 @@ static void shared_compute_task(void *ctx_, pa_ssize t, int tid)
     const shared_ctx *s = (const shared_ctx *)ctx_;
     const gemm_ctx *c = s->c;
     const size_t es = pa_elsize(c->dtype);
-    const pa_ssize i0 = t / s->nparts * c->g.mc;
-    const pa_ssize mc = pa_min(c->M - i0, c->g.mc);
+    const pa_ssize i0 = m_row(c, t / s->nparts);
+    const pa_ssize mc = m_row(c, t / s->nparts + 1) - i0;
     const pa_ssize j0 = t % s->nparts * s->ppart * c->g.nr;       /* whole panels */
     if (j0 >= s->nc) return;
     const pa_ssize nc = pa_min(s->nc - j0, s->ppart * c->g.nr);
@@ -305,7 +328,7 @@ static int gemm_shared(gemm_ctx *c, int nt)
     const pa_ssize kcm = packed_k(c, pa_min(pa_max(c->K, 1), g->kc));
     char *Bp = (char *)pa_alloc64((size_t)(ncp * kcm) * c->pes);
     if (!Bp) return -1;
-    const pa_ssize mblocks = (c->M + g->mc - 1) / g->mc;
+    const pa_ssize mblocks = c->mb;
     for (pa_ssize b = 0; b < c->bt->count; b++) {
         const char *A = (const char *)c->A->p + pa_batch_offset(c->bt, c->A->bs, b) * c->esa;
         const char *B = (const char *)c->B->p + pa_batch_offset(c->bt, c->B->bs, b) * c->esb;
@@ -325,7 +348,7 @@ static int gemm_shared(gemm_ctx *c, int nt)
             }
             s.npanels = (s.nc + g->nr - 1) / g->nr;
             s.per = (s.npanels + nt - 1) / nt;
-            s.nparts = shared_parts(c->M, g->mc, s.npanels, g->nr, s.nc, nt);
+            s.nparts = shared_parts(c, s.npanels, g->nr, s.nc, nt);
             s.ppart = (s.npanels + s.nparts - 1) / s.nparts;
             for (pa_ssize p0 = 0; p0 < c->K; p0 += g->kc) {
                 s.kc = pa_min(c->K - p0, g->kc);
@@ -341,27 +364,96 @@ static int gemm_shared(gemm_ctx *c, int nt)
     return 0;
 }
 
+/* Cache blocking from the caches the OS reports (cpu.c), read once per
+ * process. KC is the family's (PA_GEMM_KC: it fixes every element's order
+ * of summation, so it never moves); MC and NC only partition C, so they may
+ * follow the machine without changing a bit:
+ *   MC: the packed A block (MC x KC) takes at most 1/8 of the L2 -- room for
+ *       the B micro-panel and the C tile streaming through, and for a
+ *       sibling hyperthread -- in whole MR panels, 4 MR .. 480 rows;
+ *   NC: the packed B block (KC x NC) takes at most 1/16 of the L3 (a share
+ *       of a cache shared with other cores), in whole NR panels,
+ *       8 NR .. 4096 columns.
+ * Where the OS says nothing, the family's table values stay. On a Zen 5
+ * (L2 1 MiB, L3 32 MiB), float32: MC 120 (avx512, MR 12) / 126 (avx2,
+ * MR 6), NC 2048. */
+static atomic_int caches_read;
+static _Atomic size_t cache_l2, cache_l3;
+
+static void gemm_caches(size_t *l2, size_t *l3)
+{
+    if (!atomic_load_explicit(&caches_read, memory_order_acquire)) {
+        size_t a, b, c;                /* two threads may both read: the same values */
+        pa_cache_sizes(&a, &b, &c);
+        atomic_store_explicit(&cache_l2, b, memory_order_relaxed);
+        atomic_store_explicit(&cache_l3, c, memory_order_relaxed);
+        atomic_store_explicit(&caches_read, 1, memory_order_release);
+    }
+    *l2 = atomic_load_explicit(&cache_l2, memory_order_relaxed);
+    *l3 = atomic_load_explicit(&cache_l3, memory_order_relaxed);
+}
+
+#define PA_MC_L2_SHARE 8
+#define PA_NC_L3_SHARE 16
+#define PA_MC_MAX 480
+#define PA_NC_MAX 4096
+
+static int blocked_dim(size_t cache, size_t share, size_t bytes_per, int r, int lo_panels, int hi, int dflt)
+{
+    if (cache == 0 || bytes_per == 0 || r <= 0) return dflt;
+    size_t n = cache / share / bytes_per;
+    n -= n % (size_t)r;
+    const size_t lo = (size_t)lo_panels * (size_t)r, top = (size_t)hi - (size_t)hi % (size_t)r;
+    if (n < lo) n = lo;
+    if (n > top) n = top > lo ? top : lo;
+    return (int)n;
+}
+
+pa_gemm_kernel pa_gemm_blocked(const pa_gemm_kernel *g, size_t pes)
+{
+    pa_gemm_kernel b = *g;
+    size_t l2, l3;
+    gemm_caches(&l2, &l3);
+    const size_t panel = (size_t)g->kc * pes;          /* bytes of one A row / B column of a KC panel */
+    b.mc = blocked_dim(l2, PA_MC_L2_SHARE, panel, g->mr, 4, PA_MC_MAX, g->mc);
+    b.nc = blocked_dim(l3, PA_NC_L3_SHARE, panel, g->nr, 8, PA_NC_MAX, g->nc);
+    return b;
+}
+
+int pa_gemm_blocking_note(char *buf, size_t n)
+{
+    size_t l2, l3;
+    gemm_caches(&l2, &l3);
+    char a[64], b[64];
+    if (l2) snprintf(a, sizeof a, "MC: A block <= L2 %zu KiB / %d", l2 >> 10, PA_MC_L2_SHARE);
+    else snprintf(a, sizeof a, "MC: the family's (no L2 size from the OS)");
+    if (l3) snprintf(b, sizeof b, "NC: B block <= L3 %zu KiB / %d", l3 >> 10, PA_NC_L3_SHARE);
+    else snprintf(b, sizeof b, "NC: the family's (no L3 size from the OS)");
+    return snprintf(buf, n, "%s; %s", a, b);
+}
+
 /* The call's context: its operands and its copy of the kernel's blocking,
  * cut into blocks of equal size. N blocks of equal width (whole NR panels):
  * N = 2304 with NC = 2048 gives two blocks of 1152, not 2048 + 256, so the
- * tasks of one N block take as long as the other's; MC blocks of equal
- * height (whole MR panels) likewise: M = 300 with MC = 96 gives 84, 84, 84,
- * 48 rows, not 96, 96, 96, 12. NC and MC only partition C, so no element's
- * arithmetic changes. */
+ * tasks of one N block take as long as the other's; MC blocks of nearly
+ * equal height (whole MR panels dealt out evenly, m_row) likewise: M = 300
+ * with MC = 96 and MR = 12 gives 72, 72, 72, 84 rows, not 96, 96, 96, 12.
+ * NC and MC only partition C, so no element's arithmetic changes. */
 static void gemm_init(gemm_ctx *c, const pa_family *fam, const pa_matmul_call *mm)
 {
     c->dtype = mm->dtype; c->bt = mm->bt; c->M = mm->M; c->N = mm->N; c->K = mm->K;
     c->a_dt = mm->a_dt; c->b_dt = mm->b_dt;
     c->esa = (pa_ssize)pa_elsize(mm->a_dt); c->esb = (pa_ssize)pa_elsize(mm->b_dt);
     c->A = mm->A; c->B = mm->B; c->C = mm->C; c->bias = mm->bias; c->bias_s = mm->bias_s;
-    c->g = mm->bf16 ? fam->gemm_bf16 : fam->gemm[mm->dtype];   /* this call's copy */
     c->bf16 = mm->bf16;
     c->pes = mm->bf16 ? sizeof(uint16_t) : pa_elsize(mm->dtype);
+    c->g = pa_gemm_blocked(mm->bf16 ? &fam->gemm_bf16 : &fam->gemm[mm->dtype], c->pes);  /* this call's copy */
     c->nblocks = (c->N + c->g.nc - 1) / c->g.nc;
     const pa_ssize w = (c->N + c->nblocks - 1) / c->nblocks;
     c->g.nc = (int)((w + c->g.nr - 1) / c->g.nr * c->g.nr);
-    const pa_ssize mb = (c->M + c->g.mc - 1) / c->g.mc;
-    const pa_ssize h = ((c->M + mb - 1) / mb + c->g.mr - 1) / c->g.mr * c->g.mr;
+    c->mb = (c->M + c->g.mc - 1) / c->g.mc;
+    c->panels = (c->M + c->g.mr - 1) / c->g.mr;
+    const pa_ssize h = (c->panels + c->mb - 1) / c->mb * c->g.mr;   /* the tallest block (m_row) */
     if (h < c->g.mc) c->g.mc = (int)h;
     c->ws = NULL;
 }
@@ -371,15 +463,15 @@ static void gemm_init(gemm_ctx *c, const pa_family *fam, const pa_matmul_call *m
  * the same B panels again (10 % of 1024^3), so it takes one chunk */
 static void gemm_chunks(gemm_ctx *c, int nthreads)
 {
-    const pa_ssize mblocks = (c->M + c->g.mc - 1) / c->g.mc;
+    const pa_ssize mblocks = c->mb;
     const pa_ssize others = c->bt->count * c->nblocks;
     const pa_ssize want = nthreads <= 1 ? 1 : 3 * (pa_ssize)nthreads;
     pa_ssize per = (want + others - 1) / others;         /* chunks wanted per (b, N block) */
     if (per < 1) per = 1;
     if (per > mblocks) per = mblocks;
     const pa_ssize blocks = (mblocks + per - 1) / per;   /* MC blocks per chunk */
-    c->mchunk = blocks * c->g.mc;
-    c->mchunks = (c->M + c->mchunk - 1) / c->mchunk;
+    c->mchunk = blocks;
+    c->mchunks = (mblocks + blocks - 1) / blocks;
 }
 
 /* A thread's workspace: packed A (MC x KC), then packed B (KC x NC) */
@@ -399,12 +491,53 @@ static int gemm_shares(const gemm_ctx *c, int nt, int nthreads)
 {
     const pa_ssize bpanels = (c->g.nc + c->g.nr - 1) / c->g.nr;
     return nt > 1 && c->bt->count * c->nblocks < nt &&
-           (c->M + c->g.mc - 1) / c->g.mc * pa_min(bpanels, 8) >= 2 * pa_max(nthreads, 1);
+           c->mb * pa_min(bpanels, 8) >= 2 * pa_max(nthreads, 1);
+}
+
+/* A batch whose B is shared (batch strides 0 wherever the batch axis is
+ * longer than 1) and whose A and C rows run on from one batch item to the
+ * next (batch stride M rows, outer axes nested) is one product with
+ * count x M rows: a (B, T, d_in) @ w.T of torch.nn.Linear's layout, whose
+ * B panels are then packed once per KC x NC block, not once per batch item.
+ * Every element's arithmetic is the same (the same K panels, the same
+ * kernel; an element's value does not depend on where its tile sits). */
+static int rows_run_on(const pa_batch *bt, const pa_ssize *bs, pa_ssize rows)
+{
+    pa_ssize want = rows;
+    for (int d = bt->nb - 1; d >= 0; d--) {
+        if (bt->shape[d] == 1) continue;
+        if (bs[d] != want) return 0;
+        if (__builtin_mul_overflow(want, bt->shape[d], &want)) return 0;
+    }
+    return 1;
+}
+
+static int batch_folds(const pa_matmul_call *mm)
+{
+    if (mm->bt->count <= 1) return 0;
+    for (int d = 0; d < mm->bt->nb; d++)
+        if (mm->bt->shape[d] > 1 && mm->B->bs[d] != 0) return 0;
+    size_t rows;
+    if (!pa_mul_ok((size_t)mm->bt->count, (size_t)mm->M, &rows) || rows > (size_t)PTRDIFF_MAX / 2) return 0;
+    pa_ssize ra, rc;
+    return mm->A->rs != 0 && mm->C->rs != 0 && !__builtin_mul_overflow(mm->M, mm->A->rs, &ra) &&
+           !__builtin_mul_overflow(mm->M, mm->C->rs, &rc) && rows_run_on(mm->bt, mm->A->bs, ra) &&
+           rows_run_on(mm->bt, mm->C->bs, rc);
 }
 
 int pa_matmul(const pa_family *fam, const pa_matmul_call *mm, int nthreads)
 {
     if (mm->bt->count == 0 || mm->M == 0 || mm->N == 0) return 0;
+    pa_matmul_call folded;
+    pa_batch one;
+    if (batch_folds(mm)) {
+        folded = *mm;
+        one.nb = 0;
+        one.count = 1;
+        folded.bt = &one;
+        folded.M = mm->M * mm->bt->count;
+        mm = &folded;
+    }
     if (mm->bf16 && mm->dtype != PA_F32) return -1;
     gemm_ctx c;
     size_t ntasks, bytes;

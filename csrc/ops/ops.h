@@ -88,6 +88,10 @@ typedef struct {
     int bf16;
 } pa_matmul_call;
 int pa_matmul(const pa_family *fam, const pa_matmul_call *mm, int nthreads);
+/* A GEMM kernel's blocking for this machine: MC and NC from the caches the
+ * OS reports (KC never changes); the note says from which, for show_config */
+pa_gemm_kernel pa_gemm_blocked(const pa_gemm_kernel *g, size_t packed_elsize);
+int pa_gemm_blocking_note(char *buf, size_t n);
 
 /* Rows of x (bt = all axes but the last, the last of them being L when
  * causal), each of length S. x, mask, out share bt; mask may be NULL. */
