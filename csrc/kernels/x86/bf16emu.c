@@ -222,12 +222,10 @@ void pa_gemm_bf16_avx512(pa_ssize kc, const void *A_, pa_ssize a_rs, pa_ssize a_
         const __m512 e0 = _mm512_castsi512_ps(_mm512_slli_epi32(w0, 16));
         const __m512 e1 = _mm512_castsi512_ps(_mm512_slli_epi32(w1, 16));
         const float *ao = Ao + q * MR, *ae = Ae + q * MR;
-        for (int i = 0; i < MR; i++) {             /* every row's odd product, then the even ones */
+        for (int i = 0; i < MR; i++) {
             const __m512 a1 = _mm512_set1_ps(ao[i]);
             c[i][0] = _mm512_fmadd_ps(a1, o0, c[i][0]);
             c[i][1] = _mm512_fmadd_ps(a1, o1, c[i][1]);
-        }
-        for (int i = 0; i < MR; i++) {
             const __m512 a0 = _mm512_set1_ps(ae[i]);
             c[i][0] = _mm512_fmadd_ps(a0, e0, c[i][0]);
             c[i][1] = _mm512_fmadd_ps(a0, e1, c[i][1]);
