@@ -228,7 +228,20 @@ static void bf16_init(const pa_family *f, const pa_attn_args *a, pa_ssize i0, pa
 static inline void bf16_round_p_mr(bf16_blk *b, pa_ssize nj2, const int MR)
 {
     const pa_ssize ld = b->ld;
+    uint32_t nan = 0;                                /* bit 31: a NaN was seen */
     for (pa_ssize r0 = 0; r0 < b->qc; r0 += MR)
+        for (pa_ssize q2 = 0; q2 < nj2 / 2; q2++) {
+            const uint32_t *ea = (const uint32_t *)(b->St + 2 * q2 * ld + r0);
+            const uint32_t *eb = (const uint32_t *)(b->St + (2 * q2 + 1) * ld + r0);
+            uint32_t *dst = (uint32_t *)(b->Pp + r0 * nj2) + q2 * MR;
+            for (int i = 0; i < MR; i++) {           /* pa_bf16_round without its NaN case */
+                const uint32_t x = ea[i], y = eb[i];
+                nan |= ((x & 0x7fffffffu) + 0x7fffffu) | ((y & 0x7fffffffu) + 0x7fffffu);
+                dst[i] = ((y + 0x7fffu + ((y >> 16) & 1u)) & 0xffff0000u) | ((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+            }
+        }
+    if (!(nan & 0x80000000u)) return;
+    for (pa_ssize r0 = 0; r0 < b->qc; r0 += MR)      /* a NaN: again, with it */
         for (pa_ssize q2 = 0; q2 < nj2 / 2; q2++) {
             const uint32_t *ea = (const uint32_t *)(b->St + 2 * q2 * ld + r0);
             const uint32_t *eb = (const uint32_t *)(b->St + (2 * q2 + 1) * ld + r0);
