@@ -96,8 +96,8 @@ def _bf16_how(kernel):
 # precision="bf16" time / float32 time of the x86 emulations, as measured
 # (AMD Zen 5, 1 thread, matmul 2048^3 and attention L=S=2048 E=64 / 128)
 _BF16_COST = {
-    "pa_gemm_bf16_avx512": "measured 1.2-1.3x the float32 time (matmul 2048^3, attention L=S=2048; Zen 5)",
-    "pa_gemm_bf16_avx2": "measured 1.15-1.25x the float32 time with the avx2 family (matmul 2048^3, "
+    "pa_gemm_bf16_avx512": "measured 1.15-1.3x the float32 time (matmul 2048^3, attention L=S=2048; Zen 5)",
+    "pa_gemm_bf16_avx2": "measured 1.1-1.3x the float32 time with the avx2 family (matmul 2048^3, "
                          "attention L=S=2048; Zen 5)",
 }
 
