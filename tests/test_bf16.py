@@ -174,7 +174,7 @@ def test_avx512_emulation_is_the_instruction(rng, tmp_path):
 def test_every_family_gives_the_same_bits(rng, family):
     a, b = edge_operands(rng, 40, 300, 37)
     want = None
-    for isa in ("generic", "avx2", "avx512", "avx512emu"):
+    for isa in ("generic", "avx2", "avx512", "avx512emu", "neon"):
         got_isa = _C.select_isa(ISA[isa])
         if got_isa != ISA[isa]:
             continue

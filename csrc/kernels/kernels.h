@@ -54,5 +54,8 @@ double pa_bf16_probe_avx512bf16(long long iters, float *sink);
  * avx512emu borrows */
 double pa_fma_probe_avx2(long long iters, float *sink);
 #endif
+#ifdef PA_HAVE_NEON_KERNELS
+pa_gemm_sig pa_gemm_bf16_neon;             /* the same on NEON FMAs (kernels/arm/bf16emu_neon.c) */
+#endif
 
 #endif

@@ -56,6 +56,19 @@ static void qwiden_rows(const pa_family *f, int bits, const void *p, pa_ssize rs
  *   bfloat16 flash kernels round them (pyattn/_reference.py models it).
  * No decode split, no weights path: the caller sends bf16 calls here. */
 
+/* float32 bits; two float32 values rounded to bfloat16 as one pair word of
+ * the panels (lo: the even element, in the low half), pa_bf16_round's bits */
+static inline uint32_t bf16_bits(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+}
+static inline uint32_t bf16_pair(float lo, float hi)
+{
+    return (pa_bf16_round(bf16_bits(hi)) & 0xffff0000u) | (pa_bf16_round(bf16_bits(lo)) >> 16);
+}
+
 /* Keys [j0, j0 + nj) of K and V, rounded to bfloat16, as the pair panels
  * of gemm_bf16: K as A panels of MR keys (pairs along E: rup(BK, MR) x
  * rup(E, 2) elements), V as B panels of NR columns (pairs along the keys:
@@ -75,9 +88,13 @@ void pa_bf16_pack_kv(const pa_family *f, const pa_attn_args *a, pa_ssize j0, pa_
                 for (pa_ssize q2 = 0; q2 < e2 / 2; q2++) dst[q2 * MR * 2] = dst[q2 * MR * 2 + 1] = 0;
                 continue;
             }
-            if (kf) {
+            if (kf) {                                /* a 32-bit word per pair */
                 const float *src = (const float *)a->k + pa_attn_krow(a, j0 + r);
-                for (pa_ssize e = 0; e < E; e++) dst[(e >> 1) * MR * 2 + (e & 1)] = pa_f32_to_bf16(src[e]);
+                uint32_t *w = (uint32_t *)(Kp + r0 * e2) + i;
+                for (pa_ssize q2 = 0; q2 < E / 2; q2++) w[q2 * MR] = bf16_pair(src[2 * q2], src[2 * q2 + 1]);
+                if (E & 1) w[(E / 2) * MR] = pa_bf16_round(bf16_bits(src[E - 1])) >> 16;
+                if (E == 0) w[0] = 0;                /* the pad pair */
+                continue;
             } else {
                 for (pa_ssize e = 0; e < E; e++)
                     dst[(e >> 1) * MR * 2 + (e & 1)] =
@@ -85,6 +102,22 @@ void pa_bf16_pack_kv(const pa_family *f, const pa_attn_args *a, pa_ssize j0, pa_
             }
             for (pa_ssize e = E; e < e2; e++) dst[(e >> 1) * MR * 2 + (e & 1)] = 0;   /* pad: E odd or 0 */
         }
+    if (vf && nj > 0) {                               /* a 32-bit word per key pair and column */
+        for (pa_ssize q2 = 0; q2 < nj2 / 2; q2++) {
+            const float *v0 = (const float *)a->v + pa_attn_vrow(a, j0 + 2 * q2);
+            const float *v1 = 2 * q2 + 1 < nj ? (const float *)a->v + pa_attn_vrow(a, j0 + 2 * q2 + 1) : NULL;
+            for (pa_ssize c0 = 0; c0 < evp; c0 += NR) {
+                uint32_t *w = (uint32_t *)(Vp + c0 * nj2) + q2 * NR;
+                const pa_ssize nc = pa_min(NR, pa_max(Ev - c0, 0));
+                if (v1)
+                    for (pa_ssize j = 0; j < nc; j++) w[j] = bf16_pair(v0[c0 + j], v1[c0 + j]);
+                else
+                    for (pa_ssize j = 0; j < nc; j++) w[j] = pa_bf16_round(bf16_bits(v0[c0 + j])) >> 16;
+                for (pa_ssize j = nc; j < NR; j++) w[j] = 0;
+            }
+        }
+        return;
+    }
     for (pa_ssize q2 = 0; q2 < nj2 / 2; q2++)
         for (int t = 0; t < 2; t++) {
             const pa_ssize r = 2 * q2 + t;
@@ -160,6 +193,20 @@ static void bf16_init(const pa_family *f, const pa_attn_args *a, pa_ssize i0, pa
     int sexp;
     b->fold = frexp(a->scale, &sexp) == 0.5;
     const float qs = b->fold ? (float)a->scale : 1.0f;
+    if (a->q_dt == PA_F32 && a->q_cs == 1 && E > 0) {  /* Q as pair panels, a 32-bit word per pair */
+        for (pa_ssize c0 = 0; c0 < b->qc; c0 += NR)
+            for (int j = 0; j < NR; j++) {
+                const pa_ssize r = c0 + j;
+                uint32_t *w = (uint32_t *)(b->Qp + c0 * b->e2) + j;
+                const float *src = (const float *)a->q + (i0 + r) * a->q_rs;
+                if (r >= b->nq) {
+                    for (pa_ssize q2 = 0; q2 < b->e2 / 2; q2++) w[q2 * NR] = 0;
+                    continue;
+                }
+                for (pa_ssize q2 = 0; q2 < E / 2; q2++) w[q2 * NR] = bf16_pair(src[2 * q2] * qs, src[2 * q2 + 1] * qs);
+                if (E & 1) w[(E / 2) * NR] = pa_bf16_round(bf16_bits(src[E - 1] * qs)) >> 16;
+            }
+    } else
     for (pa_ssize c0 = 0; c0 < b->qc; c0 += NR)       /* Q as pair panels */
         for (pa_ssize q2 = 0; q2 < b->e2 / 2; q2++)
             for (int j = 0; j < NR; j++)
@@ -178,13 +225,23 @@ static void bf16_init(const pa_family *f, const pa_attn_args *a, pa_ssize i0, pa
 /* P (St, nj keys) rounded to bfloat16, as pair panels (MR queries each):
  * one 32-bit word per query and key pair, written with integer operations
  * the compiler vectorises (pa_bf16_round) */
-static void bf16_round_p(bf16_blk *b, pa_ssize nj)
+static inline void bf16_round_p_mr(bf16_blk *b, pa_ssize nj2, const int MR)
 {
-    const int MR = b->g->mr;
-    const pa_ssize ld = b->ld, nj2 = pa_round_up(nj, 2);
-    if (nj & 1)
-        for (pa_ssize c = 0; c < b->qc; c++) b->St[nj * ld + c] = 0;   /* the pad key */
+    const pa_ssize ld = b->ld;
+    uint32_t nan = 0;                                /* bit 31: a NaN was seen */
     for (pa_ssize r0 = 0; r0 < b->qc; r0 += MR)
+        for (pa_ssize q2 = 0; q2 < nj2 / 2; q2++) {
+            const uint32_t *ea = (const uint32_t *)(b->St + 2 * q2 * ld + r0);
+            const uint32_t *eb = (const uint32_t *)(b->St + (2 * q2 + 1) * ld + r0);
+            uint32_t *dst = (uint32_t *)(b->Pp + r0 * nj2) + q2 * MR;
+            for (int i = 0; i < MR; i++) {           /* pa_bf16_round without its NaN case */
+                const uint32_t x = ea[i], y = eb[i];
+                nan |= ((x & 0x7fffffffu) + 0x7fffffu) | ((y & 0x7fffffffu) + 0x7fffffu);
+                dst[i] = ((y + 0x7fffu + ((y >> 16) & 1u)) & 0xffff0000u) | ((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+            }
+        }
+    if (!(nan & 0x80000000u)) return;
+    for (pa_ssize r0 = 0; r0 < b->qc; r0 += MR)      /* a NaN: again, with it */
         for (pa_ssize q2 = 0; q2 < nj2 / 2; q2++) {
             const uint32_t *ea = (const uint32_t *)(b->St + 2 * q2 * ld + r0);
             const uint32_t *eb = (const uint32_t *)(b->St + (2 * q2 + 1) * ld + r0);
@@ -192,6 +249,19 @@ static void bf16_round_p(bf16_blk *b, pa_ssize nj)
             for (int i = 0; i < MR; i++)
                 dst[i] = (pa_bf16_round(eb[i]) & 0xffff0000u) | (pa_bf16_round(ea[i]) >> 16);
         }
+}
+/* (the loop above with MR a constant: the rows of a panel as whole vectors) */
+static void bf16_round_p(bf16_blk *b, pa_ssize nj)
+{
+    const pa_ssize nj2 = pa_round_up(nj, 2);
+    if (nj & 1)
+        for (pa_ssize c = 0; c < b->qc; c++) b->St[nj * b->ld + c] = 0;   /* the pad key */
+    switch (b->g->mr) {
+    case 4: bf16_round_p_mr(b, nj2, 4); break;
+    case 6: bf16_round_p_mr(b, nj2, 6); break;
+    case 12: bf16_round_p_mr(b, nj2, 12); break;
+    default: bf16_round_p_mr(b, nj2, b->g->mr); break;
+    }
 }
 
 /* clean: query 0's keys of weight 0 get V rows 0 (in Vp, packed here) */

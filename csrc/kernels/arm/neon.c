@@ -6,7 +6,8 @@
  * vector registers hold the tile), the tile steps, softmax rows in 32-byte
  * pieces (2 vectors), the softcap, the decode rows, widening, the read
  * probe; plus the FMA peak probe pa_fma_probe_neon and the family's table,
- * pa_family_neon. Blocking: KC = PA_GEMM_KC (the contract); MC 96 / NC 2048
+ * pa_family_neon, whose bfloat16 products are bf16emu_neon.c's (6 x 16).
+ * Blocking: KC = PA_GEMM_KC (the contract); MC 96 / NC 2048
  * sized for 64 KiB L1d and >= 1 MiB L2 (Apple M-series, Neoverse N1/V1/V2),
  * not tuned on one: none was at hand.
  */
@@ -34,7 +35,7 @@
 #define PA_TILE_gemm_f64 12, 4, PA_GEMM_KC, 96, 1024
 const pa_family pa_family_neon = {
     PA_FAMILY_KERNELS(neon),
-    .gemm_bf16 = {PA_NAMED(pa_gemm_bf16_ref), 4, 16, PA_GEMM_KC_BF16, 64, 2048},
+    .gemm_bf16 = {PA_NAMED(pa_gemm_bf16_neon), 6, 16, PA_GEMM_KC_BF16, 96, 2048},
     .attn_bq = {48, 48},
     .fma_probe = pa_fma_probe_neon, .fma_lanes = 4,
 };
