@@ -50,8 +50,21 @@ static void load_block(const void *x, int dt, pa_ssize xs, pa_ssize i0, pa_ssize
     }
 }
 
+/* d rounded to float32 to odd (an inexact result gets an odd last bit):
+ * rounding that to nearest even at <= 22 bits (float16, bfloat16) is the
+ * exactly rounded d (Boldo & Melquiond), where float32 first would round twice */
+static inline float f32_odd(double d)
+{
+    union { float f; uint32_t u; } c;
+    c.f = (float)d;
+    if ((double)c.f == d || c.f == 0.0f || !(c.f - c.f == 0.0f) || (c.u & 1u)) return c.f;   /* exact, 0, inf/NaN, odd */
+    c.u += (((double)c.f < d) == (c.f > 0.0f)) ? 1u : 0xffffffffu;   /* one step toward d */
+    return c.f;
+}
+
 /* n values d into y (stored as dt, stride ys) from element i0, every
- * step-th: float64 as they are, else rounded to float32 (then to 16 bits) */
+ * step-th: float64 as they are, else rounded to float32 (16 bits: through
+ * f32_odd, one rounding in effect) */
 static void store_block(void *y, int dt, pa_ssize ys, pa_ssize i0, pa_ssize step, pa_ssize n, const double *d)
 {
     const pa_ssize s = ys * step;
@@ -63,11 +76,25 @@ static void store_block(void *y, int dt, pa_ssize ys, pa_ssize i0, pa_ssize step
         for (pa_ssize i = 0; i < n; i++) p[i * s] = (float)d[i];
     } else if (dt == PA_F16) {
         uint16_t *p = (uint16_t *)y + i0 * ys;
-        for (pa_ssize i = 0; i < n; i++) p[i * s] = pa_f32_to_f16((float)d[i]);
+        for (pa_ssize i = 0; i < n; i++) p[i * s] = pa_f32_to_f16(f32_odd(d[i]));
     } else {
         uint16_t *p = (uint16_t *)y + i0 * ys;
-        for (pa_ssize i = 0; i < n; i++) p[i * s] = pa_f32_to_bf16((float)d[i]);
+        for (pa_ssize i = 0; i < n; i++) p[i * s] = pa_f32_to_bf16(f32_odd(d[i]));
     }
+}
+
+/* a + b (exact doubles) rounded to odd: the nearest double when exact, else
+ * the neighbour of the two with an odd last bit (Knuth's TwoSum gives the
+ * error exactly); rounding it to float32 (or, through f32_odd, to 16 bits)
+ * to nearest even is then the exactly rounded a + b */
+static inline double sum_odd(double a, double b)
+{
+    const double sum = a + b, bb = sum - a, err = (a - (sum - bb)) + (b - bb);
+    union { double d; uint64_t u; } c;
+    c.d = sum;
+    if (!(err > 0.0 || err < 0.0) || (c.u & 1u)) return sum;    /* exact (or inf / NaN), or odd */
+    c.u += ((err > 0.0) == (sum > 0.0)) ? 1u : ~(uint64_t)0;       /* one step toward a + b */
+    return c.d;
 }
 
 void pa_rope_row(const pa_rope *r, pa_ssize pos, const void *x, int xdt, pa_ssize xs, void *y, int ydt,
@@ -85,10 +112,16 @@ void pa_rope_row(const pa_rope *r, pa_ssize pos, const void *x, int xdt, pa_ssiz
         load_block(x, xdt, xs, i0 * step + second, step, n, x2);
         load_block(crow, r->dt, r->cst[1], i0, 1, n, c);
         load_block(srow, r->dt, r->sst[1], i0, 1, n, s);
-        for (pa_ssize i = 0; i < n; i++) {
-            y1[i] = x1[i] * c[i] - x2[i] * s[i];
-            y2[i] = x1[i] * s[i] + x2[i] * c[i];
-        }
+        if (r->dt == PA_F64)            /* NumPy's float64 x1 * c - x2 * s, each step rounded */
+            for (pa_ssize i = 0; i < n; i++) {
+                y1[i] = x1[i] * c[i] - x2[i] * s[i];
+                y2[i] = x1[i] * s[i] + x2[i] * c[i];
+            }
+        else                            /* exact products of float32 values, their sum to odd */
+            for (pa_ssize i = 0; i < n; i++) {
+                y1[i] = sum_odd(x1[i] * c[i], -(x2[i] * s[i]));
+                y2[i] = sum_odd(x1[i] * s[i], x2[i] * c[i]);
+            }
         store_block(y, ydt, ys, i0 * step, step, n, y1);
         store_block(y, ydt, ys, i0 * step + second, step, n, y2);
     }

@@ -9,13 +9,15 @@
  * pairs (x1, x2) = (x[i], x[i + half]) (GPT-NeoX / Llama) or (x[2i],
  * x[2i + 1]) (interleaved, GPT-J), c = cos[p, i], s = sin[p, i]:
  *     y1 = x1 c - x2 s,   y2 = x1 s + x2 c,
- * the other features are copied. The arithmetic is double: for a float32
- * computation (float32 / float16 / bfloat16 storage) the products of two
- * float32 values are exact, so each result is the exactly rounded float32 of
- * the true value (one rounding to double, then to float32: innocuous as 53 >=
- * 2 * 24 + 2), and rounding that to float16 / bfloat16 is the exactly rounded
- * 16-bit value. For float64 each product and the sum round once in float64,
- * NumPy's `x1 * c - x2 * s` in float64 bit for bit (no FMA: -ffp-contract=off).
+ * the other features are copied. Rounding: for a float32 computation
+ * (float32 / float16 / bfloat16 storage; x, cos, sin float32 values) y is the
+ * exactly rounded value of the true result in the storage dtype: the
+ * products are exact in double, their sum is rounded to odd (TwoSum), and
+ * rounding a round-to-odd value to a format at least 2 bits narrower is
+ * the correct rounding (one rounding in effect: a plain double sum, then
+ * float32, then 16 bits would round up to three times). For float64 each
+ * product and the sum round once in float64: NumPy's `x1 * c - x2 * s` in
+ * float64 bit for bit (no FMA: -ffp-contract=off).
  */
 #ifndef PYATTN_OPS_ROTARY_H
 #define PYATTN_OPS_ROTARY_H
