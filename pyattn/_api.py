@@ -695,8 +695,12 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
         rotated keys; nothing else in it is read or copied), and the queries
         at ``n_b + t`` when ``is_causal`` or a ``window`` is given, else all at
         ``n_b`` (FlashAttention's rule). The first ``rotary_dim`` features
-        rotate, computed in the compute dtype (a 16-bit query is rounded back
-        to its dtype, new keys to the cache dtype). Positions ``>= R`` are a
+        rotate, in C: each new key as it is written, the queries into a
+        scratch of their size. With a float32 / 16-bit cache the result is
+        the exactly rounded value of ``x1 cos - x2 sin`` (inputs as float32)
+        in the cache dtype (keys; int8 / int4: float32, then quantized) and in
+        a 16-bit query's own dtype (else float32); with float64, NumPy's
+        float64 expression bit for bit. Positions ``>= R`` are a
         ``ValueError``. Also with ``block_table`` and ``cu_seqlens_q``
         (packed: row ``t`` of sequence ``b`` at ``n_b + t``), rotated before
         the paged write; not with ``tree_mask`` (``NotImplementedError``: a
