@@ -5,6 +5,7 @@
  * done in blocks of PA_ROPE_BLK through double buffers, each loop simple
  * enough for the compiler to vectorise at the baseline ISA.
  */
+#include <stdint.h>
 #include <string.h>
 
 #include "pyattn.h"
@@ -31,35 +32,65 @@ uint16_t pa_f32_to_f16(float f)
     return (uint16_t)(sign | (uint16_t)(r >> 13));
 }
 
+/* d rounded to float32 to odd (an inexact result gets an odd last bit):
+ * rounding that to nearest even at <= 22 bits (float16, bfloat16) is the
+ * exactly rounded d (Boldo & Melquiond), where float32 first would round
+ * twice. Branch-free: one step toward d where the float32 value is inexact,
+ * even, and not 0, inf or NaN (f - f == 0 only for finite f); the step is
+ * -1 where |f| > |d| (f above d and positive, or below it and negative). */
+static inline float f32_odd(double d)
+{
+    const float f = (float)d;
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    const uint32_t move = (uint32_t)(((double)f != d) & (f != 0.0f) & (f - f == 0.0f)) & ~u & 1u;
+    const uint32_t down = (uint32_t)(((double)f > d) == (f > 0.0f));
+    u += move - 2u * (move & down);
+    float r;
+    memcpy(&r, &u, sizeof r);
+    return r;
+}
+
+/* sum = a + b rounded to nearest, err = a + b - sum exactly (TwoSum): a + b
+ * rounded to odd (the nearest double when exact, else the neighbour of the
+ * two with an odd last bit); rounding that to float32 (or, through
+ * f32_odd, to 16 bits) to nearest even is the exactly rounded a + b */
+static inline double to_odd(double sum, double err)
+{
+    uint64_t u;
+    memcpy(&u, &sum, sizeof u);
+    if (!(err > 0.0 || err < 0.0) || (u & 1u)) return sum;    /* exact (or inf / NaN: err NaN), or odd */
+    u += ((err > 0.0) == (sum > 0.0)) ? 1u : ~(uint64_t)0;    /* one step toward a + b */
+    memcpy(&sum, &u, sizeof u);
+    return sum;
+}
+
+/* a loop over n elements with stride s, written out for s = 1 and s = 2
+ * (contiguous rows, interleaved pairs) so the compiler vectorises them */
+#define PA_ROPE_LOOP(s, body)                                                                         \
+    do {                                                                                              \
+        if ((s) == 1) { for (pa_ssize i = 0; i < n; i++) { const pa_ssize j = i; body; } }          \
+        else if ((s) == 2) { for (pa_ssize i = 0; i < n; i++) { const pa_ssize j = 2 * i; body; } } \
+        else { for (pa_ssize i = 0; i < n; i++) { const pa_ssize j = i * (s); body; } }              \
+    } while (0)
+
 /* n elements of x (stored as dt, stride xs) from element i0, every step-th, into d */
 static void load_block(const void *x, int dt, pa_ssize xs, pa_ssize i0, pa_ssize step, pa_ssize n, double *d)
 {
     const pa_ssize s = xs * step;
     if (dt == PA_F64) {
         const double *p = (const double *)x + i0 * xs;
-        for (pa_ssize i = 0; i < n; i++) d[i] = p[i * s];
+        PA_ROPE_LOOP(s, d[i] = p[j]);
     } else if (dt == PA_F32) {
         const float *p = (const float *)x + i0 * xs;
-        for (pa_ssize i = 0; i < n; i++) d[i] = (double)p[i * s];
+        PA_ROPE_LOOP(s, d[i] = (double)p[j]);
     } else if (dt == PA_F16) {
         const uint16_t *p = (const uint16_t *)x + i0 * xs;
-        for (pa_ssize i = 0; i < n; i++) d[i] = (double)pa_f16_to_f32(p[i * s]);
+        PA_ROPE_LOOP(s, d[i] = (double)pa_f16_to_f32(p[j]));
     } else {
         const uint16_t *p = (const uint16_t *)x + i0 * xs;
-        for (pa_ssize i = 0; i < n; i++) d[i] = (double)pa_bf16_to_f32(p[i * s]);
+        PA_ROPE_LOOP(s, d[i] = (double)pa_bf16_to_f32(p[j]));
     }
-}
-
-/* d rounded to float32 to odd (an inexact result gets an odd last bit):
- * rounding that to nearest even at <= 22 bits (float16, bfloat16) is the
- * exactly rounded d (Boldo & Melquiond), where float32 first would round twice */
-static inline float f32_odd(double d)
-{
-    union { float f; uint32_t u; } c;
-    c.f = (float)d;
-    if ((double)c.f == d || c.f == 0.0f || !(c.f - c.f == 0.0f) || (c.u & 1u)) return c.f;   /* exact, 0, inf/NaN, odd */
-    c.u += (((double)c.f < d) == (c.f > 0.0f)) ? 1u : 0xffffffffu;   /* one step toward d */
-    return c.f;
 }
 
 /* n values d into y (stored as dt, stride ys) from element i0, every
@@ -70,31 +101,17 @@ static void store_block(void *y, int dt, pa_ssize ys, pa_ssize i0, pa_ssize step
     const pa_ssize s = ys * step;
     if (dt == PA_F64) {
         double *p = (double *)y + i0 * ys;
-        for (pa_ssize i = 0; i < n; i++) p[i * s] = d[i];
+        PA_ROPE_LOOP(s, p[j] = d[i]);
     } else if (dt == PA_F32) {
         float *p = (float *)y + i0 * ys;
-        for (pa_ssize i = 0; i < n; i++) p[i * s] = (float)d[i];
+        PA_ROPE_LOOP(s, p[j] = (float)d[i]);
     } else if (dt == PA_F16) {
         uint16_t *p = (uint16_t *)y + i0 * ys;
-        for (pa_ssize i = 0; i < n; i++) p[i * s] = pa_f32_to_f16(f32_odd(d[i]));
+        PA_ROPE_LOOP(s, p[j] = pa_f32_to_f16(f32_odd(d[i])));
     } else {
         uint16_t *p = (uint16_t *)y + i0 * ys;
-        for (pa_ssize i = 0; i < n; i++) p[i * s] = pa_f32_to_bf16(f32_odd(d[i]));
+        PA_ROPE_LOOP(s, p[j] = pa_f32_to_bf16(f32_odd(d[i])));
     }
-}
-
-/* a + b (exact doubles) rounded to odd: the nearest double when exact, else
- * the neighbour of the two with an odd last bit (Knuth's TwoSum gives the
- * error exactly); rounding it to float32 (or, through f32_odd, to 16 bits)
- * to nearest even is then the exactly rounded a + b */
-static inline double sum_odd(double a, double b)
-{
-    const double sum = a + b, bb = sum - a, err = (a - (sum - bb)) + (b - bb);
-    union { double d; uint64_t u; } c;
-    c.d = sum;
-    if (!(err > 0.0 || err < 0.0) || (c.u & 1u)) return sum;    /* exact (or inf / NaN), or odd */
-    c.u += ((err > 0.0) == (sum > 0.0)) ? 1u : ~(uint64_t)0;       /* one step toward a + b */
-    return c.d;
 }
 
 void pa_rope_row(const pa_rope *r, pa_ssize pos, const void *x, int xdt, pa_ssize xs, void *y, int ydt,
@@ -117,11 +134,23 @@ void pa_rope_row(const pa_rope *r, pa_ssize pos, const void *x, int xdt, pa_ssiz
                 y1[i] = x1[i] * c[i] - x2[i] * s[i];
                 y2[i] = x1[i] * s[i] + x2[i] * c[i];
             }
-        else                            /* exact products of float32 values, their sum to odd */
-            for (pa_ssize i = 0; i < n; i++) {
-                y1[i] = sum_odd(x1[i] * c[i], -(x2[i] * s[i]));
-                y2[i] = sum_odd(x1[i] * s[i], x2[i] * c[i]);
+        else {                          /* exact products of float32 values, their sum to odd */
+            double e1[PA_ROPE_BLK], e2[PA_ROPE_BLK];
+            for (pa_ssize i = 0; i < n; i++) {      /* the sums and their errors (TwoSum), vectorised */
+                const double a1 = x1[i] * c[i], b1 = -(x2[i] * s[i]), a2 = x1[i] * s[i], b2 = x2[i] * c[i];
+                const double s1 = a1 + b1, s2 = a2 + b2, v1 = s1 - a1, v2 = s2 - a2;
+                y1[i] = s1;
+                y2[i] = s2;
+                e1[i] = (a1 - (s1 - v1)) + (b1 - v1);
+                e2[i] = (a2 - (s2 - v2)) + (b2 - v2);
             }
+            for (pa_ssize i = 0; i < n; i++)    /* err != 0 is the exception: the products have 48
+                                                   bits, their sum is exact unless their exponents are far apart */
+                if (e1[i] != 0.0 || e2[i] != 0.0) {
+                    y1[i] = to_odd(y1[i], e1[i]);
+                    y2[i] = to_odd(y2[i], e2[i]);
+                }
+        }
         store_block(y, ydt, ys, i0 * step, step, n, y1);
         store_block(y, ydt, ys, i0 * step + second, step, n, y2);
     }
