@@ -14,6 +14,7 @@
 #include "pyattn.h"
 #include "bind_paged.h"
 #include "ops/quant.h"
+#include "bind_rotary.h"
 
 /* a 4-D pool / rows array or the 2-D table: its data, shape, element strides */
 typedef struct {
@@ -65,11 +66,14 @@ static pa_ssize page_off(const pa_paged_append *ap, int x, pa_ssize b, pa_ssize 
     return (pa_ssize)blk * ap->pst[x][0] + h * ap->pst[x][1] + (r % pg->block_size) * ap->pst[x][2];
 }
 
+#define PA_PAGED_ROT_QMAX 512           /* a quantized pool's rows: E <= 512 (bind_quant.h) */
+
 static void paged_append_run(void *ctx)
 {
     const pa_paged_append *a = (const pa_paged_append *)ctx;
     for (int x = 0; x < 2; x++) {
         const pa_ssize es = (pa_ssize)a->es[x], D = a->D[x];
+        const pa_ssize res = a->rot && x == 0 ? (pa_ssize)pa_elsize(a->rope.dt) : es;   /* the rows' */
         const pa_ssize *ps = a->pst[x], *rs = a->rst[x];
         if (a->bits[x]) {                  /* float32 rows quantized into their pages (finite:
                                               get_rows checked every one) */
@@ -81,8 +85,11 @@ static void paged_append_run(void *ctx)
                         const int64_t blk = a->pg->table[b * a->pg->tbs[0] + r / a->pg->block_size];
                         float *srow = a->sc[x] + (pa_ssize)blk * ss[0] + h * ss[1] + (r % a->pg->block_size) * ss[2];
                         const float *src = (const float *)a->rows[x] + (b * rs[0] + h * rs[1] + t * rs[2]);
-                        (void)pa_quant_row(a->bits[x], src, rs[3], D, a->G[x], a->pool[x] + page_off(a, x, b, h, r),
-                                           ps[3], srow, ss[3]);
+                        float tmp[PA_PAGED_ROT_QMAX];
+                        const int rot = a->rot && x == 0;
+                        if (rot) pa_rope_row(&a->rope, r, src, PA_F32, rs[3], tmp, PA_F32, 1, D);
+                        (void)pa_quant_row(a->bits[x], rot ? tmp : src, rot ? 1 : rs[3], D, a->G[x],
+                                           a->pool[x] + page_off(a, x, b, h, r), ps[3], srow, ss[3]);
                     }
             continue;
         }
@@ -91,8 +98,10 @@ static void paged_append_run(void *ctx)
                 for (pa_ssize t = 0; t < (a->cu ? (pa_ssize)(a->cu[b + 1] - a->cu[b]) : a->T); t++) {
                     char *dst = a->pool[x] + page_off(a, x, b, h, (pa_ssize)a->pos[b] + t) * es;
                     const char *src = a->rows[x] + (a->cu ? ((pa_ssize)a->cu[b] + t) * rs[0] + h * rs[1]
-                                                          : b * rs[0] + h * rs[1] + t * rs[2]) * es;
-                    if (ps[3] == 1 && rs[3] == 1)
+                                                          : b * rs[0] + h * rs[1] + t * rs[2]) * res;
+                    if (a->rot && x == 0)
+                        pa_rope_row(&a->rope, (pa_ssize)a->pos[b] + t, src, a->rope.dt, rs[3], dst, a->kdt, ps[3], D);
+                    else if (ps[3] == 1 && rs[3] == 1)
                         memmove(dst, src, (size_t)(D * es));
                     else
                         for (pa_ssize e = 0; e < D; e++) memmove(dst + e * ps[3] * es, src + e * rs[3] * es, (size_t)es);
@@ -113,19 +122,31 @@ static int check_entries(const int64_t *row, pa_ssize n, pa_ssize bs, pa_ssize n
     return 0;
 }
 
+/* append = (key, value, positions[, rotary]): the tables of rotary (the
+ * keys' compute dtype, their head dim) into ap->rope, ap->rot = 1 */
+static int get_rot(PyObject *o, const parr *pool, pa_paged_append *ap)
+{
+    if (!PyTuple_Check(o) || (PyTuple_GET_SIZE(o) != 3 && PyTuple_GET_SIZE(o) != 4)) {
+        PyErr_SetString(PyExc_TypeError, "append must be (key, value, positions[, rotary]) with paged=");
+        return -1;
+    }
+    ap->rot = PyTuple_GET_SIZE(o) == 4;
+    ap->kdt = pool[0].dtype;
+    return ap->rot ? pa_bind_rope(PyTuple_GET_ITEM(o, 3), pa_dtypes[pool[0].dtype].compute,
+                                  pool[0].shape[3] * (pool[0].dtype == PA_I4 ? 2 : 1), &ap->rope) : 0;
+}
+
 /* packed new rows (cu_seqlens_q): key / value (total, H, E / Ev) as the pools
  * are stored, positions (nseq,) int64, each with pos + T_i <= the table's rows */
 static int get_rows_packed(PyObject *o, const parr *pool, pa_attn_call *c, pa_paged *pg, pa_paged_append *ap)
 {
     static const char *rn[2] = {"key", "value"};
-    if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) != 3) {
-        PyErr_SetString(PyExc_TypeError, "append must be (key, value, positions) with paged=");
-        return -1;
-    }
+    if (get_rot(o, pool, ap) < 0) return -1;
     parr r[2], pos;
     const pa_ssize B = c->nseq;
     for (int x = 0; x < 2; x++) {
-        if (get_arr(PyTuple_GET_ITEM(o, x), rn[x], 3, pool[x].dtype, 0, &r[x]) < 0) return -1;
+        if (get_arr(PyTuple_GET_ITEM(o, x), rn[x], 3, ap->rot && !x ? ap->rope.dt : pool[x].dtype, 0, &r[x]) < 0)
+            return -1;
         if (r[x].shape[0] != c->L || r[x].shape[1] != pool[x].shape[1] || r[x].shape[2] != pool[x].shape[3]) {
             PyErr_Format(PyExc_ValueError, "%s must be (total, Hkv, %s) as the query tokens and the pools are",
                          rn[x], x ? "Ev" : "E");
@@ -158,6 +179,7 @@ static int get_rows_packed(PyObject *o, const parr *pool, pa_attn_call *c, pa_pa
         if (check_entries(pg->table + b * pg->tbs[0], (pa_ssize)ap->pos[b] + T, pg->block_size,
                           pool[0].shape[0], b) < 0)
             return -1;
+        if (ap->rot && pa_rope_check_rows(&ap->rope, b, ap->pos[b], T) < 0) return -1;
     }
     c->before = paged_append_run;
     c->before_ctx = ap;
@@ -169,14 +191,13 @@ static int get_rows_packed(PyObject *o, const parr *pool, pa_attn_call *c, pa_pa
 static int get_rows(PyObject *o, const parr *pool, pa_attn_call *c, pa_paged *pg, pa_paged_append *ap)
 {
     static const char *rn[2] = {"key", "value"};
-    if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) != 3) {
-        PyErr_SetString(PyExc_TypeError, "append must be (key, value, positions) with paged=");
-        return -1;
-    }
+    if (get_rot(o, pool, ap) < 0) return -1;
     parr r[2], pos;
     for (int x = 0; x < 2; x++) {
         const int bits = pa_qbits(pool[x].dtype);
-        if (get_arr(PyTuple_GET_ITEM(o, x), rn[x], 4, bits ? PA_F32 : pool[x].dtype, 0, &r[x]) < 0) return -1;
+        if (get_arr(PyTuple_GET_ITEM(o, x), rn[x], 4, bits ? PA_F32 : ap->rot && !x ? ap->rope.dt : pool[x].dtype,
+                    0, &r[x]) < 0)
+            return -1;
         if (r[x].shape[0] != c->bt.shape[0] || r[x].shape[1] != pool[x].shape[1] ||
             r[x].shape[2] != r[0].shape[2] || r[x].shape[3] != (x ? c->Ev : c->E)) {
             PyErr_Format(PyExc_ValueError, "%s must be (B, Hkv, T, %s) as the pools and the batch are",
@@ -219,18 +240,30 @@ static int get_rows(PyObject *o, const parr *pool, pa_attn_call *c, pa_paged *pg
         if (check_entries(pg->table + b * pg->tbs[0], (pa_ssize)ap->pos[b] + T, pg->block_size,
                           pool[0].shape[0], b) < 0)
             return -1;
+        if (ap->rot && pa_rope_check_rows(&ap->rope, b, ap->pos[b], T) < 0) return -1;
+    }
+    if (ap->rot && ap->bits[0] && ap->D[0] > PA_PAGED_ROT_QMAX) {
+        PyErr_Format(PyExc_ValueError, "rotary with a quantized k_cache takes head dims up to %d, got %zd",
+                     PA_PAGED_ROT_QMAX, (Py_ssize_t)ap->D[0]);
+        return -1;
     }
     for (int x = 0; x < 2; x++)         /* quantized: every new row finite, before anything is written */
         for (pa_ssize b = 0; ap->bits[x] && b < B; b++)
             for (pa_ssize h = 0; h < ap->H; h++)
-                for (pa_ssize t = 0; t < T; t++)
-                    if (!pa_quant_finite((const float *)ap->rows[x] + (b * ap->rst[x][0] + h * ap->rst[x][1] +
-                                                                        t * ap->rst[x][2]), ap->rst[x][3], ap->D[x])) {
+                for (pa_ssize t = 0; t < T; t++) {
+                    const float *src = (const float *)ap->rows[x] + (b * ap->rst[x][0] + h * ap->rst[x][1] +
+                                                                      t * ap->rst[x][2]);
+                    float tmp[PA_PAGED_ROT_QMAX];      /* rotated keys: as they will be written */
+                    const int rot = ap->rot && x == 0;
+                    if (rot) pa_rope_row(&ap->rope, (pa_ssize)ap->pos[b] + t, src, PA_F32, ap->rst[0][3], tmp,
+                                         PA_F32, 1, ap->D[0]);
+                    if (!pa_quant_finite(rot ? tmp : src, rot ? 1 : ap->rst[x][3], ap->D[x])) {
                         PyErr_Format(PyExc_ValueError, "%s holds NaN or infinity (sequence %zd, head %zd, "
                                      "row %zd): the %s pool's scales cannot hold it; nothing was written",
                                      rn[x], (Py_ssize_t)b, (Py_ssize_t)h, (Py_ssize_t)t, pa_dtypes[pool[x].dtype].name);
                         return -1;
                     }
+                }
     c->before = paged_append_run;
     c->before_ctx = ap;
     return 0;

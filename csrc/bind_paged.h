@@ -10,6 +10,7 @@
 #include <Python.h>
 #include "ops/ops.h"
 #include "ops/paged.h"
+#include "ops/rotary.h"
 
 /* new rows of a paged call: key / value (B, H, T, E / Ev), stored as the
  * pools are, written at logical rows [pos[b], pos[b] + T) of sequence b */
@@ -26,10 +27,12 @@ typedef struct {
     int bits[2];                    /* 8 / 4: an int8 / int4 pool, its new rows float32 */
     float *sc[2];                   /* its scale pool (num_blocks, Hkv, block_size, D / G) */
     pa_ssize sst[2][4], G[2];
+    int rot, kdt;                   /* append's 4th entry, rotary (bind_rotary.h): the keys, of the */
+    pa_rope rope;                   /* compute dtype, rotated as written into the pool (stored as kdt) */
 } pa_paged_append;
 
-/* paged = (k_pool, v_pool, block_table), append = (key, value, positions)
- * or None: checked in full (every table entry the call reads or writes in
+/* paged = (k_pool, v_pool, block_table), append = (key, value, positions
+ * [, rotary]) or None: checked in full (every table entry the call reads or writes in
  * [0, num_blocks)), then c->block_table = pg and, with new rows, c->before
  * writes them. A quantized call (c->kv_scales, from the k_scale / v_scale
  * stand-ins attn_call_of bound) takes paged = (k_pool, v_pool, block_table,

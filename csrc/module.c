@@ -42,6 +42,7 @@
 #include "bind_quant.h"
 #include "ops/quant.h"
 #include "bind_blockmask.h"
+#include "bind_rotary.h"
 
 #define PA_ALLOW_BOOL 1
 #define PA_ALLOW_16 2 /* float16 arrays, and uint16 arrays holding bfloat16 bits */
@@ -599,6 +600,9 @@ typedef struct {
     int bits[2];                    /* 8 / 4: an int8 / int4 cache, its new rows float32 */
     float *sc[2];                   /* its scales (B, H, S_max, D / G) */
     pa_ssize sst[2][4], G[2];
+#define PA_ROT_QMAX 512             /* a quantized cache's rows: E <= 512 (bind_quant.h) */
+    int rot, kdt;                   /* rotary: the keys (float32 / float64) rotated as written */
+    pa_rope rope;                   /* into k_cache, stored as kdt (bind_rotary.h) */
 } kv_append;
 
 static void kv_append_run(void *ctx)
@@ -606,19 +610,26 @@ static void kv_append_run(void *ctx)
     const kv_append *a = (const kv_append *)ctx;
     for (int x = 0; x < 2; x++) {
         const pa_ssize es = (pa_ssize)a->es[x], D = a->D[x];
+        const pa_ssize res = a->rot && x == 0 ? (pa_ssize)pa_elsize(a->rope.dt) : es;   /* the rows' */
         const pa_ssize *cs = a->cst[x], *rs = a->rst[x];
         for (pa_ssize b = 0; b < a->B; b++)
             for (pa_ssize h = 0; h < a->H; h++)
                 for (pa_ssize t = 0; t < a->T; t++) {
                     const pa_ssize at = b * cs[0] + h * cs[1] + ((pa_ssize)a->pos[b] + t) * cs[2];
-                    const char *src = a->rows[x] + (b * rs[0] + h * rs[1] + t * rs[2]) * es;
+                    const char *src = a->rows[x] + (b * rs[0] + h * rs[1] + t * rs[2]) * res;
                     char *dst = a->cache[x] + (a->bits[x] ? at : at * es);
+                    const int rot = a->rot && x == 0;
+                    float tmp[PA_ROT_QMAX];
+                    if (rot && a->bits[x])  /* rotated, then quantized */
+                        pa_rope_row(&a->rope, (pa_ssize)a->pos[b] + t, src, PA_F32, rs[3], tmp, PA_F32, 1, D);
                     if (a->bits[x]) {       /* finite: get_append checked every row */
                         const pa_ssize *ss = a->sst[x];
                         float *srow = a->sc[x] + b * ss[0] + h * ss[1] + ((pa_ssize)a->pos[b] + t) * ss[2];
-                        (void)pa_quant_row(a->bits[x], (const float *)src, rs[3], D, a->G[x], dst, cs[3],
-                                           srow, ss[3]);
-                    } else if (cs[3] == 1 && rs[3] == 1)
+                        (void)pa_quant_row(a->bits[x], rot ? tmp : (const float *)src, rot ? 1 : rs[3], D,
+                                           a->G[x], dst, cs[3], srow, ss[3]);
+                    } else if (rot)
+                        pa_rope_row(&a->rope, (pa_ssize)a->pos[b] + t, src, a->rope.dt, rs[3], dst, a->kdt, cs[3], D);
+                    else if (cs[3] == 1 && rs[3] == 1)
                         memmove(dst, src, (size_t)(D * es));
                     else
                         for (pa_ssize e = 0; e < D; e++) memmove(dst + e * cs[3] * es, src + e * rs[3] * es, (size_t)es);
@@ -626,16 +637,21 @@ static void kv_append_run(void *ctx)
     }
 }
 
-/* append = (k_cache, v_cache, key, value, positions (B,) int64): validated
- * in full here, before the call allocates or writes anything. */
+/* append = (k_cache, v_cache, key, value, positions (B,) int64[, k_scale,
+ * v_scale][, rotary]): validated in full here, before the call allocates or
+ * writes anything. rotary = (cos, sin, interleaved) (bind_rotary.h): key is
+ * then of the compute dtype (float32 for 16-bit and quantized caches),
+ * rotated at positions [pos[b], pos[b] + T) as it is written. */
 static int get_append(PyObject *o, kv_append *ap)
 {
     static const char *cn[2] = {"k_cache", "v_cache"}, *rn[2] = {"key", "value"};
-    if (!PyTuple_Check(o) || (PyTuple_GET_SIZE(o) != 5 && PyTuple_GET_SIZE(o) != 7)) {
+    const Py_ssize_t na = PyTuple_Check(o) ? PyTuple_GET_SIZE(o) : 0;
+    if (na < 5 || na > 8) {
         PyErr_SetString(PyExc_TypeError, "append must be (k_cache, v_cache, key, value, positions"
-                                         "[, k_scale, v_scale])");
+                                         "[, k_scale, v_scale][, rotary])");
         return -1;
     }
+    ap->rot = na == 6 || na == 8;
     view c[2], r[2];
     for (int x = 0; x < 2; x++) {
         if (get_view(PyTuple_GET_ITEM(o, x), cn[x], 4, PA_ALLOW_16 | PA_ALLOW_Q, 1, &c[x]) < 0 ||
@@ -650,6 +666,12 @@ static int get_append(PyObject *o, kv_append *ap)
             if (r[x].dtype != PA_F32) {
                 PyErr_Format(PyExc_TypeError, "%s must be float32 for the %s cache %s (it is quantized "
                              "as it is written)", rn[x], dtype_name(c[x].dtype), cn[x]);
+                return -1;
+            }
+        } else if (ap->rot && x == 0) {
+            if (r[0].dtype != pa_dtypes[c[0].dtype].compute) {
+                PyErr_Format(PyExc_TypeError, "key must be %s (k_cache's compute dtype) with rotary, got %s",
+                             dtype_name(pa_dtypes[c[0].dtype].compute), dtype_name(r[0].dtype));
                 return -1;
             }
         } else if (r[x].dtype != c[x].dtype) {
@@ -674,7 +696,7 @@ static int get_append(PyObject *o, kv_append *ap)
         memcpy(ap->rst[x], r[x].st, sizeof(ap->rst[x]));
         ap->D[x] = c[x].shape[3];
         ap->es[x] = pa_elsize(ap->bits[x] ? r[x].dtype : c[x].dtype);
-        if (ap->bits[x] && pa_append_scales(PyTuple_GET_SIZE(o) == 7 ? PyTuple_GET_ITEM(o, 5 + x) : Py_None,
+        if (ap->bits[x] && pa_append_scales(na >= 7 ? PyTuple_GET_ITEM(o, 5 + x) : Py_None,
                                             x, B, H, S, ap->D[x], &ap->sc[x], ap->sst[x], &ap->G[x]) < 0)
             return -1;
     }
@@ -689,6 +711,18 @@ static int get_append(PyObject *o, kv_append *ap)
             return -1;
         }
     ap->B = B; ap->H = H; ap->T = T;
+    if (ap->rot) {                      /* the tables, every new row's position in them */
+        ap->kdt = c[0].dtype;
+        if (pa_bind_rope(PyTuple_GET_ITEM(o, na - 1), pa_dtypes[c[0].dtype].compute, c[0].shape[3], &ap->rope) < 0)
+            return -1;
+        if (ap->bits[0] && ap->D[0] > PA_ROT_QMAX) {
+            PyErr_Format(PyExc_ValueError, "rotary with a quantized k_cache takes head dims up to %d, got %zd",
+                         PA_ROT_QMAX, (Py_ssize_t)ap->D[0]);
+            return -1;
+        }
+        for (pa_ssize b = 0; b < B; b++)
+            if (pa_rope_check_rows(&ap->rope, b, ap->pos[b], T) < 0) return -1;
+    }
     for (int x = 0; x < 2; x++)         /* quantized: every new row finite, before anything is written */
         if (ap->bits[x])
             for (pa_ssize b = 0; b < B; b++)
@@ -696,7 +730,12 @@ static int get_append(PyObject *o, kv_append *ap)
                     for (pa_ssize t = 0; t < T; t++) {
                         const float *src = (const float *)ap->rows[x] +
                                            (b * ap->rst[x][0] + h * ap->rst[x][1] + t * ap->rst[x][2]);
-                        if (!pa_quant_finite(src, ap->rst[x][3], ap->D[x])) {
+                        float tmp[PA_ROT_QMAX];     /* rotated keys: as they will be written */
+                        const int rot = ap->rot && x == 0;
+                        if (rot)
+                            pa_rope_row(&ap->rope, (pa_ssize)ap->pos[b] + t, src, PA_F32, ap->rst[0][3], tmp,
+                                        PA_F32, 1, ap->D[0]);
+                        if (!pa_quant_finite(rot ? tmp : src, rot ? 1 : ap->rst[x][3], ap->D[x])) {
                             PyErr_Format(PyExc_ValueError, "%s holds NaN or infinity (batch %zd, head %zd, "
                                          "row %zd): the %s cache's scales cannot hold it; nothing was "
                                          "written", rn[x], (Py_ssize_t)b, (Py_ssize_t)h, (Py_ssize_t)t,
@@ -1493,6 +1532,7 @@ static PyMethodDef methods[] = {
     {"softmax", (PyCFunction)(void (*)(void))py_softmax, METH_VARARGS | METH_KEYWORDS, softmax_doc},
     {"softmax_backward", py_softmax_backward, METH_VARARGS, softmax_backward_doc},
     {"sdpa", (PyCFunction)(void (*)(void))py_sdpa, METH_VARARGS | METH_KEYWORDS, sdpa_doc},
+    {"rotary", (PyCFunction)(void (*)(void))pa_py_rotary, METH_VARARGS | METH_KEYWORDS, pa_rotary_doc},
     {"sdpa_backward", (PyCFunction)(void (*)(void))py_sdpa_backward, METH_VARARGS | METH_KEYWORDS,
      sdpa_backward_doc},
     {"merge", (PyCFunction)(void (*)(void))py_merge, METH_VARARGS | METH_KEYWORDS, merge_doc},

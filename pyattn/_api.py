@@ -697,8 +697,12 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
         rotated keys; nothing else in it is read or copied), and the queries
         at ``n_b + t`` when ``is_causal`` or a ``window`` is given, else all at
         ``n_b`` (FlashAttention's rule). The first ``rotary_dim`` features
-        rotate, computed in the compute dtype (a 16-bit query is rounded back
-        to its dtype, new keys to the cache dtype). Positions ``>= R`` are a
+        rotate, in C: each new key as it is written, the queries into a
+        scratch of their size. With a float32 / 16-bit cache the result is
+        the exactly rounded value of ``x1 cos - x2 sin`` (inputs as float32)
+        in the cache dtype (keys; int8 / int4: float32, then quantized) and in
+        a 16-bit query's own dtype (else float32); with float64, NumPy's
+        float64 expression bit for bit. Positions ``>= R`` are a
         ``ValueError``. Also with ``block_table`` and ``cu_seqlens_q``
         (packed: row ``t`` of sequence ``b`` at ``n_b + t``), rotated before
         the paged write; not with ``tree_mask`` (``NotImplementedError``: a
@@ -858,21 +862,24 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
                 raise ValueError(f"{nm} has shape {x.shape}; expected {(B, Hkv, Tk, last)} "
                                  "(B, cache heads, the new rows Tk, head dim; key and value alike)")
         n = _seqlens(cache_seqlens, B, S_max - Tk, Tk)
-        if rotary_cos is not None or rotary_sin is not None:
-            q, kn = _kvextra.rotate(q, kn, n, rotary_cos, rotary_sin, rotary_interleaved,
-                                    bool(is_causal) or window is not None, cd)
+        rope = None
+        if rotary_cos is not None or rotary_sin is not None:    # queries rotated in C (a scratch)
+            q, rope = _kvextra.rotary(q, kn, n, rotary_cos, rotary_sin, rotary_interleaved,
+                                      bool(is_causal) or window is not None, cd)
         # the new rows in the caches' storage (a copy: never a view of a cache);
         # _C.sdpa writes them once everything is checked and allocated
-        # (quantized caches: float32 rows, quantized as they are written)
-        rows = [x.astype(np.float32 if _qcache(c) else c.dtype, order="C", copy=True)
-                for x, c in ((kn, kc), (vn, vc))]
+        # (quantized caches: float32 rows, quantized as they are written;
+        # rotary: keys in cd, rotated as they are written)
+        rows = [x.astype(np.float32 if _qcache(c) else cd if rope and i == 0 else c.dtype, order="C", copy=True)
+                for i, (x, c) in enumerate(((kn, kc), (vn, vc)))]
         kv = [c.view(np.uint16) if c.dtype.kind == "V" else c for c in (kc, vc)]
         rows = [r.view(np.uint16) if r.dtype.kind == "V" else r for r in rows]
-        append = (kv[0], kv[1], rows[0], rows[1], n) + ((k_scale, v_scale) if kq or vq else ())
+        append = (kv[0], kv[1], rows[0], rows[1], n) + ((k_scale, v_scale) if kq or vq else ()) + \
+            ((rope,) if rope else ())
         n = n + Tk
     else:
         if rotary_cos is not None or rotary_sin is not None:
-            _kvextra.rotate(q, None, None, rotary_cos, rotary_sin, rotary_interleaved, False, cd)
+            _kvextra.tables(rotary_cos, rotary_sin, None, E, None, "", cd)     # raises: no new keys
         n = _seqlens(cache_seqlens, B, S_max, 0)
     sc = (1.0 / math.sqrt(E) if E > 0 else 1.0) if scale is None else real_scalar(scale, "scale")
     # a 16-bit query is read in place (bfloat16 as such: _sdpa views its bits);

@@ -1,7 +1,9 @@
 """attention_with_kvcache's FlashAttention options (issue 29): rotary
 embedding of the new keys and of the queries, ``cache_leftpad`` and
 ``cache_batch_idx``. Kept out of ``_api.py``: ``attention_with_kvcache``
-calls ``rotate`` on its new rows, and hands a call with a left pad or a batch
+calls ``rotary`` (the tables checked, the queries rotated in C into a
+scratch of their size; the new keys are rotated in C as they are written
+into the cache, csrc/ops/rotary.h), and hands a call with a left pad or a batch
 index to ``per_sequence``, which runs it one sequence at a time on views of
 the caches (never a copy of a cache).
 
@@ -15,6 +17,7 @@ import numbers
 
 import numpy as np
 
+from . import _C
 from ._checks import as_array, check_numeric, is16
 
 __all__ = []  # private
@@ -28,7 +31,7 @@ def _table(x, name):
     return a
 
 
-def _rot_tables(rotary_cos, rotary_sin, k, E, need, what, cd):
+def tables(rotary_cos, rotary_sin, k, E, need, what, cd):
     """The checked (cos, sin) tables in cd, for positions up to need."""
     if rotary_cos is None or rotary_sin is None:
         raise ValueError("give both rotary_cos and rotary_sin, or neither")
@@ -48,69 +51,56 @@ def _rot_tables(rotary_cos, rotary_sin, k, E, need, what, cd):
     return cos.astype(cd, copy=False), sin.astype(cd, copy=False)
 
 
-def _rot_apply(x, pos, cos, sin, interleaved, cd):
-    """x (..., t, E) rotated at pos (broadcasting to x.shape[:-1] with a head
-    axis of 1 before t), as a new array in cd."""
-    half = cos.shape[1]
-    y = x.astype(cd, copy=True)
-    if half == 0 or x.shape[-2] == 0:
-        return y
-    c, s = cos[pos][..., None, :, :], sin[pos][..., None, :, :]     # (..., 1, t, half)
-    if interleaved:
-        x1, x2 = y[..., 0:2 * half:2].copy(), y[..., 1:2 * half:2].copy()
-        y[..., 0:2 * half:2] = x1 * c - x2 * s
-        y[..., 1:2 * half:2] = x1 * s + x2 * c
-    else:
-        x1, x2 = y[..., :half].copy(), y[..., half:2 * half].copy()
-        y[..., :half] = x1 * c - x2 * s
-        y[..., half:2 * half] = x1 * s + x2 * c
-    return y
+def rotate_rows(x, pos, cos, sin, interleaved, cd):
+    """Rows of ``x (A, H, T, E)`` rotated at ``pos (A, T)`` in C
+    (``_C.rotary``, csrc/ops/rotary.h) into a new array: x's own dtype when
+    it is 16-bit and cd float32 (rounded once from the exact float32 value),
+    else cd. Float32 arithmetic is exactly rounded (products exact in
+    double); float64 rounds as NumPy's ``x1 * c - x2 * s`` does."""
+    f32 = cd == np.float32
+    odt = x.dtype if is16(x.dtype) and f32 else np.dtype(cd)
+    src = x if x.dtype == odt or x.dtype == cd else x.astype(cd)
+    y = np.empty(x.shape, odt)
+    u16 = lambda a: a.view(np.uint16) if a.dtype.kind == "V" else a  # noqa: E731   bfloat16's bits
+    _C.rotary(u16(src), np.asarray(pos, np.int64), cos, sin, bool(interleaved), u16(y))
+    return y if odt == x.dtype or not is16(x.dtype) else y.astype(x.dtype)
 
 
-def rotate(q, k, n, rotary_cos, rotary_sin, interleaved, q_steps, cd):
-    """Rotary embedding (RoPE) of the new keys ``k (B, Hkv, Tk, E)`` at
-    positions ``n_b + t`` and of the queries ``q (B, Hq, T, E)`` at ``n_b + t``
-    (``q_steps``: causal or a window) or all at ``n_b`` (FlashAttention's
-    rule), computed in ``cd`` (float32 for 16-bit inputs). Returns
-    ``(q, k)``: new arrays, k in ``cd`` (rounded into the cache by the
-    caller), q in its own 16-bit dtype when it has one (as FlashAttention
-    rounds it), else ``cd``. The first ``rotary_dim`` features rotate:
-    pairs ``(2i, 2i+1)`` when ``interleaved``, else ``(i, i + rotary_dim/2)``
-    (GPT-NeoX / Llama)."""
-    need = None
-    if k is not None:
-        T, Tk = q.shape[2], k.shape[2]
-        if Tk or T:
-            need = int(n.max(initial=0)) + max(Tk, T if q_steps else 1) - 1
-    cos, sin = _rot_tables(rotary_cos, rotary_sin, k, None if k is None else k.shape[-1], need,
-                           f"cache_seqlens {None if n is None else n.tolist()} plus the new rows", cd)
-    T, Tk = q.shape[2], k.shape[2]
-    kr = _rot_apply(k, n[:, None] + np.arange(Tk), cos, sin, interleaved, cd)
-    qpos = n[:, None] + (np.arange(T) if q_steps else np.zeros(T, np.int64))
-    qr = _rot_apply(q, qpos, cos, sin, interleaved, cd)
-    if is16(q.dtype):
-        qr = qr.astype(q.dtype)
-    return qr, kr
-
-
-def rotate_packed(q, k, n, cu, rotary_cos, rotary_sin, interleaved, q_steps, cd):
-    """:func:`rotate` for packed sequences (``cu_seqlens_q``): ``q (total,
-    Hq, E)``, ``k (total, Hkv, E)``; row ``cu[b] + t`` of sequence b has
-    position ``n_b + t`` (queries: all at ``n_b`` unless ``q_steps``).
-    Returns ``(q, k)`` as :func:`rotate` does (same shapes)."""
+def rotary(q, k, n, rotary_cos, rotary_sin, interleaved, q_steps, cd, cu=None):
+    """Rotary embedding (RoPE) of a call: checks the tables for every new key
+    ``k (B, Hkv, Tk, E)`` at positions ``n_b + t`` and rotates the queries
+    ``q (B, Hq, T, E)`` at ``n_b + t`` (``q_steps``: causal or a window) or
+    all at ``n_b`` (FlashAttention's rule), into a new array of the
+    queries' size (a 16-bit query keeps its dtype, as FlashAttention rounds
+    it; else cd). Packed (``cu``, the (B + 1,) offsets): ``q (total, Hq,
+    E)``, ``k (total, Hkv, E)``, row ``cu[b] + t`` at ``n_b + t``. Returns
+    ``(q, rope)``: rope = ``(cos, sin, interleaved)`` in cd, which the
+    append (``_C.sdpa``'s ``append``) rotates the new keys with as it
+    writes them into the cache (they are given in cd). The first
+    ``rotary_dim`` features rotate: pairs ``(2i, 2i+1)`` when
+    ``interleaved``, else ``(i, i + rotary_dim/2)`` (GPT-NeoX / Llama)."""
+    E = None if k is None else k.shape[-1]
+    if cu is None:
+        need = None
+        if k is not None:
+            T, Tk = q.shape[2], k.shape[2]
+            if (Tk or T) and n.size:
+                need = int(n.max()) + max(Tk, T if q_steps else 1) - 1
+        cos, sin = tables(rotary_cos, rotary_sin, k, E, need,
+                          f"cache_seqlens {None if n is None else n.tolist()} plus the new rows", cd)
+        T = q.shape[2]
+        qpos = n[:, None] + (np.arange(T) if q_steps else np.zeros(T, np.int64))
+        return rotate_rows(q, qpos, cos, sin, interleaved, cd), (cos, sin, bool(interleaved))
     Ts = np.diff(cu)
     seq = np.repeat(np.arange(Ts.size), Ts)
     t = np.arange(seq.size) - cu[seq]
     kpos = n[seq] + t
-    need = int(kpos.max(initial=-1)) if seq.size else None
-    cos, sin = _rot_tables(rotary_cos, rotary_sin, k, None if k is None else k.shape[-1], need,
-                           f"cache_seqlens {n.tolist()} plus each sequence's new rows", cd)
-    tr = lambda x: x.transpose(1, 0, 2)  # noqa: E731   (H, total, E): rows on axis -2
-    kr = tr(_rot_apply(tr(k), kpos, cos, sin, interleaved, cd))
-    qr = tr(_rot_apply(tr(q), kpos if q_steps else n[seq], cos, sin, interleaved, cd))
-    if is16(q.dtype):
-        qr = qr.astype(q.dtype)
-    return qr, kr
+    need = int(kpos.max()) if seq.size else None
+    cos, sin = tables(rotary_cos, rotary_sin, k, E, need,
+                      f"cache_seqlens {n.tolist()} plus each sequence's new rows", cd)
+    qpos = (kpos if q_steps else n[seq])[None]
+    qr = rotate_rows(q.transpose(1, 0, 2)[None], qpos, cos, sin, interleaved, cd)[0].transpose(1, 0, 2)
+    return qr, (cos, sin, bool(interleaved))
 
 
 def _indices(x, name, B, lo, hi, what):
@@ -167,12 +157,17 @@ def per_sequence(fn, query, k_cache, v_cache, key, value, cache_seqlens, cache_b
     n = _seqlens(cache_seqlens, B, S_max - Tk, Tk)
     pad = np.zeros(B, np.int64) if cache_leftpad is None else \
         _indices(cache_leftpad, "cache_leftpad", B, 0, n, "at most cache_seqlens")
+    tabs = None
     if kw.get("rotary_cos") is not None or kw.get("rotary_sin") is not None:
+        # every sequence's positions checked before the first row is written;
+        # sequence b then takes the tables from row pad[b] on (views): its
+        # cache rows, counted from pad[b], keep their positions
         cd = np.dtype(np.float32) if is16(kc.dtype) else kc.dtype
         q_steps = bool(kw.get("is_causal", True)) or kw.get("window") is not None
-        q, kn = rotate(q, kn if new else None, n, kw["rotary_cos"], kw["rotary_sin"],
-                       kw.get("rotary_interleaved", False), q_steps, cd)
-    kw = {k: v for k, v in kw.items() if not k.startswith("rotary_")}
+        need = int(n.max()) + max(Tk, q.shape[2] if q_steps else 1) - 1 if B and (Tk or q.shape[2]) else None
+        tabs = tables(kw["rotary_cos"], kw["rotary_sin"], kn if new else None, kc.shape[3], need,
+                      f"cache_seqlens {n.tolist()} plus the new rows", cd)
+    kw = {k: v for k, v in kw.items() if not (tabs is not None and k in ("rotary_cos", "rotary_sin"))}
     slopes = None if alibi_slopes is None else as_array(alibi_slopes, "alibi_slopes")
     if out is not None and (not isinstance(out, np.ndarray) or out.shape[:3] != q.shape[:3]):
         raise ValueError(f"out must be an ndarray (B, Hq, T, Ev) = {q.shape[:3]} + (Ev,), got "
@@ -181,10 +176,11 @@ def per_sequence(fn, query, k_cache, v_cache, key, value, cache_seqlens, cache_b
     for b in range(B):
         i, p = int(idx[b]), int(pad[b])
         sl = None if slopes is None else (slopes[b] if slopes.ndim == 2 else slopes)
+        rot = {} if tabs is None else dict(rotary_cos=tabs[0][p:], rotary_sin=tabs[1][p:])
         res = fn(q[b:b + 1], kc[i:i + 1, :, p:], vc[i:i + 1, :, p:],
                  kn[b:b + 1] if new else None, vn[b:b + 1] if new else None,
                  cache_seqlens=int(n[b]) - p, alibi_slopes=sl, return_lse=return_lse,
-                 out=None if out is None else out[b:b + 1], **kw)
+                 out=None if out is None else out[b:b + 1], **rot, **kw)
         if return_lse:
             outs.append(res[0])
             lses.append(res[1])

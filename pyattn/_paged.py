@@ -219,16 +219,12 @@ def kvcache_paged(query, k_cache, v_cache, key, value, cache_seqlens, block_tabl
     _check_table(table, kv_len, bs, nblk)
     written = _written_rows(table, n, Tn, cun, bs) if new else None
     tm = None if tree_mask is None else _tree(tree_mask, B, Hq, T)
+    rope = None
     if rotary[0] is not None or rotary[1] is not None:    # as the contiguous path (_kvextra)
         from . import _kvextra
         q_steps = bool(is_causal) or window is not None
-        if packed:
-            q, r = _kvextra.rotate_packed(q, kn if new else None, n, cu, rotary[0], rotary[1],
-                                          bool(rotary[2]), q_steps, cd)
-        else:
-            q, r = _kvextra.rotate(q, kn if new else None, n, rotary[0], rotary[1], bool(rotary[2]),
-                                   q_steps, cd)
-        kn = r
+        q, rope = _kvextra.rotary(q, kn if new else None, n, rotary[0], rotary[1], bool(rotary[2]),
+                                  q_steps, cd, cu=cu if packed else None)
     sc = (1.0 / math.sqrt(E) if E > 0 else 1.0) if scale is None else real_scalar(scale, "scale")
     shape = (q.shape[0], Hq, Ev) if packed else (B, Hq, T, Ev)
     narrow = tuple(d for d in (q.dtype, kc.dtype, vc.dtype) if is16(d))
@@ -247,7 +243,7 @@ def kvcache_paged(query, k_cache, v_cache, key, value, cache_seqlens, block_tabl
     if packed and tm is None and not quant and B > 0 and (sinks is None or np.ndim(sinks) <= 1):
         res, lse = _packed(qd, kc, vc, u16, table, kn if new else None, vn if new else None, n, kv_len, cu,
                            S, Hkv, E, Ev, is_causal, sc, window, slopes, softcap, sinks, precision,
-                           return_lse)
+                           return_lse, rope=rope)
         if out is not None:
             out[...] = res
             res = out
@@ -266,7 +262,7 @@ def kvcache_paged(query, k_cache, v_cache, key, value, cache_seqlens, block_tabl
         for Tg, idx in groups.items():
             r = _group(qd, kc, vc, u16, table, kn if new else None, vn if new else None, idx, Tg, n,
                        kv_len, cu, packed, whole, tm, S, Hkv, E, Ev, cd, is_causal, sc, window,
-                       slopes, softcap, sinks, precision, return_lse, ks, vs)
+                       slopes, softcap, sinks, precision, return_lse, ks, vs, rope=rope)
             if whole:
                 res, lse = r if return_lse else (r, None)
                 break
@@ -295,7 +291,7 @@ def kvcache_paged(query, k_cache, v_cache, key, value, cache_seqlens, block_tabl
 
 
 def _packed(qd, kc, vc, u16, table, kn, vn, n, kv_len, cu, S, Hkv, E, Ev, is_causal, sc, window,
-            slopes, softcap, sinks, precision, return_lse):
+            slopes, softcap, sinks, precision, return_lse, rope=None):
     """One kernel call for every sequence (csrc/ops/paged_packed.c): query
     (total, Hq, E) viewed head-major (Hq, total, E), or (Hkv, G, total, E)
     with GQA; decode steps (one token) have their G query heads stacked as
@@ -328,17 +324,19 @@ def _packed(qd, kc, vc, u16, table, kn, vn, n, kv_len, cu, S, Hkv, E, Ev, is_cau
         kw["bf16"] = True
     if return_lse:
         kw["want_lse"] = True
-    if kn is not None:
-        rk, rv = [x.astype(c.dtype, order="C", copy=True) for x, c in ((kn, kc), (vn, vc))]
+    if kn is not None:                          # rotary: keys in cd, rotated as they are written
+        rk, rv = [x.astype(rope[0].dtype if rope and i == 0 else c.dtype, order="C", copy=True)
+                  for i, (x, c) in enumerate(((kn, kc), (vn, vc)))]
         rk, rv = [x.view(np.uint16) if x.dtype.kind == "V" else x for x in (rk, rv)]
-        kw["append"] = (rk, rv, np.ascontiguousarray(n, np.int64))
+        kw["append"] = (rk, rv, np.ascontiguousarray(n, np.int64)) + ((rope,) if rope else ())
     kw["paged"] = (u16[0], u16[1], np.ascontiguousarray(table))
     _, _, lse = _C.sdpa(q, k, v, o, **kw)
     return buf, (None if lse is None else np.ascontiguousarray(lse.reshape(Hq, total).T))
 
 
 def _group(qd, kc, vc, u16, table, kn, vn, idx, Tg, n, kv_len, cu, packed, whole, tm, S, Hkv, E, Ev,
-           cd, is_causal, sc, window, slopes, softcap, sinks, precision, return_lse, ks=None, vs=None):
+           cd, is_causal, sc, window, slopes, softcap, sinks, precision, return_lse, ks=None, vs=None,
+           rope=None):
     """One kernel call: the sequences idx, each with Tg new tokens."""
     ix = np.asarray(idx, np.int64)
     if packed:
@@ -355,10 +353,10 @@ def _group(qd, kc, vc, u16, table, kn, vn, idx, Tg, n, kv_len, cu, packed, whole
     append = None
     if kn is not None:
         rk, rv = [(x[rows].transpose(0, 2, 1, 3) if packed else (x if whole else x[ix])) for x in (kn, vn)]
-        rk, rv = [x.astype(np.float32 if s is not None else c.dtype, order="C", copy=True)
-                  for x, c, s in ((rk, kc, ks), (rv, vc, vs))]
+        rk, rv = [x.astype(np.float32 if s is not None else cd if rope and i == 0 else c.dtype, order="C",
+                           copy=True) for i, (x, c, s) in enumerate(((rk, kc, ks), (rv, vc, vs)))]
         rk, rv = [x.view(np.uint16) if x.dtype.kind == "V" else x for x in (rk, rv)]
-        append = (rk, rv, np.ascontiguousarray(n[ix]))
+        append = (rk, rv, np.ascontiguousarray(n[ix])) + ((rope,) if rope else ())
     mask = None
     if tm is not None:
         base = n if kn is not None else n - Tg

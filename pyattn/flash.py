@@ -612,9 +612,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     ``softmax_lse (B, Hq, T)`` with ``return_softmax_lse``.
 
     Query row t sits at cache position ``n_b + Tk - T + t``; causal, the
-    window and ALiBi use those positions; rotary rotates the new keys at
-    ``n_b + t`` and the queries at ``n_b + t`` (causal or a window) or all at
-    ``n_b`` (FlashAttention's rule). ``rotary_interleaved=True`` (GPT-J pairs)
+    window and ALiBi use those positions; rotary rotates (in C) the new keys
+    at ``n_b + t`` as they are written and the queries at ``n_b + t`` (causal
+    or a window) or all at ``n_b`` (FlashAttention's rule). ``rotary_interleaved=True`` (GPT-J pairs)
     is FlashAttention's default.
 
     Raises
