@@ -11,11 +11,26 @@
  * element is summed by one task in a fixed order -- no atomics, and the
  * result does not depend on the thread count, nor on which other heads
  * came in the call.
+ *
+ * Key-split: a call with fewer than PA_BWD_SPLIT_TASKS key/value heads
+ * (MQA with B = 1: one task) splits each head's keys into chunks on the
+ * 60-key tile grid, cut where the rows' key ranges (causal, window) give
+ * them equal work; a task is (head, chunk). A chunk writes the dK, dV rows
+ * of its own keys (summed as without the split: the same tiles, query
+ * blocks and heads in the same order) and a dQ partial: chunk 0 into dq,
+ * chunk c > 0 into a zeroed buffer of its own; then dq += partial 1,
+ * partial 2, ... in order of c. The chunks follow from the shape alone
+ * (heads, L, S, E, the key rule), never from the thread count, so the
+ * result is the same for any number of threads.
  */
 #include <string.h>
 #include "ops.h"
 #include "attention.h"
 #include "threads.h"
+
+#define PA_BWD_SPLIT_TASKS 8          /* key-split below this many key/value heads */
+#define PA_BWD_SPLIT_MINTILES 4       /* key tiles per chunk, at least */
+#define PA_BWD_SPLIT_BYTES ((size_t)64 << 20)   /* dQ partials: at most this or dq's size */
 
 typedef struct {
     const pa_family *fam;
@@ -23,6 +38,9 @@ typedef struct {
     const pa_attn_grads *g;
     pa_ssize ninner;
     void **ws;
+    pa_ssize nsplit;            /* key chunks per head (1: no split) */
+    pa_ssize cut[PA_BWD_SPLIT_TASKS + 1];   /* chunk c: keys [cut[c], cut[c + 1]) */
+    char *part;                 /* dQ partials of chunks 1..nsplit-1: (c - 1, b) -> (L, E) */
 } bwd_ctx;
 
 /* flat batch index of (outer, inner): outer runs over the axes not
@@ -47,15 +65,18 @@ static char *at(const pa_attn_call *c, const pa_operand *o, pa_ssize b)
     return (char *)o->p + pa_batch_offset(&c->bt, o->bs, b) * (pa_ssize)pa_elsize(c->dtype);
 }
 
-static void bwd_task(void *ctx_, pa_ssize outer, int tid)
+static void bwd_task(void *ctx_, pa_ssize task, int tid)
 {
     const bwd_ctx *c = (const bwd_ctx *)ctx_;
     const pa_attn_call *k = c->call;
     const pa_attn_grads *g = c->g;
+    const pa_ssize outer = task / c->nsplit, ch = task % c->nsplit;
     for (pa_ssize inner = 0; inner < c->ninner; inner++) {
         const pa_ssize b = flat_index(c, outer, inner);
         pa_attn_args a;
         pa_attn_setup(&a, c->fam, k, b);
+        a.key_begin = c->cut[ch];
+        a.key_end = c->cut[ch + 1];
         pa_bwd_io io;
         io.o = at(k, &k->out, b);
         io.o_rs = k->out.rs; io.o_cs = k->out.cs;
@@ -63,15 +84,93 @@ static void bwd_task(void *ctx_, pa_ssize outer, int tid)
         io.go_rs = g->go.rs; io.go_cs = g->go.cs;
         io.lse = at(k, &k->lse, b);
         io.lse_s = k->lse.cs;
-        io.dq = at(k, &g->dq, b);
-        io.dq_rs = g->dq.rs; io.dq_cs = g->dq.cs;
+        if (ch == 0) {
+            io.dq = at(k, &g->dq, b);
+            io.dq_rs = g->dq.rs; io.dq_cs = g->dq.cs;
+        } else {
+            io.dq = c->part + ((ch - 1) * k->bt.count + b) * k->L * k->E * (pa_ssize)pa_elsize(k->dtype);
+            io.dq_rs = k->E; io.dq_cs = 1;
+        }
         io.dk = at(k, &g->dk, b);
         io.dk_rs = g->dk.rs; io.dk_cs = g->dk.cs;
         io.dv = at(k, &g->dv, b);
         io.dv_rs = g->dv.rs; io.dv_cs = g->dv.cs;
-        io.dsink = g->dsinks ? g->dsinks + b : NULL;
+        io.dsink = g->dsinks && ch == 0 ? g->dsinks + b : NULL;
         pa_bwd_head(c->fam, k->dtype, &a, &io, c->ws[tid]);
     }
+}
+
+/* dq of flat batch index b, rows [i0, i1): dq += partial 1, partial 2, ...
+ * in order of the chunk (the fixed order of the key-split's dQ sums) */
+#define PA_BWD_SUM_ROWS 128
+static void bwd_sum_task(void *ctx_, pa_ssize task, int tid)
+{
+    (void)tid;
+    const bwd_ctx *c = (const bwd_ctx *)ctx_;
+    const pa_attn_call *k = c->call;
+    const pa_ssize nrb = (k->L + PA_BWD_SUM_ROWS - 1) / PA_BWD_SUM_ROWS;
+    const pa_ssize b = task / nrb, i0 = task % nrb * PA_BWD_SUM_ROWS, i1 = pa_min(i0 + PA_BWD_SUM_ROWS, k->L);
+    const pa_ssize L = k->L, E = k->E, rs = c->g->dq.rs, cs = c->g->dq.cs;
+    for (pa_ssize ch = 1; ch < c->nsplit; ch++) {
+        const pa_ssize off = ((ch - 1) * k->bt.count + b) * L * E;
+        if (k->dtype == PA_F32) {
+            float *dq = (float *)at(k, &c->g->dq, b);
+            const float *p = (const float *)c->part + off;
+            for (pa_ssize i = i0; i < i1; i++)
+                for (pa_ssize e = 0; e < E; e++) dq[i * rs + e * cs] += p[i * E + e];
+        } else {
+            double *dq = (double *)at(k, &c->g->dq, b);
+            const double *p = (const double *)c->part + off;
+            for (pa_ssize i = i0; i < i1; i++)
+                for (pa_ssize e = 0; e < E; e++) dq[i * rs + e * cs] += p[i * E + e];
+        }
+    }
+}
+
+/* The key chunks of a call with nouter key/value heads (c->nsplit,
+ * c->cut): from the shape alone. Work per key tile = the query rows whose
+ * key range meets it (the first head's rule: causal, window); chunk c ends
+ * at the first tile where the running work reaches (c + 1) / n of the
+ * total. Returns -1 when out of memory. */
+static int bwd_chunks(bwd_ctx *c, pa_ssize nouter)
+{
+    const pa_attn_call *k = c->call;
+    const pa_ssize S = k->S, L = k->L, BK = PA_FLASH_BK, ntile = (S + BK - 1) / BK;
+    c->nsplit = 1; c->cut[0] = 0; c->cut[1] = S;
+    if (nouter >= PA_BWD_SPLIT_TASKS || k->E == 0) return 0;
+    pa_ssize n = pa_min((PA_BWD_SPLIT_TASKS + nouter - 1) / nouter, ntile / PA_BWD_SPLIT_MINTILES);
+    size_t one, cap = PA_BWD_SPLIT_BYTES;     /* one chunk's partials */
+    if (!pa_mul_ok((size_t)k->bt.count, (size_t)L, &one) || !pa_mul_ok(one, (size_t)k->E, &one) ||
+        !pa_mul_ok(one, pa_elsize(k->dtype), &one))
+        return 0;
+    if (one > cap) cap = one;
+    n = pa_min(n, (pa_ssize)(cap / one) + 1);
+    if (n < 2) return 0;
+    double *w = (double *)pa_alloc64((size_t)(ntile + 1) * sizeof(double));
+    if (!w) return -1;
+    pa_attn_args a;
+    pa_attn_setup(&a, c->fam, k, 0);
+    for (pa_ssize t = 0; t <= ntile; t++) w[t] = 0;
+    for (pa_ssize i = 0; i < L; i++) {            /* rows' key ranges -> tiles */
+        pa_ssize lo, hi;
+        pa_key_range(&a.rule, i, &lo, &hi);
+        lo = pa_max(lo, 0); hi = pa_min(hi, S);
+        if (lo >= hi) continue;
+        w[lo / BK] += 1;
+        w[(hi - 1) / BK + 1] -= 1;
+    }
+    double run = 0, total = 0;
+    for (pa_ssize t = 0; t < ntile; t++) { run += w[t]; w[t] = run; total += run; }
+    pa_ssize ch = 1, t = 0;
+    double acc = 0;
+    for (; t < ntile && ch < n; t++) {
+        acc += w[t];
+        if (acc >= total * (double)ch / (double)n && ntile - (t + 1) >= (n - ch)) c->cut[ch++] = (t + 1) * BK;
+    }
+    pa_free64(w);
+    c->nsplit = ch;
+    c->cut[ch] = S;
+    return 0;
 }
 
 int pa_attention_backward(const pa_family *fam, const pa_attn_call *call, const pa_attn_grads *g,
@@ -90,8 +189,18 @@ int pa_attention_backward(const pa_family *fam, const pa_attn_call *call, const 
     const pa_ssize nouter = bt->count / c.ninner;
     const size_t bytes = pa_bwd_ws(fam, call->dtype, call->L, call->E, call->Ev);
     if (bytes == 0) return -1;
+    c.part = NULL;
+    if (bwd_chunks(&c, nouter) < 0) return -1;
+    if (c.nsplit > 1) {
+        const size_t pb = (size_t)(c.nsplit - 1) * (size_t)bt->count * (size_t)call->L * (size_t)call->E *
+                          pa_elsize(call->dtype);   /* <= nsplit x the cap: checked in bwd_chunks */
+        c.part = (char *)pa_alloc64(pb);
+        if (!c.part) return -1;
+        memset(c.part, 0, pb);
+    }
+    const pa_ssize ntasks = nouter * c.nsplit;
     int nt = nthreads < 1 ? 1 : nthreads;
-    if (nt > nouter) nt = (int)nouter;
+    if (nt > ntasks) nt = (int)ntasks;
     void *wsv[PA_MAX_THREADS];
     int ok = 1;
     for (int i = 0; i < nt; i++) {
@@ -101,8 +210,13 @@ int pa_attention_backward(const pa_family *fam, const pa_attn_call *call, const 
     }
     if (ok) {
         c.ws = wsv;
-        pa_parallel_for(nouter, bwd_task, &c, nt);
+        pa_parallel_for(ntasks, bwd_task, &c, nt);
+        if (c.nsplit > 1 && !pa_stopping(pa_stop_get())) {
+            const pa_ssize nrb = (call->L + PA_BWD_SUM_ROWS - 1) / PA_BWD_SUM_ROWS;
+            pa_parallel_for(bt->count * nrb, bwd_sum_task, &c, nthreads < 1 ? 1 : nthreads);
+        }
     }
     for (int i = 0; i < nt; i++) pa_free64(wsv[i]);
+    pa_free64(c.part);
     return ok ? 0 : -1;
 }
