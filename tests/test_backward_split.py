@@ -14,14 +14,14 @@ from conftest import check, frozen, unchanged
 from test_backward import grad_mags
 
 # (q heads, key/value heads, L, S, E, options): one key/value head (MQA,
-# B = 1: the call that ran on one thread), two, and a key range that is
-# not a multiple of the 60-key tile
+# B = 1: the call that ran on one thread), two, key ranges that are not a
+# multiple of the 60-key tile; 2 to 4 chunks (at least 8 tiles a chunk)
 CASES = [
     (8, 1, 200, 1000, 32, {}),
     (8, 1, 200, 1000, 32, {"is_causal": True}),
-    (4, 2, 300, 619, 24, {"is_causal": "bottom_right"}),
-    (2, 1, 150, 900, 16, {"window": (300, 40), "softcap": 5.0}),
-    (4, 1, 120, 700, 16, {"dropout_p": 0.2, "rng": 3, "sinks": np.array([0.5, -1.0, 0.0, 2.0])}),
+    (4, 2, 300, 1219, 24, {"is_causal": "bottom_right"}),
+    (2, 1, 150, 1900, 16, {"window": (300, 40), "softcap": 5.0}),
+    (4, 1, 120, 1500, 16, {"dropout_p": 0.2, "rng": 3, "sinks": np.array([0.5, -1.0, 0.0, 2.0])}),
 ]
 
 
@@ -90,11 +90,11 @@ def test_split_keeps_dk_dv_bits_of_the_unsplit_call(nan, restore_threads):
     another order). With a NaN key in a later chunk (bottom-right causal:
     the rows that see it turn NaN, the others stay finite) the same
     gradient elements are NaN."""
-    H, Hkv, L, S, E = 4, 1, 130, 800, 32
+    H, Hkv, L, S, E = 4, 1, 130, 1000, 32
     q, k, v, go = _inputs(H, Hkv, L, S, E, np.float32, seed=7, B=8)
     kw = {"sinks": np.linspace(-1, 1, H)}
     if nan:
-        k[:, :, 700, 5] = np.nan                 # rows 30.. see key 700
+        k[:, :, 900, 5] = np.nan                 # in the second chunk: rows 30.. see key 900
         kw["is_causal"] = "bottom_right"
     pyattn.set_num_threads(2)
     full = _bwd(q, k, v, go, kw)                                      # 8 heads: not split
@@ -112,7 +112,7 @@ def test_split_keeps_dk_dv_bits_of_the_unsplit_call(nan, restore_threads):
 def test_split_memory_error(restore_threads):
     """Each allocation of a split call failing in turn: MemoryError, no crash,
     no input modified, then a clean call gives the usual bits."""
-    q, k, v, go = _inputs(8, 1, 100, 600, 16, np.float32)
+    q, k, v, go = _inputs(8, 1, 100, 1000, 16, np.float32)
     o, lse = pyattn.scaled_dot_product_attention(q, k, v, return_lse=True, enable_gqa=True)
     before = frozen(q, k, v, go, o, lse)
     pyattn.set_num_threads(2)

@@ -29,7 +29,7 @@
 #include "threads.h"
 
 #define PA_BWD_SPLIT_TASKS 8          /* key-split below this many key/value heads */
-#define PA_BWD_SPLIT_MINTILES 4       /* key tiles per chunk, at least */
+#define PA_BWD_SPLIT_MINTILES 8       /* key tiles per chunk, on average at least */
 #define PA_BWD_SPLIT_BYTES ((size_t)64 << 20)   /* dQ partials: at most this or dq's size */
 
 typedef struct {
@@ -41,6 +41,10 @@ typedef struct {
     pa_ssize nsplit;            /* key chunks per head (1: no split) */
     pa_ssize cut[PA_BWD_SPLIT_TASKS + 1];   /* chunk c: keys [cut[c], cut[c + 1]) */
     char *part;                 /* dQ partials of chunks 1..nsplit-1: (c - 1, b) -> (L, E) */
+    pa_ssize rlo[PA_BWD_SPLIT_TASKS], rhi[PA_BWD_SPLIT_TASKS];   /* chunk c's dQ rows: its query blocks */
+    char *qs;                   /* split: the packed query side of (outer, inner) at qs + outer * qsz */
+    size_t qsz;
+    pa_ssize inner;             /* split: the query head of each key/value head this pass runs */
 } bwd_ctx;
 
 /* flat batch index of (outer, inner): outer runs over the axes not
@@ -65,54 +69,88 @@ static char *at(const pa_attn_call *c, const pa_operand *o, pa_ssize b)
     return (char *)o->p + pa_batch_offset(&c->bt, o->bs, b) * (pa_ssize)pa_elsize(c->dtype);
 }
 
+/* one head's operands (flat batch index b, key/value head outer): its dQ is
+ * chunk ch's (0: dq itself, else the partial of (ch, outer)) */
+static void bwd_io_of(const bwd_ctx *c, pa_ssize b, pa_ssize outer, pa_ssize ch, pa_bwd_io *io)
+{
+    const pa_attn_call *k = c->call;
+    const pa_attn_grads *g = c->g;
+    io->o = at(k, &k->out, b);
+    io->o_rs = k->out.rs; io->o_cs = k->out.cs;
+    io->go = at(k, &g->go, b);
+    io->go_rs = g->go.rs; io->go_cs = g->go.cs;
+    io->lse = at(k, &k->lse, b);
+    io->lse_s = k->lse.cs;
+    if (ch == 0) {
+        io->dq = at(k, &g->dq, b);
+        io->dq_rs = g->dq.rs; io->dq_cs = g->dq.cs;
+    } else {
+        io->dq = c->part + ((ch - 1) * (k->bt.count / c->ninner) + outer) * k->L * k->E * (pa_ssize)pa_elsize(k->dtype);
+        io->dq_rs = k->E; io->dq_cs = 1;
+    }
+    io->dk = at(k, &g->dk, b);
+    io->dk_rs = g->dk.rs; io->dk_cs = g->dk.cs;
+    io->dv = at(k, &g->dv, b);
+    io->dv_rs = g->dv.rs; io->dv_cs = g->dv.cs;
+    io->dsink = g->dsinks && ch == 0 ? g->dsinks + b : NULL;
+}
+
+/* a key-split pass, step 1: the packed query side of (outer, c->inner),
+ * shared by its chunks */
+static void bwd_pack_task(void *ctx_, pa_ssize outer, int tid)
+{
+    (void)tid;
+    const bwd_ctx *c = (const bwd_ctx *)ctx_;
+    const pa_ssize b = flat_index(c, outer, c->inner);
+    pa_attn_args a;
+    pa_attn_setup(&a, c->fam, c->call, b);
+    pa_bwd_io io;
+    bwd_io_of(c, b, outer, 0, &io);
+    pa_bwd_pack(c->fam, c->call->dtype, &a, &io, c->qs + (size_t)outer * c->qsz);
+}
+
+/* a task: key/value head outer, key chunk ch; its query heads in order
+ * (split: the pass's one query head, c->inner) */
 static void bwd_task(void *ctx_, pa_ssize task, int tid)
 {
     const bwd_ctx *c = (const bwd_ctx *)ctx_;
-    const pa_attn_call *k = c->call;
-    const pa_attn_grads *g = c->g;
     const pa_ssize outer = task / c->nsplit, ch = task % c->nsplit;
-    for (pa_ssize inner = 0; inner < c->ninner; inner++) {
+    const pa_ssize es = (pa_ssize)pa_elsize(c->call->dtype);
+    for (pa_ssize inner = c->qs ? c->inner : 0; inner < (c->qs ? c->inner + 1 : c->ninner); inner++) {
         const pa_ssize b = flat_index(c, outer, inner);
         pa_attn_args a;
-        pa_attn_setup(&a, c->fam, k, b);
+        pa_attn_setup(&a, c->fam, c->call, b);
         a.key_begin = c->cut[ch];
         a.key_end = c->cut[ch + 1];
         pa_bwd_io io;
-        io.o = at(k, &k->out, b);
-        io.o_rs = k->out.rs; io.o_cs = k->out.cs;
-        io.go = at(k, &g->go, b);
-        io.go_rs = g->go.rs; io.go_cs = g->go.cs;
-        io.lse = at(k, &k->lse, b);
-        io.lse_s = k->lse.cs;
-        if (ch == 0) {
-            io.dq = at(k, &g->dq, b);
-            io.dq_rs = g->dq.rs; io.dq_cs = g->dq.cs;
-        } else {
-            io.dq = c->part + ((ch - 1) * k->bt.count + b) * k->L * k->E * (pa_ssize)pa_elsize(k->dtype);
-            io.dq_rs = k->E; io.dq_cs = 1;
-        }
-        io.dk = at(k, &g->dk, b);
-        io.dk_rs = g->dk.rs; io.dk_cs = g->dk.cs;
-        io.dv = at(k, &g->dv, b);
-        io.dv_rs = g->dv.rs; io.dv_cs = g->dv.cs;
-        io.dsink = g->dsinks && ch == 0 ? g->dsinks + b : NULL;
-        pa_bwd_head(c->fam, k->dtype, &a, &io, c->ws[tid]);
+        bwd_io_of(c, b, outer, ch, &io);
+        if (ch > 0)                         /* the partial's rows this chunk adds into */
+            memset((char *)io.dq + c->rlo[ch] * c->call->E * es, 0,
+                   (size_t)((c->rhi[ch] - c->rlo[ch]) * c->call->E * es));
+        if (c->qs) pa_bwd_keys(c->fam, c->call->dtype, &a, &io, c->qs + (size_t)outer * c->qsz, c->ws[tid]);
+        else pa_bwd_head(c->fam, c->call->dtype, &a, &io, c->ws[tid]);
     }
 }
 
-/* dq of flat batch index b, rows [i0, i1): dq += partial 1, partial 2, ...
- * in order of the chunk (the fixed order of the key-split's dQ sums) */
+/* a key-split pass, step 3: dq of (outer, c->inner), rows [r0, r1): dq +=
+ * partial 1, partial 2, ...
+ * in order of the chunk (the fixed order of the key-split's dQ sums). A
+ * partial's rows outside its chunk's query blocks are +0, and dq (zeroed by
+ * the binding, then sums from +0) is never -0: adding them would change no
+ * bit, so they are neither zeroed nor added. */
 #define PA_BWD_SUM_ROWS 128
 static void bwd_sum_task(void *ctx_, pa_ssize task, int tid)
 {
     (void)tid;
     const bwd_ctx *c = (const bwd_ctx *)ctx_;
     const pa_attn_call *k = c->call;
-    const pa_ssize nrb = (k->L + PA_BWD_SUM_ROWS - 1) / PA_BWD_SUM_ROWS;
-    const pa_ssize b = task / nrb, i0 = task % nrb * PA_BWD_SUM_ROWS, i1 = pa_min(i0 + PA_BWD_SUM_ROWS, k->L);
+    const pa_ssize nrb = (k->L + PA_BWD_SUM_ROWS - 1) / PA_BWD_SUM_ROWS, nouter = k->bt.count / c->ninner;
+    const pa_ssize outer = task / nrb, r0 = task % nrb * PA_BWD_SUM_ROWS, r1 = pa_min(r0 + PA_BWD_SUM_ROWS, k->L);
+    const pa_ssize b = flat_index(c, outer, c->inner);
     const pa_ssize L = k->L, E = k->E, rs = c->g->dq.rs, cs = c->g->dq.cs;
     for (pa_ssize ch = 1; ch < c->nsplit; ch++) {
-        const pa_ssize off = ((ch - 1) * k->bt.count + b) * L * E;
+        const pa_ssize off = ((ch - 1) * nouter + outer) * L * E;
+        const pa_ssize i0 = pa_max(r0, c->rlo[ch]), i1 = pa_min(r1, c->rhi[ch]);
         if (k->dtype == PA_F32) {
             float *dq = (float *)at(k, &c->g->dq, b);
             const float *p = (const float *)c->part + off;
@@ -140,7 +178,7 @@ static int bwd_chunks(bwd_ctx *c, pa_ssize nouter)
     if (nouter >= PA_BWD_SPLIT_TASKS || k->E == 0) return 0;
     pa_ssize n = pa_min((PA_BWD_SPLIT_TASKS + nouter - 1) / nouter, ntile / PA_BWD_SPLIT_MINTILES);
     size_t one, cap = PA_BWD_SPLIT_BYTES;     /* one chunk's partials */
-    if (!pa_mul_ok((size_t)k->bt.count, (size_t)L, &one) || !pa_mul_ok(one, (size_t)k->E, &one) ||
+    if (!pa_mul_ok((size_t)nouter, (size_t)L, &one) || !pa_mul_ok(one, (size_t)k->E, &one) ||
         !pa_mul_ok(one, pa_elsize(k->dtype), &one))
         return 0;
     if (one > cap) cap = one;
@@ -170,6 +208,18 @@ static int bwd_chunks(bwd_ctx *c, pa_ssize nouter)
     pa_free64(w);
     c->nsplit = ch;
     c->cut[ch] = S;
+    const pa_ssize BQ = c->fam->attn_bq[k->dtype];      /* the query blocks that meet each chunk */
+    for (pa_ssize h = 0; h < ch; h++) {
+        c->rlo[h] = L; c->rhi[h] = 0;
+        for (pa_ssize i0 = 0; i0 < L; i0 += BQ) {
+            pa_ssize lo, hi;
+            pa_block_keys(&a.rule, i0, pa_min(i0 + BQ, L), &lo, &hi);
+            if (!k->kv_len && (lo >= hi || hi <= c->cut[h] || lo >= c->cut[h + 1])) continue;   /* (the rule of b = 0: every b's but with kv_len) */
+            c->rlo[h] = pa_min(c->rlo[h], i0);
+            c->rhi[h] = pa_max(c->rhi[h], pa_min(i0 + BQ, L));
+        }
+        if (c->rlo[h] >= c->rhi[h]) c->rlo[h] = c->rhi[h] = 0;
+    }
     return 0;
 }
 
@@ -189,34 +239,51 @@ int pa_attention_backward(const pa_family *fam, const pa_attn_call *call, const 
     const pa_ssize nouter = bt->count / c.ninner;
     const size_t bytes = pa_bwd_ws(fam, call->dtype, call->L, call->E, call->Ev);
     if (bytes == 0) return -1;
-    c.part = NULL;
+    c.part = c.qs = NULL;
+    c.qsz = 0;
+    c.inner = 0;
     if (bwd_chunks(&c, nouter) < 0) return -1;
+    size_t wsb = bytes;
     if (c.nsplit > 1) {
-        const size_t pb = (size_t)(c.nsplit - 1) * (size_t)bt->count * (size_t)call->L * (size_t)call->E *
-                          pa_elsize(call->dtype);   /* <= nsplit x the cap: checked in bwd_chunks */
+        /* the passes' buffers: per key/value head, a packed query side and
+         * the chunks' dQ partials; the threads' workspaces hold tiles only */
+        const size_t pb = (size_t)(c.nsplit - 1) * (size_t)nouter * (size_t)call->L * (size_t)call->E *
+                          pa_elsize(call->dtype);   /* <= the cap: checked in bwd_chunks */
+        size_t qb;
+        const size_t q1 = pa_bwd_ws_qside(fam, call->dtype, call->L, call->E, call->Ev);
+        c.qsz = q1 == 0 || q1 > SIZE_MAX - 64 ? 0 : (q1 + 63) / 64 * 64;
+        if (c.qsz == 0 || !pa_mul_ok(c.qsz, (size_t)nouter, &qb)) return -1;
+        wsb = bytes - q1;
         c.part = (char *)pa_alloc64(pb);
-        if (!c.part) return -1;
-        memset(c.part, 0, pb);
+        c.qs = c.part ? (char *)pa_alloc64(qb) : NULL;
+        if (!c.qs) {
+            pa_free64(c.part);
+            return -1;
+        }
     }
     const pa_ssize ntasks = nouter * c.nsplit;
-    int nt = nthreads < 1 ? 1 : nthreads;
-    if (nt > ntasks) nt = (int)ntasks;
+    const int nall = nthreads < 1 ? 1 : nthreads;
+    const int nt = nall > ntasks ? (int)ntasks : nall;
     void *wsv[PA_MAX_THREADS];
     int ok = 1;
     for (int i = 0; i < nt; i++) {
-        wsv[i] = pa_alloc64(bytes);
+        wsv[i] = pa_alloc64(wsb);
         ok &= wsv[i] != NULL;
-        if (wsv[i]) memset(wsv[i], 0, bytes);
+        if (wsv[i]) memset(wsv[i], 0, wsb);
     }
-    if (ok) {
-        c.ws = wsv;
+    c.ws = wsv;
+    if (ok && c.nsplit == 1) pa_parallel_for(ntasks, bwd_task, &c, nt);
+    /* key-split: a pass per query head of the key/value heads (their dK, dV
+     * sums run over the query heads in order), each in three steps */
+    pa_stop_flag *const stop = pa_stop_get();
+    const pa_ssize nrb = (call->L + PA_BWD_SUM_ROWS - 1) / PA_BWD_SUM_ROWS;
+    for (c.inner = 0; ok && c.nsplit > 1 && c.inner < c.ninner && !pa_stopping(stop); c.inner++) {
+        pa_parallel_for(nouter, bwd_pack_task, &c, nall);
         pa_parallel_for(ntasks, bwd_task, &c, nt);
-        if (c.nsplit > 1 && !pa_stopping(pa_stop_get())) {
-            const pa_ssize nrb = (call->L + PA_BWD_SUM_ROWS - 1) / PA_BWD_SUM_ROWS;
-            pa_parallel_for(bt->count * nrb, bwd_sum_task, &c, nthreads < 1 ? 1 : nthreads);
-        }
+        pa_parallel_for(nouter * nrb, bwd_sum_task, &c, nall);
     }
     for (int i = 0; i < nt; i++) pa_free64(wsv[i]);
     pa_free64(c.part);
+    pa_free64(c.qs);
     return ok ? 0 : -1;
 }
