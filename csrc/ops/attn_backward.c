@@ -29,6 +29,11 @@
 #include "threads.h"
 
 #define PA_BWD_SPLIT_TASKS 8          /* key-split below this many key/value heads */
+/* OFF for now: the packed-sequence backward (attn_varlen.c) must give the
+ * bits of each sequence's dense call (tests/test_varlen.py), so it has to run
+ * the same split (each head's chunks in turn, pa_bwd_keys per chunk into dq
+ * or a zeroed partial, then dq += partial in chunk order) before this is 1 */
+#define PA_BWD_SPLIT_ON 0
 #define PA_BWD_SPLIT_MINTILES 8       /* key tiles per chunk, on average at least */
 #define PA_BWD_SPLIT_BYTES ((size_t)64 << 20)   /* dQ partials: at most this or dq's size */
 
@@ -175,7 +180,7 @@ static int bwd_chunks(bwd_ctx *c, pa_ssize nouter)
     const pa_attn_call *k = c->call;
     const pa_ssize S = k->S, L = k->L, BK = PA_FLASH_BK, ntile = (S + BK - 1) / BK;
     c->nsplit = 1; c->cut[0] = 0; c->cut[1] = S;
-    if (nouter >= PA_BWD_SPLIT_TASKS || k->E == 0) return 0;
+    if (!PA_BWD_SPLIT_ON || nouter >= PA_BWD_SPLIT_TASKS || k->E == 0) return 0;
     pa_ssize n = pa_min((PA_BWD_SPLIT_TASKS + nouter - 1) / nouter, ntile / PA_BWD_SPLIT_MINTILES);
     size_t one, cap = PA_BWD_SPLIT_BYTES;     /* one chunk's partials */
     if (!pa_mul_ok((size_t)nouter, (size_t)L, &one) || !pa_mul_ok(one, (size_t)k->E, &one) ||
