@@ -83,8 +83,6 @@ def test_split_matches_the_reference(case, restore_threads):
         check(g, w, m)
 
 
-@pytest.mark.xfail(strict=True, reason="key-split off (PA_BWD_SPLIT_ON 0, attn_backward.c) until the "
-                   "packed-sequence backward runs the same split")
 @pytest.mark.parametrize("nan", [False, True])
 def test_split_keeps_dk_dv_bits_of_the_unsplit_call(nan, restore_threads):
     """The same head in a call with 8 key/value heads (no split): dK and dV

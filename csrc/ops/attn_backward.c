@@ -29,11 +29,10 @@
 #include "threads.h"
 
 #define PA_BWD_SPLIT_TASKS 8          /* key-split below this many key/value heads */
-/* OFF for now: the packed-sequence backward (attn_varlen.c) must give the
- * bits of each sequence's dense call (tests/test_varlen.py), so it has to run
- * the same split (each head's chunks in turn, pa_bwd_keys per chunk into dq
- * or a zeroed partial, then dq += partial in chunk order) before this is 1 */
-#define PA_BWD_SPLIT_ON 0
+/* the packed-sequence backward (attn_varlen.c) runs the same split, a head's
+ * chunks in turn (pa_bwd_head_chunked), so it gives each sequence's dense
+ * bits (tests/test_varlen.py); 0 turns the split off in both */
+#define PA_BWD_SPLIT_ON 1
 #define PA_BWD_SPLIT_MINTILES 8       /* key tiles per chunk, on average at least */
 #define PA_BWD_SPLIT_BYTES ((size_t)64 << 20)   /* dQ partials: at most this or dq's size */
 
@@ -189,28 +188,29 @@ static int bwd_chunks(bwd_ctx *c, pa_ssize nouter)
     if (one > cap) cap = one;
     n = pa_min(n, (pa_ssize)(cap / one) + 1);
     if (n < 2) return 0;
-    double *w = (double *)pa_alloc64((size_t)(ntile + 1) * sizeof(double));
-    if (!w) return -1;
     pa_attn_args a;
     pa_attn_setup(&a, c->fam, k, 0);
-    for (pa_ssize t = 0; t <= ntile; t++) w[t] = 0;
-    for (pa_ssize i = 0; i < L; i++) {            /* rows' key ranges -> tiles */
+    /* work of tiles [0, t]: per row, the tiles of its key range up to t (an
+     * integer: exact in a double); no allocation, so a head run alone
+     * (pa_bwd_head_chunked) always gets the call's plan */
+    double total = 0;
+    for (pa_ssize i = 0; i < L; i++) {
         pa_ssize lo, hi;
         pa_key_range(&a.rule, i, &lo, &hi);
         lo = pa_max(lo, 0); hi = pa_min(hi, S);
-        if (lo >= hi) continue;
-        w[lo / BK] += 1;
-        w[(hi - 1) / BK + 1] -= 1;
+        if (lo < hi) total += (double)((hi - 1) / BK - lo / BK + 1);
     }
-    double run = 0, total = 0;
-    for (pa_ssize t = 0; t < ntile; t++) { run += w[t]; w[t] = run; total += run; }
     pa_ssize ch = 1, t = 0;
-    double acc = 0;
     for (; t < ntile && ch < n; t++) {
-        acc += w[t];
+        double acc = 0;
+        for (pa_ssize i = 0; i < L; i++) {
+            pa_ssize lo, hi;
+            pa_key_range(&a.rule, i, &lo, &hi);
+            lo = pa_max(lo, 0); hi = pa_min(hi, S);
+            if (lo < hi && lo / BK <= t) acc += (double)(pa_min((hi - 1) / BK, t) - lo / BK + 1);
+        }
         if (acc >= total * (double)ch / (double)n && ntile - (t + 1) >= (n - ch)) c->cut[ch++] = (t + 1) * BK;
     }
-    pa_free64(w);
     c->nsplit = ch;
     c->cut[ch] = S;
     const pa_ssize BQ = c->fam->attn_bq[k->dtype];      /* the query blocks that meet each chunk */
@@ -226,6 +226,47 @@ static int bwd_chunks(bwd_ctx *c, pa_ssize nouter)
         if (c->rlo[h] >= c->rhi[h]) c->rlo[h] = c->rhi[h] = 0;
     }
     return 0;
+}
+
+/* One head's backward with the key-split of a call of nouter key/value heads
+ * run in turn (the packed-sequence backward, attn_varlen.c): the chunks of
+ * bwd_chunks, chunk 0 into dq, chunk c into the zeroed partial at the end
+ * of ws, then dq += partial -- the sums and order of pa_attention_backward's
+ * passes, so the bits of the dense call. ws: pa_bwd_ws bytes. */
+void pa_bwd_head_chunked(const pa_family *fam, const pa_attn_call *call, pa_ssize nouter, const pa_attn_args *a0,
+                         const pa_bwd_io *io0, void *ws)
+{
+    bwd_ctx c;
+    memset(&c, 0, sizeof c);
+    c.fam = fam; c.call = call;
+    (void)bwd_chunks(&c, nouter);
+    const int dt = call->dtype;
+    if (c.nsplit == 1) {
+        pa_bwd_head(fam, dt, a0, io0, ws);
+        return;
+    }
+    const pa_ssize L = call->L, E = call->E, es = (pa_ssize)pa_elsize(dt);
+    char *qs = (char *)ws, *part = (char *)ws + pa_bwd_ws(fam, dt, L, E, call->Ev) - (size_t)(L * E * es);
+    char *tiles = qs + pa_bwd_ws_qside(fam, dt, L, E, call->Ev);
+    pa_bwd_pack(fam, dt, a0, io0, qs);
+    for (pa_ssize ch = 0; ch < c.nsplit; ch++) {
+        pa_attn_args a = *a0;
+        pa_bwd_io io = *io0;
+        a.key_begin = c.cut[ch];
+        a.key_end = c.cut[ch + 1];
+        if (ch > 0) {
+            io.dq = part; io.dq_rs = E; io.dq_cs = 1; io.dsink = NULL;
+            memset(part + c.rlo[ch] * E * es, 0, (size_t)((c.rhi[ch] - c.rlo[ch]) * E * es));
+        }
+        pa_bwd_keys(fam, dt, &a, &io, qs, tiles);
+        if (ch == 0) continue;
+        const pa_ssize rs = io0->dq_rs, cs = io0->dq_cs;
+        for (pa_ssize i = c.rlo[ch]; i < c.rhi[ch]; i++)
+            for (pa_ssize e = 0; e < E; e++) {
+                if (dt == PA_F32) ((float *)io0->dq)[i * rs + e * cs] += ((const float *)part)[i * E + e];
+                else ((double *)io0->dq)[i * rs + e * cs] += ((const double *)part)[i * E + e];
+            }
+    }
 }
 
 int pa_attention_backward(const pa_family *fam, const pa_attn_call *call, const pa_attn_grads *g,
