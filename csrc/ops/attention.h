@@ -296,6 +296,19 @@ typedef struct {
  * ws: pa_bwd_ws bytes, aligned to 64 (0: the size overflows). */
 size_t pa_bwd_ws(const pa_family *f, int dtype, pa_ssize L, pa_ssize E, pa_ssize Ev);
 void pa_bwd_head(const pa_family *f, int dtype, const pa_attn_args *a, const pa_bwd_io *io, void *ws);
+/* pa_bwd_head in two steps (the key-split, attn_backward.c): the packed
+ * query side into qs (pa_bwd_ws_qside bytes, aligned to 64), then the key
+ * tiles [a->key_begin, a->key_end) on it (read only) with tiles (the rest
+ * of pa_bwd_ws, aligned to 64) */
+size_t pa_bwd_ws_qside(const pa_family *f, int dtype, pa_ssize L, pa_ssize E, pa_ssize Ev);
+void pa_bwd_pack(const pa_family *f, int dtype, const pa_attn_args *a, const pa_bwd_io *io, void *qs);
+void pa_bwd_keys(const pa_family *f, int dtype, const pa_attn_args *a, const pa_bwd_io *io, const void *qs,
+                 void *tiles);
+/* pa_bwd_head with the key-split the dense call (call: one sequence's,
+ * nouter key/value heads) would run, its chunks in turn: the same bits
+ * (attn_backward.c) */
+void pa_bwd_head_chunked(const pa_family *fam, const pa_attn_call *call, pa_ssize nouter, const pa_attn_args *a,
+                         const pa_bwd_io *io, void *ws);
 
 /* precision "bf16": keys [j0, j0 + nj) of K and V packed for the family's
  * gemm_bf16 (attn_flash.c); pa_bf16_kv_tile: the elements of one tile. */

@@ -11,11 +11,30 @@
  * element is summed by one task in a fixed order -- no atomics, and the
  * result does not depend on the thread count, nor on which other heads
  * came in the call.
+ *
+ * Key-split: a call with fewer than PA_BWD_SPLIT_TASKS key/value heads
+ * (MQA with B = 1: one task) splits each head's keys into chunks on the
+ * 60-key tile grid, cut where the rows' key ranges (causal, window) give
+ * them equal work; a task is (head, chunk). A chunk writes the dK, dV rows
+ * of its own keys (summed as without the split: the same tiles, query
+ * blocks and heads in the same order) and a dQ partial: chunk 0 into dq,
+ * chunk c > 0 into a zeroed buffer of its own; then dq += partial 1,
+ * partial 2, ... in order of c. The chunks follow from the shape alone
+ * (heads, L, S, E, the key rule), never from the thread count, so the
+ * result is the same for any number of threads.
  */
 #include <string.h>
 #include "ops.h"
 #include "attention.h"
 #include "threads.h"
+
+#define PA_BWD_SPLIT_TASKS 8          /* key-split below this many key/value heads */
+/* the packed-sequence backward (attn_varlen.c) runs the same split, a head's
+ * chunks in turn (pa_bwd_head_chunked), so it gives each sequence's dense
+ * bits (tests/test_varlen.py); 0 turns the split off in both */
+#define PA_BWD_SPLIT_ON 1
+#define PA_BWD_SPLIT_MINTILES 8       /* key tiles per chunk, on average at least */
+#define PA_BWD_SPLIT_BYTES ((size_t)64 << 20)   /* dQ partials: at most this or dq's size */
 
 typedef struct {
     const pa_family *fam;
@@ -23,6 +42,13 @@ typedef struct {
     const pa_attn_grads *g;
     pa_ssize ninner;
     void **ws;
+    pa_ssize nsplit;            /* key chunks per head (1: no split) */
+    pa_ssize cut[PA_BWD_SPLIT_TASKS + 1];   /* chunk c: keys [cut[c], cut[c + 1]) */
+    char *part;                 /* dQ partials of chunks 1..nsplit-1: (c - 1, b) -> (L, E) */
+    pa_ssize rlo[PA_BWD_SPLIT_TASKS], rhi[PA_BWD_SPLIT_TASKS];   /* chunk c's dQ rows: its query blocks */
+    char *qs;                   /* split: the packed query side of (outer, inner) at qs + outer * qsz */
+    size_t qsz;
+    pa_ssize inner;             /* split: the query head of each key/value head this pass runs */
 } bwd_ctx;
 
 /* flat batch index of (outer, inner): outer runs over the axes not
@@ -47,30 +73,199 @@ static char *at(const pa_attn_call *c, const pa_operand *o, pa_ssize b)
     return (char *)o->p + pa_batch_offset(&c->bt, o->bs, b) * (pa_ssize)pa_elsize(c->dtype);
 }
 
-static void bwd_task(void *ctx_, pa_ssize outer, int tid)
+/* one head's operands (flat batch index b, key/value head outer): its dQ is
+ * chunk ch's (0: dq itself, else the partial of (ch, outer)) */
+static void bwd_io_of(const bwd_ctx *c, pa_ssize b, pa_ssize outer, pa_ssize ch, pa_bwd_io *io)
 {
-    const bwd_ctx *c = (const bwd_ctx *)ctx_;
     const pa_attn_call *k = c->call;
     const pa_attn_grads *g = c->g;
-    for (pa_ssize inner = 0; inner < c->ninner; inner++) {
+    io->o = at(k, &k->out, b);
+    io->o_rs = k->out.rs; io->o_cs = k->out.cs;
+    io->go = at(k, &g->go, b);
+    io->go_rs = g->go.rs; io->go_cs = g->go.cs;
+    io->lse = at(k, &k->lse, b);
+    io->lse_s = k->lse.cs;
+    if (ch == 0) {
+        io->dq = at(k, &g->dq, b);
+        io->dq_rs = g->dq.rs; io->dq_cs = g->dq.cs;
+    } else {
+        io->dq = c->part + ((ch - 1) * (k->bt.count / c->ninner) + outer) * k->L * k->E * (pa_ssize)pa_elsize(k->dtype);
+        io->dq_rs = k->E; io->dq_cs = 1;
+    }
+    io->dk = at(k, &g->dk, b);
+    io->dk_rs = g->dk.rs; io->dk_cs = g->dk.cs;
+    io->dv = at(k, &g->dv, b);
+    io->dv_rs = g->dv.rs; io->dv_cs = g->dv.cs;
+    io->dsink = g->dsinks && ch == 0 ? g->dsinks + b : NULL;
+}
+
+/* a key-split pass, step 1: the packed query side of (outer, c->inner),
+ * shared by its chunks */
+static void bwd_pack_task(void *ctx_, pa_ssize outer, int tid)
+{
+    (void)tid;
+    const bwd_ctx *c = (const bwd_ctx *)ctx_;
+    const pa_ssize b = flat_index(c, outer, c->inner);
+    pa_attn_args a;
+    pa_attn_setup(&a, c->fam, c->call, b);
+    pa_bwd_io io;
+    bwd_io_of(c, b, outer, 0, &io);
+    pa_bwd_pack(c->fam, c->call->dtype, &a, &io, c->qs + (size_t)outer * c->qsz);
+}
+
+/* a task: key/value head outer, key chunk ch; its query heads in order
+ * (split: the pass's one query head, c->inner) */
+static void bwd_task(void *ctx_, pa_ssize task, int tid)
+{
+    const bwd_ctx *c = (const bwd_ctx *)ctx_;
+    const pa_ssize outer = task / c->nsplit, ch = task % c->nsplit;
+    const pa_ssize es = (pa_ssize)pa_elsize(c->call->dtype);
+    for (pa_ssize inner = c->qs ? c->inner : 0; inner < (c->qs ? c->inner + 1 : c->ninner); inner++) {
         const pa_ssize b = flat_index(c, outer, inner);
         pa_attn_args a;
-        pa_attn_setup(&a, c->fam, k, b);
+        pa_attn_setup(&a, c->fam, c->call, b);
+        a.key_begin = c->cut[ch];
+        a.key_end = c->cut[ch + 1];
         pa_bwd_io io;
-        io.o = at(k, &k->out, b);
-        io.o_rs = k->out.rs; io.o_cs = k->out.cs;
-        io.go = at(k, &g->go, b);
-        io.go_rs = g->go.rs; io.go_cs = g->go.cs;
-        io.lse = at(k, &k->lse, b);
-        io.lse_s = k->lse.cs;
-        io.dq = at(k, &g->dq, b);
-        io.dq_rs = g->dq.rs; io.dq_cs = g->dq.cs;
-        io.dk = at(k, &g->dk, b);
-        io.dk_rs = g->dk.rs; io.dk_cs = g->dk.cs;
-        io.dv = at(k, &g->dv, b);
-        io.dv_rs = g->dv.rs; io.dv_cs = g->dv.cs;
-        io.dsink = g->dsinks ? g->dsinks + b : NULL;
-        pa_bwd_head(c->fam, k->dtype, &a, &io, c->ws[tid]);
+        bwd_io_of(c, b, outer, ch, &io);
+        if (ch > 0)                         /* the partial's rows this chunk adds into */
+            memset((char *)io.dq + c->rlo[ch] * c->call->E * es, 0,
+                   (size_t)((c->rhi[ch] - c->rlo[ch]) * c->call->E * es));
+        if (c->qs) pa_bwd_keys(c->fam, c->call->dtype, &a, &io, c->qs + (size_t)outer * c->qsz, c->ws[tid]);
+        else pa_bwd_head(c->fam, c->call->dtype, &a, &io, c->ws[tid]);
+    }
+}
+
+/* a key-split pass, step 3: dq of (outer, c->inner), rows [r0, r1): dq +=
+ * partial 1, partial 2, ...
+ * in order of the chunk (the fixed order of the key-split's dQ sums). A
+ * partial's rows outside its chunk's query blocks are +0, and dq (zeroed by
+ * the binding, then sums from +0) is never -0: adding them would change no
+ * bit, so they are neither zeroed nor added. */
+#define PA_BWD_SUM_ROWS 128
+static void bwd_sum_task(void *ctx_, pa_ssize task, int tid)
+{
+    (void)tid;
+    const bwd_ctx *c = (const bwd_ctx *)ctx_;
+    const pa_attn_call *k = c->call;
+    const pa_ssize nrb = (k->L + PA_BWD_SUM_ROWS - 1) / PA_BWD_SUM_ROWS, nouter = k->bt.count / c->ninner;
+    const pa_ssize outer = task / nrb, r0 = task % nrb * PA_BWD_SUM_ROWS, r1 = pa_min(r0 + PA_BWD_SUM_ROWS, k->L);
+    const pa_ssize b = flat_index(c, outer, c->inner);
+    const pa_ssize L = k->L, E = k->E, rs = c->g->dq.rs, cs = c->g->dq.cs;
+    for (pa_ssize ch = 1; ch < c->nsplit; ch++) {
+        const pa_ssize off = ((ch - 1) * nouter + outer) * L * E;
+        const pa_ssize i0 = pa_max(r0, c->rlo[ch]), i1 = pa_min(r1, c->rhi[ch]);
+        if (k->dtype == PA_F32) {
+            float *dq = (float *)at(k, &c->g->dq, b);
+            const float *p = (const float *)c->part + off;
+            for (pa_ssize i = i0; i < i1; i++)
+                for (pa_ssize e = 0; e < E; e++) dq[i * rs + e * cs] += p[i * E + e];
+        } else {
+            double *dq = (double *)at(k, &c->g->dq, b);
+            const double *p = (const double *)c->part + off;
+            for (pa_ssize i = i0; i < i1; i++)
+                for (pa_ssize e = 0; e < E; e++) dq[i * rs + e * cs] += p[i * E + e];
+        }
+    }
+}
+
+/* The key chunks of a call with nouter key/value heads (c->nsplit,
+ * c->cut): from the shape alone. Work per key tile = the query rows whose
+ * key range meets it (the first head's rule: causal, window); chunk c ends
+ * at the first tile where the running work reaches (c + 1) / n of the
+ * total. Returns -1 when out of memory. */
+static int bwd_chunks(bwd_ctx *c, pa_ssize nouter)
+{
+    const pa_attn_call *k = c->call;
+    const pa_ssize S = k->S, L = k->L, BK = PA_FLASH_BK, ntile = (S + BK - 1) / BK;
+    c->nsplit = 1; c->cut[0] = 0; c->cut[1] = S;
+    if (!PA_BWD_SPLIT_ON || nouter >= PA_BWD_SPLIT_TASKS || k->E == 0) return 0;
+    pa_ssize n = pa_min((PA_BWD_SPLIT_TASKS + nouter - 1) / nouter, ntile / PA_BWD_SPLIT_MINTILES);
+    size_t one, cap = PA_BWD_SPLIT_BYTES;     /* one chunk's partials */
+    if (!pa_mul_ok((size_t)nouter, (size_t)L, &one) || !pa_mul_ok(one, (size_t)k->E, &one) ||
+        !pa_mul_ok(one, pa_elsize(k->dtype), &one))
+        return 0;
+    if (one > cap) cap = one;
+    n = pa_min(n, (pa_ssize)(cap / one) + 1);
+    if (n < 2) return 0;
+    pa_attn_args a;
+    pa_attn_setup(&a, c->fam, k, 0);
+    /* work of tiles [0, t]: per row, the tiles of its key range up to t (an
+     * integer: exact in a double); no allocation, so a head run alone
+     * (pa_bwd_head_chunked) always gets the call's plan */
+    double total = 0;
+    for (pa_ssize i = 0; i < L; i++) {
+        pa_ssize lo, hi;
+        pa_key_range(&a.rule, i, &lo, &hi);
+        lo = pa_max(lo, 0); hi = pa_min(hi, S);
+        if (lo < hi) total += (double)((hi - 1) / BK - lo / BK + 1);
+    }
+    pa_ssize ch = 1, t = 0;
+    for (; t < ntile && ch < n; t++) {
+        double acc = 0;
+        for (pa_ssize i = 0; i < L; i++) {
+            pa_ssize lo, hi;
+            pa_key_range(&a.rule, i, &lo, &hi);
+            lo = pa_max(lo, 0); hi = pa_min(hi, S);
+            if (lo < hi && lo / BK <= t) acc += (double)(pa_min((hi - 1) / BK, t) - lo / BK + 1);
+        }
+        if (acc >= total * (double)ch / (double)n && ntile - (t + 1) >= (n - ch)) c->cut[ch++] = (t + 1) * BK;
+    }
+    c->nsplit = ch;
+    c->cut[ch] = S;
+    const pa_ssize BQ = c->fam->attn_bq[k->dtype];      /* the query blocks that meet each chunk */
+    for (pa_ssize h = 0; h < ch; h++) {
+        c->rlo[h] = L; c->rhi[h] = 0;
+        for (pa_ssize i0 = 0; i0 < L; i0 += BQ) {
+            pa_ssize lo, hi;
+            pa_block_keys(&a.rule, i0, pa_min(i0 + BQ, L), &lo, &hi);
+            if (!k->kv_len && (lo >= hi || hi <= c->cut[h] || lo >= c->cut[h + 1])) continue;   /* (the rule of b = 0: every b's but with kv_len) */
+            c->rlo[h] = pa_min(c->rlo[h], i0);
+            c->rhi[h] = pa_max(c->rhi[h], pa_min(i0 + BQ, L));
+        }
+        if (c->rlo[h] >= c->rhi[h]) c->rlo[h] = c->rhi[h] = 0;
+    }
+    return 0;
+}
+
+/* One head's backward with the key-split of a call of nouter key/value heads
+ * run in turn (the packed-sequence backward, attn_varlen.c): the chunks of
+ * bwd_chunks, chunk 0 into dq, chunk c into the zeroed partial at the end
+ * of ws, then dq += partial -- the sums and order of pa_attention_backward's
+ * passes, so the bits of the dense call. ws: pa_bwd_ws bytes. */
+void pa_bwd_head_chunked(const pa_family *fam, const pa_attn_call *call, pa_ssize nouter, const pa_attn_args *a0,
+                         const pa_bwd_io *io0, void *ws)
+{
+    bwd_ctx c;
+    memset(&c, 0, sizeof c);
+    c.fam = fam; c.call = call;
+    (void)bwd_chunks(&c, nouter);
+    const int dt = call->dtype;
+    if (c.nsplit == 1) {
+        pa_bwd_head(fam, dt, a0, io0, ws);
+        return;
+    }
+    const pa_ssize L = call->L, E = call->E, es = (pa_ssize)pa_elsize(dt);
+    char *qs = (char *)ws, *part = (char *)ws + pa_bwd_ws(fam, dt, L, E, call->Ev) - (size_t)(L * E * es);
+    char *tiles = qs + pa_bwd_ws_qside(fam, dt, L, E, call->Ev);
+    pa_bwd_pack(fam, dt, a0, io0, qs);
+    for (pa_ssize ch = 0; ch < c.nsplit; ch++) {
+        pa_attn_args a = *a0;
+        pa_bwd_io io = *io0;
+        a.key_begin = c.cut[ch];
+        a.key_end = c.cut[ch + 1];
+        if (ch > 0) {
+            io.dq = part; io.dq_rs = E; io.dq_cs = 1; io.dsink = NULL;
+            memset(part + c.rlo[ch] * E * es, 0, (size_t)((c.rhi[ch] - c.rlo[ch]) * E * es));
+        }
+        pa_bwd_keys(fam, dt, &a, &io, qs, tiles);
+        if (ch == 0) continue;
+        const pa_ssize rs = io0->dq_rs, cs = io0->dq_cs;
+        for (pa_ssize i = c.rlo[ch]; i < c.rhi[ch]; i++)
+            for (pa_ssize e = 0; e < E; e++) {
+                if (dt == PA_F32) ((float *)io0->dq)[i * rs + e * cs] += ((const float *)part)[i * E + e];
+                else ((double *)io0->dq)[i * rs + e * cs] += ((const double *)part)[i * E + e];
+            }
     }
 }
 
@@ -90,19 +285,51 @@ int pa_attention_backward(const pa_family *fam, const pa_attn_call *call, const 
     const pa_ssize nouter = bt->count / c.ninner;
     const size_t bytes = pa_bwd_ws(fam, call->dtype, call->L, call->E, call->Ev);
     if (bytes == 0) return -1;
-    int nt = nthreads < 1 ? 1 : nthreads;
-    if (nt > nouter) nt = (int)nouter;
+    c.part = c.qs = NULL;
+    c.qsz = 0;
+    c.inner = 0;
+    if (bwd_chunks(&c, nouter) < 0) return -1;
+    size_t wsb = bytes;
+    if (c.nsplit > 1) {
+        /* the passes' buffers: per key/value head, a packed query side and
+         * the chunks' dQ partials; the threads' workspaces hold tiles only */
+        const size_t pb = (size_t)(c.nsplit - 1) * (size_t)nouter * (size_t)call->L * (size_t)call->E *
+                          pa_elsize(call->dtype);   /* <= the cap: checked in bwd_chunks */
+        size_t qb;
+        const size_t q1 = pa_bwd_ws_qside(fam, call->dtype, call->L, call->E, call->Ev);
+        c.qsz = q1 == 0 || q1 > SIZE_MAX - 64 ? 0 : (q1 + 63) / 64 * 64;
+        if (c.qsz == 0 || !pa_mul_ok(c.qsz, (size_t)nouter, &qb)) return -1;
+        wsb = bytes - q1;
+        c.part = (char *)pa_alloc64(pb);
+        c.qs = c.part ? (char *)pa_alloc64(qb) : NULL;
+        if (!c.qs) {
+            pa_free64(c.part);
+            return -1;
+        }
+    }
+    const pa_ssize ntasks = nouter * c.nsplit;
+    const int nall = nthreads < 1 ? 1 : nthreads;
+    const int nt = nall > ntasks ? (int)ntasks : nall;
     void *wsv[PA_MAX_THREADS];
     int ok = 1;
     for (int i = 0; i < nt; i++) {
-        wsv[i] = pa_alloc64(bytes);
+        wsv[i] = pa_alloc64(wsb);
         ok &= wsv[i] != NULL;
-        if (wsv[i]) memset(wsv[i], 0, bytes);
+        if (wsv[i]) memset(wsv[i], 0, wsb);
     }
-    if (ok) {
-        c.ws = wsv;
-        pa_parallel_for(nouter, bwd_task, &c, nt);
+    c.ws = wsv;
+    if (ok && c.nsplit == 1) pa_parallel_for(ntasks, bwd_task, &c, nt);
+    /* key-split: a pass per query head of the key/value heads (their dK, dV
+     * sums run over the query heads in order), each in three steps */
+    pa_stop_flag *const stop = pa_stop_get();
+    const pa_ssize nrb = (call->L + PA_BWD_SUM_ROWS - 1) / PA_BWD_SUM_ROWS;
+    for (c.inner = 0; ok && c.nsplit > 1 && c.inner < c.ninner && !pa_stopping(stop); c.inner++) {
+        pa_parallel_for(nouter, bwd_pack_task, &c, nall);
+        pa_parallel_for(ntasks, bwd_task, &c, nt);
+        pa_parallel_for(nouter * nrb, bwd_sum_task, &c, nall);
     }
     for (int i = 0; i < nt; i++) pa_free64(wsv[i]);
+    pa_free64(c.part);
+    pa_free64(c.qs);
     return ok ? 0 : -1;
 }

@@ -366,7 +366,25 @@ void pa_flash_merge(int dtype, const pa_attn_args *a, pa_ssize i, const void *pa
 
 size_t pa_bwd_ws(const pa_family *f, int dtype, pa_ssize L, pa_ssize E, pa_ssize Ev)
 {
-    return dtype == PA_F32 ? bwd_ws_f32(f, L, E, Ev) : bwd_ws_f64(f, L, E, Ev);
+    return dtype == PA_F32 ? bwd_ws_f32(f, L, E, Ev, 0) : bwd_ws_f64(f, L, E, Ev, 0);
+}
+
+size_t pa_bwd_ws_qside(const pa_family *f, int dtype, pa_ssize L, pa_ssize E, pa_ssize Ev)
+{
+    return dtype == PA_F32 ? bwd_ws_f32(f, L, E, Ev, 1) : bwd_ws_f64(f, L, E, Ev, 1);
+}
+
+void pa_bwd_pack(const pa_family *f, int dtype, const pa_attn_args *a, const pa_bwd_io *io, void *qs)
+{
+    if (dtype == PA_F32) bwd_pack_f32(f, a, io, qs);
+    else bwd_pack_f64(f, a, io, qs);
+}
+
+void pa_bwd_keys(const pa_family *f, int dtype, const pa_attn_args *a, const pa_bwd_io *io, const void *qs,
+                 void *tiles)
+{
+    if (dtype == PA_F32) bwd_keys_f32(f, a, io, qs, tiles);
+    else bwd_keys_f64(f, a, io, qs, tiles);
 }
 
 void pa_bwd_head(const pa_family *f, int dtype, const pa_attn_args *a, const pa_bwd_io *io, void *ws)

@@ -329,7 +329,7 @@ static void vl_bwd_task(void *ctx_, pa_ssize t, int tid)
         io.dv = vl_at(k, &g->dv, b, k0, g->dv.rs);
         io.dv_rs = g->dv.rs; io.dv_cs = g->dv.cs;
         io.dsink = c->dsinks ? c->dsinks + i * count + b : NULL;
-        pa_bwd_head(c->fam, k->dtype, &a, &io, c->ws[tid]);
+        pa_bwd_head_chunked(c->fam, &s, count / c->ninner, &a, &io, c->ws[tid]);   /* the dense call's split */
     }
 }
 
