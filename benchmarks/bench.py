@@ -138,7 +138,10 @@ def _kernel_pct(best):
 TALL = ((2048, 768, 2304), (2048, 768, 768))
 
 
-def _cases(quick):
+def _cases(quick, target_shapes=False):
+    if target_shapes:                     # the shapes issue 23's targets name (plus L = 512, 1024)
+        return [2048], [(1, 8, L, E, causal) for L in (512, 1024, 2048) for E in (64, 128)
+                        for causal in (False, True)]
     mm = [512, 1024] if quick else [512, 1024, 2048]
     attn = []
     Ls = [512, 1024] if quick else [128, 512, 1024, 2048, 4096]
@@ -178,7 +181,7 @@ def worker(args):
     emit({"kind": "impls", "torch": None if torch is None else torch.__version__, "threads": args.threads,
           "blas": _blas_kernel(), "numpy_env": args.numpy_only, "avx2_peers": args.avx2_peers})
     if args.numpy_only:               # NumPy's matmul alone, in this process's environment
-        mm, _ = _cases(args.quick)
+        mm, _ = _cases(args.quick, args.target_shapes)
         for M, K, N in [(n, n, n) for n in mm] + ([] if args.quick else list(TALL)):
             a = rng.standard_normal((M, K), dtype=np.float32)
             b = rng.standard_normal((K, N), dtype=np.float32)
@@ -195,7 +198,7 @@ def worker(args):
         emit(dict(_wakeup(), kind="wakeup", threads=args.threads))
     emit({"kind": "peak", "gflops_core": None if peak1 is None else peak1 / 1e9, "threads": args.threads})
     kbest = {}
-    mm, attn = _cases(args.quick)
+    mm, attn = _cases(args.quick, args.target_shapes)
     want = lambda section: args.only is None or section in args.only.split(",")  # noqa: E731
     rep = args.repeat
 
@@ -800,7 +803,8 @@ def spawn(threads, args, first=True, numpy_only=False, avx2_peers=False):
         for var in OPENBLAS_PINS:
             env.pop(var, None)
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--threads", str(threads),
-           "--repeat", str(args.repeat), "--settle", str(args.settle)] + (["--quick"] if args.quick else [])
+           "--repeat", str(args.repeat), "--settle", str(args.settle)] + (["--quick"] if args.quick else []) \
+        + (["--target-shapes"] if args.target_shapes else [])
     if numpy_only:
         cmd.append("--numpy-only")
     if avx2_peers:
@@ -826,7 +830,7 @@ def spawn(threads, args, first=True, numpy_only=False, avx2_peers=False):
                     sys.stderr.write("  PyTorch is not installed: comparing with NumPy only "
                                      "(pip install torch==2.13.0 to add its columns)\n")
             done = sum(1 for r in rows if "kind" not in r)
-            mm, attn = _cases(args.quick)
+            mm, attn = _cases(args.quick, args.target_shapes)
             # pyattn + numpy (+ torch) per matmul and per attention shape up to
             # L = 2048 (the naive NumPy way stops there); decode and the layer:
             # pyattn (+ torch)
@@ -876,6 +880,15 @@ def table(rows):
     return "\n".join(out)
 
 
+def _scaling_goal(shape):
+    """2 threads vs 1: issue 23 asks >= 1.9x for every attention and matmul row
+    with L (or M) >= 1024; the smaller rows keep the earlier 1.85x"""
+    import re
+    m = re.search(r"L=S=(\d+)|L=(\d+)|^(\d+)\^3|^\((\d+)x", shape)
+    n = int(next(g for g in m.groups() if g)) if m else 0
+    return 1.9 if n >= 1024 else 1.85
+
+
 def targets(rows, mem):
     """The performance targets (issues "Fast" and "Fast, part 2" of the
     project's tracker), each with the measured figure and whether it is met
@@ -906,7 +919,7 @@ def targets(rows, mem):
     for shape in mm_shapes:
         me = get("matmul", shape, "pyattn", 1)
         if me and peak.get(1) and shape in ("1024^3", "2048^3"):
-            goal = 85 if shape == "2048^3" else 80
+            goal = 88 if shape == "2048^3" else 80          # issue 23: >= 88 % at 2048^3
             line(f"matmul {shape}, 1 thread, % of peak", f"{pct(me):.0f} %", f">= {goal} %", pct(me) >= goal)
         if shape == "512^3":
             continue
@@ -920,10 +933,13 @@ def targets(rows, mem):
         one, two = get("matmul", shape, "pyattn", 1), get("matmul", shape, "pyattn", top)
         if one and two and top > 1:
             ratio = one["min_ms"] / two["min_ms"]
-            line(f"matmul {shape}: {top} threads vs 1", f"{ratio:.2f}x", ">= 1.85x", ratio >= 1.85)
+            g = _scaling_goal(shape)
+            line(f"matmul {shape}: {top} threads vs 1", f"{ratio:.2f}x", f">= {g}x", ratio >= g)
     # attention: % of peak (part 2 for L >= 2048), vs torch, vs the seeds' NumPy
     for L in (1024, 2048, 4096):
-        for E, causal, goal, goal2 in ((64, False, 65, 82), (64, True, 55, 75), (128, False, 70, 85)):
+        # issue 23 at L >= 2048: >= 82 % (E=64), >= 87 % (E=128), >= 78 % causal
+        for E, causal, goal, goal2 in ((64, False, 65, 82), (64, True, 55, 78), (128, False, 70, 87),
+                                       (128, True, 55, 78)):
             shape = f"B=1 H=8 L=S={L} E={E}" + (" causal" if causal else "")
             me = get("sdpa", shape, "pyattn", 1)
             g = goal2 if L >= 2048 else goal
@@ -951,13 +967,15 @@ def targets(rows, mem):
                 one = get("sdpa", r["shape"], "pyattn", 1)
                 if one:
                     ratio = one["min_ms"] / r["min_ms"]
-                    line(f"SDPA {r['shape']}: {top} threads vs 1", f"{ratio:.2f}x", ">= 1.85x", ratio >= 1.85)
+                    g = _scaling_goal(r["shape"])
+                    line(f"SDPA {r['shape']}: {top} threads vs 1", f"{ratio:.2f}x", f">= {g}x", ratio >= g)
         hot = {(r["shape"], r["threads"]): r["min_ms"] for r in rows if r.get("kind") == "hot"}
         for (shape, thr), ms in hot.items():
             if thr == top and (shape, 1) in hot:
                 ratio = hot[shape, 1] / ms
-                line(f"SDPA {shape}: {top} threads vs 1, back to back", f"{ratio:.2f}x", ">= 1.85x",
-                     ratio >= 1.85)
+                g = _scaling_goal(shape)
+                line(f"SDPA {shape}: {top} threads vs 1, back to back", f"{ratio:.2f}x", f">= {g}x",
+                     ratio >= g)
     # decode: bytes of K and V read per second against the read bandwidth,
     # probed in the same rounds as the case where the run did (side_bw), else
     # at the start of the worker
@@ -1180,6 +1198,9 @@ def _cpu_name():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target-shapes", action="store_true",
+                    help="matmul 2048^3 and the tall shapes, attention L=S=512/1024/2048 at E=64/128 causal "
+                         "or not, the other sections at their full sizes: the shapes the targets name")
     ap.add_argument("--quick", action="store_true",
                     help="small set of cases, no bfloat16 rows where they are emulated (a few minutes)")
     ap.add_argument("--threads", default=None, help="comma-separated thread counts (default: 1 and all)")
