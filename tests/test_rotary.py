@@ -144,7 +144,7 @@ B, HQ, HKV, E, S = 3, 4, 2, 16, 24
 N = np.array([4, 0, 9])
 
 
-def setup(rng, dt, T=3, Tk=3, half=4, R=32):
+def make_case(rng, dt, T=3, Tk=3, half=4, R=32):
     kc = rng.standard_normal((B, HKV, S, E)).astype(dt)
     vc = rng.standard_normal((B, HKV, S, E)).astype(dt)
     q = rng.standard_normal((B, HQ, T, E)).astype(dt)
@@ -160,7 +160,7 @@ def test_kvcache_rows_and_queries(rng, dt, causal, interleaved):
     """The cache rows [n_b, n_b + Tk) hold the keys rotated at n_b + t (no
     other row changes); the result is the call without rotary on the
     reference-rotated query (at n_b + t when causal, else n_b) and keys."""
-    kc, vc, q, k, v, cos, sin = setup(rng, dt)
+    kc, vc, q, k, v, cos, sin = make_case(rng, dt)
     cd = cd_of(dt)
     kc0, vc0 = kc.copy(), vc.copy()
     o = pyattn.attention_with_kvcache(q, kc, vc, k, v, cache_seqlens=N, is_causal=causal,
@@ -185,7 +185,7 @@ def test_kvcache_rows_and_queries(rng, dt, causal, interleaved):
 
 @pytest.mark.parametrize("dt", [np.float32, np.float16], ids=str)
 def test_leftpad_and_batch_idx_positions_are_cache_rows(rng, dt):
-    kc, vc, q, k, v, cos, sin = setup(rng, dt, T=2, Tk=2)
+    kc, vc, q, k, v, cos, sin = make_case(rng, dt, T=2, Tk=2)
     cd = cd_of(dt)
     kc = np.concatenate([kc, kc[:1]])                   # 4 cache entries for 3 sequences
     vc = np.concatenate([vc, vc[:1]])
@@ -207,7 +207,7 @@ def test_paged_write_matches_reference(rng, dt):
     cache = pyattn.PagedKVCache(num_blocks=nblk, block_size=bs, num_kv_heads=HKV, head_dim=E,
                                 dtype=dt, group_size=8)
     fdt = np.float32 if quant else dt
-    kc, vc, q, k, v, cos, sin = setup(rng, fdt)
+    kc, vc, q, k, v, cos, sin = make_case(rng, fdt)
     table = rng.permutation(nblk)[:B * 6].reshape(B, 6)
     kp0 = cache.k.copy()
     pyattn.attention_with_kvcache(q, cache.k, cache.v, k, v, cache_seqlens=N, block_table=table,
@@ -236,7 +236,7 @@ def test_packed_queries_and_keys(rng):
     """cu_seqlens_q: row t of sequence b at n_b + t (keys and causal
     queries); the same rows as one padded call per sequence."""
     dt = np.float32
-    kc, vc, _, _, _, cos, sin = setup(rng, dt)
+    kc, vc, _, _, _, cos, sin = make_case(rng, dt)
     Ts = np.array([2, 0, 3])
     cu = np.concatenate([[0], np.cumsum(Ts)])
     q = rng.standard_normal((cu[-1], HQ, E)).astype(dt)
@@ -261,7 +261,7 @@ def test_packed_queries_and_keys(rng):
 
 @pytest.mark.parametrize("paged", [False, True])
 def test_bad_input_names_argument_and_writes_nothing(rng, paged):
-    kc, vc, q, k, v, cos, sin = setup(rng, np.float32, R=11)   # N[2] + 3 > 11: too few rows
+    kc, vc, q, k, v, cos, sin = make_case(rng, np.float32, R=11)   # N[2] + 3 > 11: too few rows
     kw = {}
     if paged:
         kw["block_table"] = np.arange(B * 6).reshape(B, 6)
