@@ -120,3 +120,22 @@ def pytest_configure(config):
             import torch  # noqa: F401
         except ImportError as exc:
             raise pytest.UsageError(f"PYATTN_REQUIRE_TORCH=1 but torch cannot be imported: {exc}")
+
+
+def fail_allocations_in_turn(call, on_failure=lambda: None, limit=20):
+    """call() with its i-th C allocation failing, i = 1, 2, ... (pyattn._C._alloc_hook),
+    until a call succeeds: each failure must raise MemoryError, after which on_failure()
+    runs its checks. Returns how many calls failed; fails the test if none succeeded."""
+    from pyattn import _C
+    for i in range(1, limit):
+        _C._alloc_hook(i)
+        try:
+            call()
+        except MemoryError:
+            _C._alloc_hook(0)
+            on_failure()
+            continue
+        finally:
+            _C._alloc_hook(0)
+        return i - 1
+    pytest.fail("every allocation failed")

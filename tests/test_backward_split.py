@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 
 import pyattn
-from pyattn import _C
 from pyattn import _reference as R
-from conftest import check, frozen, unchanged
+from conftest import check, fail_allocations_in_turn, frozen, unchanged
 from test_backward import grad_mags
 
 # (q heads, key/value heads, L, S, E, options): one key/value head (MQA,
@@ -117,19 +116,8 @@ def test_split_memory_error(restore_threads):
     before = frozen(q, k, v, go, o, lse)
     pyattn.set_num_threads(2)
     want = _bits(pyattn.scaled_dot_product_attention_backward(go, q, k, v, o, lse, enable_gqa=True))
-    failed = 0
-    for i in range(1, 12):
-        _C._alloc_hook(i)
-        try:
-            pyattn.scaled_dot_product_attention_backward(go, q, k, v, o, lse, enable_gqa=True)
-        except MemoryError:
-            failed += 1
-            continue
-        finally:
-            _C._alloc_hook(0)
-        break
-    else:
-        pytest.fail("every allocation failed")
+    failed = fail_allocations_in_turn(
+        lambda: pyattn.scaled_dot_product_attention_backward(go, q, k, v, o, lse, enable_gqa=True), limit=12)
     assert failed >= 3        # the chunks' work array, the partials, the workspace
     unchanged(before, (q, k, v, go, o, lse))
     assert _bits(pyattn.scaled_dot_product_attention_backward(go, q, k, v, o, lse, enable_gqa=True)) == want

@@ -8,6 +8,7 @@ import pytest
 
 import pyattn
 from pyattn import _reference as R
+from conftest import fail_allocations_in_turn
 
 
 def to_pool(kc, bs, rng, extra=3):
@@ -280,20 +281,12 @@ def test_memory_error_in_a_later_group_puts_the_rows_back(rng):
     n = np.array([5, 30])
     kp, vp, tab, cu, q, kn, vn = packed_case(rng, Ts, n)
     k0, v0 = kp.copy(), vp.copy()
-    from pyattn import _C
-    for i in range(1, 12):
-        _C._alloc_hook(i)
-        try:
-            pyattn.attention_with_kvcache(q, kp, vp, kn, vn, cache_seqlens=n, block_table=tab, cu_seqlens_q=cu)
-        except MemoryError:
-            np.testing.assert_array_equal(kp, k0)
-            np.testing.assert_array_equal(vp, v0)
-            continue
-        finally:
-            _C._alloc_hook(0)
-        break
-    else:
-        pytest.fail("every allocation failed")
+
+    def unchanged():
+        np.testing.assert_array_equal(kp, k0)
+        np.testing.assert_array_equal(vp, v0)
+    fail_allocations_in_turn(lambda: pyattn.attention_with_kvcache(
+        q, kp, vp, kn, vn, cache_seqlens=n, block_table=tab, cu_seqlens_q=cu), unchanged, limit=12)
 
 
 # ---- PagedKVCache

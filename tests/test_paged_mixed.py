@@ -8,6 +8,7 @@ import pytest
 
 import pyattn
 from pyattn import _C, _paged
+from conftest import fail_allocations_in_turn
 
 
 def rand(rng, shape, dt=np.float32):
@@ -112,21 +113,12 @@ def test_failed_mixed_call_writes_nothing(rng):
     n = np.array(NS)
     kp, vp, tab, cu, q, kn, vn = case(rng, TS, n)
     k0, v0 = kp.copy(), vp.copy()
-    failed = 0
-    for i in range(1, 20):
-        _C._alloc_hook(i)
-        try:
-            pyattn.attention_with_kvcache(q, kp, vp, kn, vn, cache_seqlens=n, block_table=tab, cu_seqlens_q=cu)
-        except MemoryError:
-            failed += 1
-            np.testing.assert_array_equal(kp, k0)
-            np.testing.assert_array_equal(vp, v0)
-            continue
-        finally:
-            _C._alloc_hook(0)
-        break
-    else:
-        pytest.fail("every allocation failed")
+
+    def unchanged():
+        np.testing.assert_array_equal(kp, k0)
+        np.testing.assert_array_equal(vp, v0)
+    failed = fail_allocations_in_turn(lambda: pyattn.attention_with_kvcache(
+        q, kp, vp, kn, vn, cache_seqlens=n, block_table=tab, cu_seqlens_q=cu), unchanged)
     assert failed >= 3                              # tasks, partials, workspaces
     assert not np.array_equal(kp, k0)               # the call that succeeded wrote
 
