@@ -15,47 +15,22 @@
 #include "bind_paged.h"
 #include "ops/quant.h"
 #include "bind_rotary.h"
+#include "bind_nd.h"
 
-/* a 4-D pool / rows array or the 2-D table: its data, shape, element strides */
-typedef struct {
-    char *data;
-    int dtype;
-    pa_ssize shape[4], st[4];
-} parr;
+/* a 4-D pool / rows array or the 2-D table (bind_nd.h), of dtype want_dt */
+typedef pa_nd parr;
 
 static int get_arr(PyObject *o, const char *name, int nd, int want_dt, int writeable, parr *r)
 {
-    if (!PyArray_Check(o)) {
-        PyErr_Format(PyExc_TypeError, "%s must be a numpy.ndarray, got %s", name, Py_TYPE(o)->tp_name);
-        return -1;
-    }
-    PyArrayObject *a = (PyArrayObject *)o;
-    const int tn = PyArray_TYPE(a);
-    r->dtype = tn == NPY_FLOAT32 ? PA_F32 : tn == NPY_FLOAT64 ? PA_F64 : tn == NPY_HALF ? PA_F16
-             : tn == NPY_UINT16 ? PA_BF16 : tn == NPY_INT64 ? -2 : tn == NPY_INT8 ? PA_I8
-             : tn == NPY_UINT8 ? PA_I4 : -1;
-    if (r->dtype != want_dt) {
+    const int dt = pa_nd_dtype(o, name);
+    if (dt == -1 && PyErr_Occurred()) return -1;
+    if (dt != want_dt) {
         PyErr_Format(PyExc_TypeError, "%s has the wrong dtype (%s expected)", name,
-                     want_dt == -2 ? "int64" : "the dtype of the matching cache operand");
+                     want_dt == PA_ND_INT64 ? "int64" : "the dtype of the matching cache operand");
         return -1;
     }
-    if (PyArray_NDIM(a) != nd || !PyArray_ISNOTSWAPPED(a) || !PyArray_ISALIGNED(a) ||
-        (writeable && !PyArray_ISWRITEABLE(a))) {
-        PyErr_Format(PyExc_ValueError, "%s must be %d-D, aligned, native%s", name, nd,
-                     writeable ? " and writeable" : "");
-        return -1;
-    }
-    const npy_intp is = PyArray_ITEMSIZE(a);
-    r->data = PyArray_BYTES(a);
-    for (int d = 0; d < nd; d++) {
-        if (PyArray_STRIDES(a)[d] % is != 0) {
-            PyErr_Format(PyExc_ValueError, "%s has a stride that is not a multiple of its item size", name);
-            return -1;
-        }
-        r->shape[d] = (pa_ssize)PyArray_DIMS(a)[d];
-        r->st[d] = (pa_ssize)(PyArray_STRIDES(a)[d] / is);
-    }
-    return 0;
+    r->dtype = dt;
+    return pa_nd_view(o, name, nd, writeable, r);
 }
 
 /* the physical element offset of logical row r of sequence b in a pool */
@@ -160,7 +135,7 @@ static int get_rows_packed(PyObject *o, const parr *pool, pa_attn_call *c, pa_pa
         ap->D[x] = pool[x].shape[3];
         ap->es[x] = pa_elsize(pool[x].dtype);
     }
-    if (get_arr(PyTuple_GET_ITEM(o, 2), "positions", 1, -2, 0, &pos) < 0) return -1;
+    if (get_arr(PyTuple_GET_ITEM(o, 2), "positions", 1, PA_ND_INT64, 0, &pos) < 0) return -1;
     if (pos.shape[0] != B || pos.st[0] != 1) {
         PyErr_SetString(PyExc_ValueError, "positions must be a contiguous (nseq,) int64 array");
         return -1;
@@ -222,7 +197,7 @@ static int get_rows(PyObject *o, const parr *pool, pa_attn_call *c, pa_paged *pg
             ap->G[x] = x ? qs->vG : qs->kG;
         }
     }
-    if (get_arr(PyTuple_GET_ITEM(o, 2), "positions", 1, -2, 0, &pos) < 0) return -1;
+    if (get_arr(PyTuple_GET_ITEM(o, 2), "positions", 1, PA_ND_INT64, 0, &pos) < 0) return -1;
     const pa_ssize B = c->bt.shape[0], T = r[0].shape[2];
     if (pos.shape[0] != B || pos.st[0] != 1) {
         PyErr_SetString(PyExc_ValueError, "positions must be a contiguous (B,) int64 array");
@@ -329,7 +304,7 @@ int pa_bind_paged(PyObject *paged, PyObject *append, pa_attn_call *c, pa_paged *
             return -1;
         }
     }
-    if (get_arr(PyTuple_GET_ITEM(paged, 2), "block_table", 2, -2, 0, &tb) < 0) return -1;
+    if (get_arr(PyTuple_GET_ITEM(paged, 2), "block_table", 2, PA_ND_INT64, 0, &tb) < 0) return -1;
     const pa_ssize nblocks = pool[0].shape[0], H = pool[0].shape[1], bs = pool[0].shape[2];
     const int packed = c->cu_seqlens_q != NULL;   /* batch (H) or (Hkv, G); rows: the sequences */
     if (packed && (bs < 1 || c->bt.count < 1 || (tb.st[1] != 1 && tb.shape[1] > 1) || c->bt.nb < 1 || c->bt.shape[0] != H || tb.shape[0] != c->nseq ||

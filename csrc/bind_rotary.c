@@ -12,46 +12,23 @@
 
 #include "pyattn.h"
 #include "bind_rotary.h"
+#include "bind_nd.h"
 
-/* an ndarray of nd dims: data, dtype code (-2: int64), shape, element strides */
-typedef struct {
-    char *data;
-    int dtype;
-    pa_ssize shape[4], st[4];
-} rarr;
+/* an nd-D rotary table or rows array (bind_nd.h): float32, float64,
+ * float16, bfloat16 (as uint16) or int64 (PA_ND_INT64) */
+typedef pa_nd rarr;
 
 static int get_rarr(PyObject *o, const char *name, int nd, int writeable, rarr *r)
 {
-    if (!PyArray_Check(o)) {
-        PyErr_Format(PyExc_TypeError, "%s must be a numpy.ndarray, got %s", name, Py_TYPE(o)->tp_name);
-        return -1;
-    }
-    PyArrayObject *a = (PyArrayObject *)o;
-    const int tn = PyArray_TYPE(a);
-    r->dtype = tn == NPY_FLOAT32 ? PA_F32 : tn == NPY_FLOAT64 ? PA_F64 : tn == NPY_HALF ? PA_F16
-             : tn == NPY_UINT16 ? PA_BF16 : tn == NPY_INT64 ? -2 : -1;
-    if (r->dtype == -1) {
+    const int dt = pa_nd_dtype(o, name);
+    if (dt == -1 && PyErr_Occurred()) return -1;
+    if (dt != PA_F32 && dt != PA_F64 && dt != PA_F16 && dt != PA_BF16 && dt != PA_ND_INT64) {
         PyErr_Format(PyExc_TypeError, "%s must be float32, float64, float16, bfloat16 (as uint16) or int64",
                      name);
         return -1;
     }
-    if (PyArray_NDIM(a) != nd || !PyArray_ISNOTSWAPPED(a) || !PyArray_ISALIGNED(a) ||
-        (writeable && !PyArray_ISWRITEABLE(a))) {
-        PyErr_Format(PyExc_ValueError, "%s must be %d-D, aligned, native%s", name, nd,
-                     writeable ? " and writeable" : "");
-        return -1;
-    }
-    const npy_intp is = PyArray_ITEMSIZE(a);
-    r->data = PyArray_BYTES(a);
-    for (int d = 0; d < nd; d++) {
-        if (PyArray_STRIDES(a)[d] % is != 0) {
-            PyErr_Format(PyExc_ValueError, "%s has a stride that is not a multiple of its item size", name);
-            return -1;
-        }
-        r->shape[d] = (pa_ssize)PyArray_DIMS(a)[d];
-        r->st[d] = (pa_ssize)(PyArray_STRIDES(a)[d] / is);
-    }
-    return 0;
+    r->dtype = dt;
+    return pa_nd_view(o, name, nd, writeable, r);
 }
 
 int pa_bind_rope(PyObject *o, int cd, pa_ssize E, pa_rope *r)
@@ -162,7 +139,7 @@ PyObject *pa_py_rotary(PyObject *self, PyObject *args, PyObject *kw)
     if (get_rarr(xo, "x", 4, 0, &j.x) < 0 || get_rarr(po, "positions", 2, 0, &j.p) < 0 ||
         get_rarr(yo, "out", 4, 1, &j.y) < 0)
         goto fail;
-    if (j.x.dtype < 0 || j.y.dtype < 0 || j.p.dtype != -2) {
+    if (j.x.dtype < 0 || j.y.dtype < 0 || j.p.dtype != PA_ND_INT64) {
         PyErr_SetString(PyExc_TypeError, "x and out must be floating, positions int64");
         goto fail;
     }

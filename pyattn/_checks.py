@@ -70,6 +70,23 @@ def is16(dt):
     return dt == np.float16 or (dt.kind == "V" and dt.name == "bfloat16" and dt.itemsize == 2)
 
 
+def cache_dtype(dtype):
+    """The storage of a KV cache (KVCache, PagedKVCache): (numpy dtype,
+    None) for float32, float64, float16 and bfloat16, or (int8 / uint8,
+    "int8" / "int4") for the quantized ones. TypeError naming dtype
+    otherwise."""
+    if isinstance(dtype, str) and dtype in ("int8", "int4"):
+        return np.dtype(np.int8 if dtype == "int8" else np.uint8), dtype
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"dtype must be a NumPy dtype, 'int8' or 'int4', got {dtype!r}") from None
+    if dt not in (np.float32, np.float64) and not is16(dt):
+        raise TypeError(f"dtype must be float32, float64, float16, bfloat16 (ml_dtypes), 'int8' or "
+                        f"'int4', got {dt}")
+    return dt, None
+
+
 def store16(a, dt):
     """a as the kernels read it: 16-bit storage kept in place when the compute
     dtype dt is float32 (bfloat16 as a uint16 view of its bits), otherwise

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._api import attention_with_kvcache
-from ._checks import is16, number
+from ._checks import cache_dtype, number
 
 __all__ = ["KVCache"]
 
@@ -66,17 +66,7 @@ class KVCache:
             if n < 0 or (n == 0 and name == "num_kv_heads"):
                 raise ValueError(f"{name} must be {'positive' if name == 'num_kv_heads' else '>= 0'}, got {n}")
             dims.append(n)
-        quant = dtype if isinstance(dtype, str) and dtype in ("int8", "int4") else None
-        if quant:
-            dt = np.dtype(np.int8 if quant == "int8" else np.uint8)
-        else:
-            try:
-                dt = np.dtype(dtype)
-            except TypeError:
-                raise TypeError(f"dtype must be a NumPy dtype, 'int8' or 'int4', got {dtype!r}") from None
-            if dt not in (np.float32, np.float64) and not is16(dt):
-                raise TypeError(f"dtype must be float32, float64, float16, bfloat16 (ml_dtypes), 'int8' "
-                                f"or 'int4', got {dt}")
+        dt, quant = cache_dtype(dtype)
         B, H, S, E, Ev = dims
         G = 1
         if quant:

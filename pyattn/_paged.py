@@ -23,8 +23,8 @@ import numpy as np
 
 from ._api import _cache_array, _qcache, _sdpa, _seqlens
 from . import _C
-from ._checks import (as_array, bcast, check_numeric, check_out, is16, number, per_head, precision_value,
-                      real_scalar, split_axis, store16, to_dtype)
+from ._checks import (as_array, bcast, cache_dtype, check_numeric, check_out, is16, number, per_head,
+                      precision_value, real_scalar, split_axis, store16, to_dtype)
 from ._spec import attn_spec
 
 __all__ = ["PagedKVCache", "CacheFullError"]
@@ -448,17 +448,7 @@ class PagedKVCache:
         gs = number(group_size, "group_size", integer=True)
         if gs < 1:
             raise ValueError(f"group_size must be >= 1, got {gs}")
-        quant = dtype if isinstance(dtype, str) and dtype in ("int8", "int4") else None
-        if quant:
-            dt = np.dtype(np.int8 if quant == "int8" else np.uint8)
-        else:
-            try:
-                dt = np.dtype(dtype)
-            except TypeError:
-                raise TypeError(f"dtype must be a NumPy dtype, 'int8' or 'int4', got {dtype!r}") from None
-            if dt not in (np.float32, np.float64) and not is16(dt):
-                raise TypeError(f"dtype must be float32, float64, float16, bfloat16 (ml_dtypes), 'int8' or "
-                                f"'int4', got {dt}")
+        dt, quant = cache_dtype(dtype)
         N, bs, H, E, Ev = dims
         if quant and (E % gs or Ev % gs or (quant == "int4" and (E % 2 or Ev % 2))):
             raise ValueError(f"group_size {gs} must divide head_dim {E} and value_dim {Ev}"
