@@ -41,8 +41,6 @@ static pa_ssize page_off(const pa_paged_append *ap, int x, pa_ssize b, pa_ssize 
     return (pa_ssize)blk * ap->pst[x][0] + h * ap->pst[x][1] + (r % pg->block_size) * ap->pst[x][2];
 }
 
-#define PA_PAGED_ROT_QMAX 512           /* a quantized pool's rows: E <= 512 (bind_quant.h) */
-
 static void paged_append_run(void *ctx)
 {
     const pa_paged_append *a = (const pa_paged_append *)ctx;
@@ -60,7 +58,7 @@ static void paged_append_run(void *ctx)
                         const int64_t blk = a->pg->table[b * a->pg->tbs[0] + r / a->pg->block_size];
                         float *srow = a->sc[x] + (pa_ssize)blk * ss[0] + h * ss[1] + (r % a->pg->block_size) * ss[2];
                         const float *src = (const float *)a->rows[x] + (b * rs[0] + h * rs[1] + t * rs[2]);
-                        float tmp[PA_PAGED_ROT_QMAX];
+                        float tmp[PA_QROT_MAXD];
                         const int rot = a->rot && x == 0;
                         if (rot) pa_rope_row(&a->rope, r, src, PA_F32, rs[3], tmp, PA_F32, 1, D);
                         (void)pa_quant_row(a->bits[x], rot ? tmp : src, rot ? 1 : rs[3], D, a->G[x],
@@ -217,28 +215,22 @@ static int get_rows(PyObject *o, const parr *pool, pa_attn_call *c, pa_paged *pg
             return -1;
         if (ap->rot && pa_rope_check_rows(&ap->rope, b, ap->pos[b], T) < 0) return -1;
     }
-    if (ap->rot && ap->bits[0] && ap->D[0] > PA_PAGED_ROT_QMAX) {
+    if (ap->rot && ap->bits[0] && ap->D[0] > PA_QROT_MAXD) {
         PyErr_Format(PyExc_ValueError, "rotary with a quantized k_cache takes head dims up to %d, got %zd",
-                     PA_PAGED_ROT_QMAX, (Py_ssize_t)ap->D[0]);
+                     PA_QROT_MAXD, (Py_ssize_t)ap->D[0]);
         return -1;
     }
-    for (int x = 0; x < 2; x++)         /* quantized: every new row finite, before anything is written */
-        for (pa_ssize b = 0; ap->bits[x] && b < B; b++)
-            for (pa_ssize h = 0; h < ap->H; h++)
-                for (pa_ssize t = 0; t < T; t++) {
-                    const float *src = (const float *)ap->rows[x] + (b * ap->rst[x][0] + h * ap->rst[x][1] +
-                                                                      t * ap->rst[x][2]);
-                    float tmp[PA_PAGED_ROT_QMAX];      /* rotated keys: as they will be written */
-                    const int rot = ap->rot && x == 0;
-                    if (rot) pa_rope_row(&ap->rope, (pa_ssize)ap->pos[b] + t, src, PA_F32, ap->rst[0][3], tmp,
-                                         PA_F32, 1, ap->D[0]);
-                    if (!pa_quant_finite(rot ? tmp : src, rot ? 1 : ap->rst[x][3], ap->D[x])) {
-                        PyErr_Format(PyExc_ValueError, "%s holds NaN or infinity (sequence %zd, head %zd, "
-                                     "row %zd): the %s pool's scales cannot hold it; nothing was written",
-                                     rn[x], (Py_ssize_t)b, (Py_ssize_t)h, (Py_ssize_t)t, pa_dtypes[pool[x].dtype].name);
-                        return -1;
-                    }
-                }
+    for (int x = 0; x < 2; x++) {       /* quantized: every new row finite, before anything is written */
+        const pa_ssize shape[3] = {B, ap->H, T};
+        pa_ssize at[3];
+        if (ap->bits[x] && !pa_quant_rows_finite((const float *)ap->rows[x], ap->rst[x], shape, ap->D[x],
+                                                 ap->rot && x == 0 ? &ap->rope : NULL, ap->pos, at)) {
+            PyErr_Format(PyExc_ValueError, "%s holds NaN or infinity (sequence %zd, head %zd, row %zd): the %s "
+                         "pool's scales cannot hold it; nothing was written", rn[x], (Py_ssize_t)at[0],
+                         (Py_ssize_t)at[1], (Py_ssize_t)at[2], pa_dtypes[pool[x].dtype].name);
+            return -1;
+        }
+    }
     c->before = paged_append_run;
     c->before_ctx = ap;
     return 0;

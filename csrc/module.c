@@ -600,7 +600,6 @@ typedef struct {
     int bits[2];                    /* 8 / 4: an int8 / int4 cache, its new rows float32 */
     float *sc[2];                   /* its scales (B, H, S_max, D / G) */
     pa_ssize sst[2][4], G[2];
-#define PA_ROT_QMAX 512             /* a quantized cache's rows: E <= 512 (bind_quant.h) */
     int rot, kdt;                   /* rotary: the keys (float32 / float64) rotated as written */
     pa_rope rope;                   /* into k_cache, stored as kdt (bind_rotary.h) */
 } kv_append;
@@ -619,7 +618,7 @@ static void kv_append_run(void *ctx)
                     const char *src = a->rows[x] + (b * rs[0] + h * rs[1] + t * rs[2]) * res;
                     char *dst = a->cache[x] + (a->bits[x] ? at : at * es);
                     const int rot = a->rot && x == 0;
-                    float tmp[PA_ROT_QMAX];
+                    float tmp[PA_QROT_MAXD];
                     if (rot && a->bits[x])  /* rotated, then quantized */
                         pa_rope_row(&a->rope, (pa_ssize)a->pos[b] + t, src, PA_F32, rs[3], tmp, PA_F32, 1, D);
                     if (a->bits[x]) {       /* finite: get_append checked every row */
@@ -642,6 +641,40 @@ static void kv_append_run(void *ctx)
  * writes anything. rotary = (cos, sin, interleaved) (bind_rotary.h): key is
  * then of the compute dtype (float32 for 16-bit and quantized caches),
  * rotated at positions [pos[b], pos[b] + T) as it is written. */
+/* append's cache x (k_cache / v_cache) and its new rows (key / value):
+ * 4-D views *c, *r of dtypes that fit (a quantized cache takes float32
+ * rows; with rotary the keys are of k_cache's compute dtype) */
+static int append_operand(PyObject *o, int x, view *c, view *r, kv_append *ap)
+{
+    static const char *cn[2] = {"k_cache", "v_cache"}, *rn[2] = {"key", "value"};
+    if (get_view(PyTuple_GET_ITEM(o, x), cn[x], 4, PA_ALLOW_16 | PA_ALLOW_Q, 1, c) < 0 ||
+        get_view(PyTuple_GET_ITEM(o, 2 + x), rn[x], 4, PA_ALLOW_16, 0, r) < 0)
+        return -1;
+    if (c->nd != 4 || r->nd != 4) {
+        PyErr_Format(PyExc_ValueError, "%s and %s must be 4-D", cn[x], rn[x]);
+        return -1;
+    }
+    ap->bits[x] = pa_qbits(c->dtype);
+    if (ap->bits[x]) {
+        if (r->dtype != PA_F32) {
+            PyErr_Format(PyExc_TypeError, "%s must be float32 for the %s cache %s (it is quantized "
+                         "as it is written)", rn[x], dtype_name(c->dtype), cn[x]);
+            return -1;
+        }
+    } else if (ap->rot && x == 0) {
+        if (r->dtype != pa_dtypes[c->dtype].compute) {
+            PyErr_Format(PyExc_TypeError, "key must be %s (k_cache's compute dtype) with rotary, got %s",
+                         dtype_name(pa_dtypes[c->dtype].compute), dtype_name(r->dtype));
+            return -1;
+        }
+    } else if (r->dtype != c->dtype) {
+        PyErr_Format(PyExc_TypeError, "%s must be stored as %s is (%s), got %s", rn[x], cn[x],
+                     dtype_name(c->dtype), dtype_name(r->dtype));
+        return -1;
+    }
+    return 0;
+}
+
 static int get_append(PyObject *o, kv_append *ap)
 {
     static const char *cn[2] = {"k_cache", "v_cache"}, *rn[2] = {"key", "value"};
@@ -653,33 +686,8 @@ static int get_append(PyObject *o, kv_append *ap)
     }
     ap->rot = na == 6 || na == 8;
     view c[2], r[2];
-    for (int x = 0; x < 2; x++) {
-        if (get_view(PyTuple_GET_ITEM(o, x), cn[x], 4, PA_ALLOW_16 | PA_ALLOW_Q, 1, &c[x]) < 0 ||
-            get_view(PyTuple_GET_ITEM(o, 2 + x), rn[x], 4, PA_ALLOW_16, 0, &r[x]) < 0)
-            return -1;
-        if (c[x].nd != 4 || r[x].nd != 4) {
-            PyErr_Format(PyExc_ValueError, "%s and %s must be 4-D", cn[x], rn[x]);
-            return -1;
-        }
-        ap->bits[x] = pa_qbits(c[x].dtype);
-        if (ap->bits[x]) {
-            if (r[x].dtype != PA_F32) {
-                PyErr_Format(PyExc_TypeError, "%s must be float32 for the %s cache %s (it is quantized "
-                             "as it is written)", rn[x], dtype_name(c[x].dtype), cn[x]);
-                return -1;
-            }
-        } else if (ap->rot && x == 0) {
-            if (r[0].dtype != pa_dtypes[c[0].dtype].compute) {
-                PyErr_Format(PyExc_TypeError, "key must be %s (k_cache's compute dtype) with rotary, got %s",
-                             dtype_name(pa_dtypes[c[0].dtype].compute), dtype_name(r[0].dtype));
-                return -1;
-            }
-        } else if (r[x].dtype != c[x].dtype) {
-            PyErr_Format(PyExc_TypeError, "%s must be stored as %s is (%s), got %s", rn[x], cn[x],
-                         dtype_name(c[x].dtype), dtype_name(r[x].dtype));
-            return -1;
-        }
-    }
+    for (int x = 0; x < 2; x++)
+        if (append_operand(o, x, &c[x], &r[x], ap) < 0) return -1;
     const pa_ssize B = c[0].shape[0], H = c[0].shape[1], S = c[0].shape[2], T = r[0].shape[2];
     for (int x = 0; x < 2; x++) {
         if (c[x].shape[0] != B || c[x].shape[1] != H || c[x].shape[2] != S) {
@@ -715,34 +723,25 @@ static int get_append(PyObject *o, kv_append *ap)
         ap->kdt = c[0].dtype;
         if (pa_bind_rope(PyTuple_GET_ITEM(o, na - 1), pa_dtypes[c[0].dtype].compute, c[0].shape[3], &ap->rope) < 0)
             return -1;
-        if (ap->bits[0] && ap->D[0] > PA_ROT_QMAX) {
+        if (ap->bits[0] && ap->D[0] > PA_QROT_MAXD) {
             PyErr_Format(PyExc_ValueError, "rotary with a quantized k_cache takes head dims up to %d, got %zd",
-                         PA_ROT_QMAX, (Py_ssize_t)ap->D[0]);
+                         PA_QROT_MAXD, (Py_ssize_t)ap->D[0]);
             return -1;
         }
         for (pa_ssize b = 0; b < B; b++)
             if (pa_rope_check_rows(&ap->rope, b, ap->pos[b], T) < 0) return -1;
     }
-    for (int x = 0; x < 2; x++)         /* quantized: every new row finite, before anything is written */
-        if (ap->bits[x])
-            for (pa_ssize b = 0; b < B; b++)
-                for (pa_ssize h = 0; h < H; h++)
-                    for (pa_ssize t = 0; t < T; t++) {
-                        const float *src = (const float *)ap->rows[x] +
-                                           (b * ap->rst[x][0] + h * ap->rst[x][1] + t * ap->rst[x][2]);
-                        float tmp[PA_ROT_QMAX];     /* rotated keys: as they will be written */
-                        const int rot = ap->rot && x == 0;
-                        if (rot)
-                            pa_rope_row(&ap->rope, (pa_ssize)ap->pos[b] + t, src, PA_F32, ap->rst[0][3], tmp,
-                                        PA_F32, 1, ap->D[0]);
-                        if (!pa_quant_finite(rot ? tmp : src, rot ? 1 : ap->rst[x][3], ap->D[x])) {
-                            PyErr_Format(PyExc_ValueError, "%s holds NaN or infinity (batch %zd, head %zd, "
-                                         "row %zd): the %s cache's scales cannot hold it; nothing was "
-                                         "written", rn[x], (Py_ssize_t)b, (Py_ssize_t)h, (Py_ssize_t)t,
-                                         dtype_name(c[x].dtype));
-                            return -1;
-                        }
-                    }
+    for (int x = 0; x < 2; x++) {       /* quantized: every new row finite, before anything is written */
+        const pa_ssize shape[3] = {B, H, T};
+        pa_ssize at[3];
+        if (ap->bits[x] && !pa_quant_rows_finite((const float *)ap->rows[x], ap->rst[x], shape, ap->D[x],
+                                                 ap->rot && x == 0 ? &ap->rope : NULL, ap->pos, at)) {
+            PyErr_Format(PyExc_ValueError, "%s holds NaN or infinity (batch %zd, head %zd, row %zd): the %s "
+                         "cache's scales cannot hold it; nothing was written", rn[x], (Py_ssize_t)at[0],
+                         (Py_ssize_t)at[1], (Py_ssize_t)at[2], dtype_name(c[x].dtype));
+            return -1;
+        }
+    }
     return 0;
 }
 

@@ -15,6 +15,23 @@ int pa_quant_finite(const float *x, pa_ssize xcs, pa_ssize E)
     return ok;
 }
 
+int pa_quant_rows_finite(const float *rows, const pa_ssize st[4], const pa_ssize shape[3], pa_ssize D,
+                         const pa_rope *rope, const int64_t *pos, pa_ssize at[3])
+{
+    float tmp[PA_QROT_MAXD];
+    for (pa_ssize b = 0; b < shape[0]; b++)
+        for (pa_ssize h = 0; h < shape[1]; h++)
+            for (pa_ssize t = 0; t < shape[2]; t++) {
+                const float *src = rows + (b * st[0] + h * st[1] + t * st[2]);
+                if (rope) pa_rope_row(rope, (pa_ssize)pos[b] + t, src, PA_F32, st[3], tmp, PA_F32, 1, D);
+                if (!pa_quant_finite(rope ? tmp : src, rope ? 1 : st[3], D)) {
+                    at[0] = b; at[1] = h; at[2] = t;
+                    return 0;
+                }
+            }
+    return 1;
+}
+
 /* value x of a group with this scale (> 0) as an integer in [-qmax, qmax] */
 static inline int pa_quant_value(float x, float scale, float qmax)
 {

@@ -19,6 +19,7 @@
 #define PYATTN_OPS_QUANT_H
 
 #include "ops.h"
+#include "rotary.h"
 
 /* One call: rows over the batch bt (all axes but the quantized one),
  * E values per row, groups of G (E % G == 0; int4: E even). Strides in
@@ -60,5 +61,17 @@ int pa_quant_row(int bits, const float *x, pa_ssize xcs, pa_ssize E, pa_ssize G,
                  pa_ssize qcs, float *s, pa_ssize scs);
 /* 1 when the E values at x (stride xcs) are all finite */
 int pa_quant_finite(const float *x, pa_ssize xcs, pa_ssize E);
+
+/* rotary on a quantized cache's appends: head dims up to this (the rows
+ * are rotated into a stack buffer of this size before they are quantized) */
+#define PA_QROT_MAXD 512
+/* The new rows of a quantized append, rows (B, H, T, D) float32 at element
+ * strides st, shape = {B, H, T}: 1 when every row is finite as it will be
+ * written -- rotated first when rope != NULL (row t of sequence b at position
+ * pos[b] + t; D <= PA_QROT_MAXD) -- else 0 with the first bad (b, h, t) in
+ * at. The contiguous (module.c) and paged (bind_paged.c) appends call it
+ * before anything is written. */
+int pa_quant_rows_finite(const float *rows, const pa_ssize st[4], const pa_ssize shape[3], pa_ssize D,
+                         const pa_rope *rope, const int64_t *pos, pa_ssize at[3]);
 
 #endif
