@@ -258,6 +258,8 @@ typedef struct {
     const char *bias;       /* bias at column j0, or NULL */
     pa_ssize p0, kc, nc, npanels, per;
     pa_ssize nparts, ppart; /* compute: column parts, NR panels per part */
+    pa_ssize nwhole, tparts, tppart;   /* nparts 1: blocks taken whole, then the
+                                          rest in tparts parts of tppart panels */
     int accumulate;
 } shared_step;
 
@@ -327,6 +329,40 @@ static void shared_step_at(const gemm_ctx *c, pa_ssize s, pa_ssize npk, char *Bp
     st->per = pa_max((st->npanels + 4 * (pa_ssize)nt - 1) / (4 * (pa_ssize)nt), 1);
     st->nparts = shared_parts(c, st->npanels, g->nr, st->nc, nt);
     st->ppart = (st->npanels + st->nparts - 1) / st->nparts;
+    /* The job's last MC blocks (one per thread) in 4 column parts each: the
+     * threads then reach the job's end within a quarter of a block of each
+     * other, where whole blocks (120 x 2048 x 256 at 2048^3, 0.5 ms) left
+     * one waiting for up to a block */
+    st->nwhole = c->mb;
+    st->tparts = st->tppart = 1;
+    if (st->nparts == 1 && st->npanels >= 4 && c->mb > (pa_ssize)nt) {
+        st->nwhole = c->mb - nt;
+        st->tparts = 4;
+        st->tppart = (st->npanels + 3) / 4;
+    }
+}
+
+/* The compute tasks of a step: (MC block, its first panel, its panel count) */
+static pa_ssize shared_ncomp(const gemm_ctx *c, const shared_step *st)
+{
+    if (st->nparts > 1) return c->mb * st->nparts;
+    return st->nwhole + (c->mb - st->nwhole) * st->tparts;
+}
+
+static pa_ssize shared_cut(const gemm_ctx *c, const shared_step *st, pa_ssize t, pa_ssize *p0, pa_ssize *np)
+{
+    pa_ssize blk, per, part;
+    if (st->nparts > 1) {
+        blk = t / st->nparts; part = t % st->nparts; per = st->ppart;
+    } else if (t < st->nwhole) {
+        blk = t; part = 0; per = st->npanels;
+    } else {
+        blk = st->nwhole + (t - st->nwhole) / st->tparts; part = (t - st->nwhole) % st->tparts; per = st->tppart;
+    }
+    (void)c;
+    *p0 = part * per;
+    *np = pa_min(st->npanels - *p0, per);
+    return blk;
 }
 
 static void shared_task(void *ctx_, pa_ssize t, int tid)
@@ -336,11 +372,13 @@ static void shared_task(void *ctx_, pa_ssize t, int tid)
     const size_t es = pa_elsize(c->dtype);
     if (t < s->ncomp) {                       /* compute: (MC block, column part) of cur */
         const shared_step *st = &s->cur;
-        const pa_ssize i0 = m_row(c, t / st->nparts);
-        const pa_ssize mc = m_row(c, t / st->nparts + 1) - i0;
-        const pa_ssize j0 = t % st->nparts * st->ppart * c->g.nr;       /* whole panels */
-        if (j0 >= st->nc) return;
-        const pa_ssize nc = pa_min(st->nc - j0, st->ppart * c->g.nr);
+        pa_ssize p0, np;
+        const pa_ssize blk = shared_cut(c, st, t, &p0, &np);
+        if (np <= 0) return;
+        const pa_ssize i0 = m_row(c, blk);
+        const pa_ssize mc = m_row(c, blk + 1) - i0;
+        const pa_ssize j0 = p0 * c->g.nr;                                /* whole panels */
+        const pa_ssize nc = pa_min(st->nc - j0, np * c->g.nr);
         gemm_block(c, st->A + i0 * c->A->rs * c->esa, mc, st->kc,
                    st->Bp + (size_t)(j0 * packed_k(c, st->kc)) * c->pes, nc,
                    st->C + (i0 * c->C->rs + j0 * c->C->cs) * (pa_ssize)es, st->accumulate, (char *)c->ws[tid]);
@@ -385,7 +423,7 @@ static int gemm_shared(gemm_ctx *c, int nt)
         s.ncomp = s.nfill = s.npack = 0;
         if (k >= 0) {
             s.cur = s.nxt;
-            s.ncomp = c->mb * s.cur.nparts;
+            s.ncomp = shared_ncomp(c, &s.cur);
         }
         if (k + 1 < nsteps) {
             shared_step_at(c, k + 1, npk, Bp[(k + 1) & 1], nt, &s.nxt);
