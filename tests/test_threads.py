@@ -338,3 +338,54 @@ def test_matmul_row_and_column_splits(M, K, N, kind):
     for j in (0, N // 2, N - 1):
         col = mm(a, b[:, j:j + 1], None if bias is None else bias[j:j + 1])[:, 0]
         assert np.array_equal(col, outs[0][:, j])
+
+
+@pytest.mark.parametrize("dtype,N,bias", [(np.float64, 1100, True), (np.float32, 300, False), (np.float16, 70, True)])
+def test_matmul_shared_b_steps_across_batch_and_column_blocks(dtype, N, bias):
+    # a few products with their own B on several threads: one pipelined
+    # sequence of (item, N block, K panel) steps, each packing the next
+    # step's B (and its bias rows) while its own products finish; the bits
+    # are those of 1 thread and of each item alone
+    rng = np.random.default_rng(N)
+    a = rng.standard_normal((2, 130, 600)).astype(dtype)
+    b = rng.standard_normal((2, 600, N)).astype(dtype)
+    bb = rng.standard_normal(N).astype(np.float64 if dtype == np.float64 else np.float32) if bias else None
+
+    def mm(x, y):
+        return _C.matmul(x, y, None, bb) if bias else pyattn.matmul(x, y)
+
+    before = pyattn.get_num_threads()
+    try:
+        outs = []
+        for t in (1, 2, 3):
+            pyattn.set_num_threads(t)
+            outs.append(mm(a, b))
+    finally:
+        pyattn.set_num_threads(before)
+    for o in outs[1:]:
+        assert np.array_equal(o, outs[0])
+    for i in range(2):
+        assert np.array_equal(mm(a[i], b[i]), outs[0][i])
+
+
+@pytest.mark.parametrize("L,dtype", [(512, np.float32), (200, np.float64)])
+def test_forward_short_blocks_last_keep_the_bits(L, dtype):
+    # without a causal rule or a window the short last query block of every
+    # head is handed out at the job's end; a row's bits do not move
+    rng = np.random.default_rng(L)
+    q, k, v = (rng.standard_normal((2, 3, L, 32)).astype(dtype) for _ in range(3))
+    m = rng.random((L, L)) > 0.3
+    before = pyattn.get_num_threads()
+    try:
+        outs = []
+        for t in (1, 2, 3):
+            pyattn.set_num_threads(t)
+            outs.append([pyattn.scaled_dot_product_attention(q, k, v),
+                         pyattn.scaled_dot_product_attention(q, k, v, m, return_lse=True)[1]])
+    finally:
+        pyattn.set_num_threads(before)
+    for o in outs[1:]:
+        for x, y in zip(o, outs[0]):
+            assert np.array_equal(x, y)
+    one = pyattn.scaled_dot_product_attention(q[:1, :1, -40:], k[:1, :1], v[:1, :1])
+    assert np.array_equal(one[0, 0], outs[0][0][0, 0, -40:])

@@ -27,6 +27,7 @@ typedef struct {
     const pa_attn_call *call;
     pa_ssize bq;            /* query rows per task (at most the family's attn_bq) */
     pa_ssize nblk;
+    int small_last;         /* 1: the short last block of every b goes at the job's end */
     void **ws;
     uint16_t *kvp;           /* bf16 with several query blocks: K, V packed per b, */
     pa_ssize kvp_tile, ntiles; /* ntiles tiles of kvp_tile elements each */
@@ -42,8 +43,12 @@ static void attn_args(const attn_ctx *c, pa_ssize b, pa_attn_args *out)
 static void attn_task(void *ctx_, pa_ssize t, int tid)
 {
     const attn_ctx *c = (const attn_ctx *)ctx_;
-    const pa_ssize b = t / c->nblk;
-    const pa_ssize blk = c->nblk - 1 - t % c->nblk;
+    pa_ssize b = t / c->nblk, blk = c->nblk - 1 - t % c->nblk;
+    if (c->small_last) {            /* the full blocks (last-first per b), then the short ones */
+        const pa_ssize full = c->call->bt.count * (c->nblk - 1);
+        if (t < full) { b = t / (c->nblk - 1); blk = c->nblk - 2 - t % (c->nblk - 1); }
+        else { b = t - full; blk = c->nblk - 1; }
+    }
     const pa_ssize i0 = blk * c->bq;
     const pa_ssize i1 = pa_min(i0 + c->bq, c->call->L);
     pa_attn_args a;
@@ -114,6 +119,13 @@ static void attn_init(attn_ctx *c, const pa_family *fam, const pa_attn_call *cal
     c->nblk = (L + c->bq - 1) / c->bq;
     const pa_ssize h = ((L + c->nblk - 1) / c->nblk + 15) / 16 * 16;
     if (h < c->bq && !call->block_mask) c->bq = h;   /* a block mask: blocks on its grid */
+    /* Where every row costs the same (no causal rule, no window, no block
+     * mask), a short last block (L = 512 with BQ = 96: 5 x 96 + 32) is a
+     * small task: handed out last, the short blocks of all b fill the job's
+     * end, and the threads finish within a short block of each other, not
+     * a full one. Which rows a task holds is unchanged, so are the bits. */
+    c->small_last = L % c->bq != 0 && c->nblk > 1 && (c->nblk - 1) * c->bq < L && call->causal == PA_CAUSAL_NONE && call->left < 0 &&
+                    call->right < 0 && !call->block_mask;
     c->ws = NULL;
     c->kvp = NULL;
     c->kvp_tile = c->ntiles = 0;

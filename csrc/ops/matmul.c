@@ -237,21 +237,36 @@ static void gemm_task(void *ctx_, pa_ssize t, int tid)
 }
 
 /* Shared-B path, for few large products on several threads: each KC x NC
- * block of B is packed once, by all threads (pass 1, NR panels split over
- * tasks), then (MC block of rows, part of the NR panels) pairs are shared
- * out (pass 2: parts only where the MC blocks alone would not split evenly
- * over the threads -- 11 blocks on 2 threads wait for a 6th -- each part
- * packs its A block itself). The arithmetic of every element is that of
- * gemm_task, so results are identical whichever path runs. */
+ * block of B is packed once, by all threads, into one of two buffers, and
+ * used by all: a "step" is one (batch item, N block, K panel) -- its B block
+ * packed, then (MC block of rows, part of the NR panels) pairs shared out
+ * (parts only where the MC blocks alone would not split evenly over the
+ * threads -- 11 blocks on 2 threads wait for a 6th -- each part packs its A
+ * block itself). The steps are pipelined: one job of the pool per step runs
+ * that step's compute tasks, then the next step's B packing (and, before its
+ * first K panel, its bias rows) into the other buffer, in small tasks that
+ * fill the end of the job while the last compute tasks finish; so a call
+ * makes steps + 1 hand-offs (was 2 per step) and the threads wait for each
+ * other less at each one. The arithmetic of every element is that of
+ * gemm_task (the same K panels in order, the same kernel), so results are
+ * identical whichever path runs, at any thread count. */
 typedef struct {
-    const gemm_ctx *c;
     const char *B;          /* B block origin (row p0, column j0) */
-    char *Bp;               /* shared packed block */
+    char *Bp;               /* its packed block (one of the two buffers) */
     const char *A;          /* A at (row 0, column p0) */
     char *C;                /* C at (row 0, column j0) */
-    pa_ssize kc, nc, npanels, per;
-    pa_ssize nparts, ppart; /* pass 2: column parts, NR panels per part */
+    const char *bias;       /* bias at column j0, or NULL */
+    pa_ssize p0, kc, nc, npanels, per;
+    pa_ssize nparts, ppart; /* compute: column parts, NR panels per part */
+    pa_ssize nwhole, tparts, tppart;   /* nparts 1: blocks taken whole, then the
+                                          rest in tparts parts of tppart panels */
     int accumulate;
+} shared_step;
+
+typedef struct {
+    const gemm_ctx *c;
+    shared_step cur, nxt;   /* this job computes cur, packs (and fills) nxt */
+    pa_ssize ncomp, nfill, npack;   /* the job's tasks, in this order */
 } shared_ctx;
 
 /* Column parts for pass 2: the fewest (at most 8, at most one per panel)
@@ -293,74 +308,132 @@ static pa_ssize shared_parts(const gemm_ctx *c, pa_ssize npanels, pa_ssize nr, p
     return best;
 }
 
-static void shared_pack_task(void *ctx_, pa_ssize t, int tid)
-{
-    const shared_ctx *s = (const shared_ctx *)ctx_;
-    const gemm_ctx *c = s->c;
-    const size_t es = pa_elsize(c->dtype);
-    const pa_ssize p0 = t * s->per, p1 = pa_min(p0 + s->per, s->npanels);
-    const pa_ssize j0 = p0 * c->g.nr;
-    const pa_ssize j1 = pa_min(p1 * c->g.nr, s->nc);
-    pack_b(c, s->B + j0 * c->B->cs * c->esb, s->kc, j1 - j0, s->Bp + (size_t)(j0 * packed_k(c, s->kc)) * c->pes);
-    (void)es;
-}
-
-static void shared_compute_task(void *ctx_, pa_ssize t, int tid)
-{
-    const shared_ctx *s = (const shared_ctx *)ctx_;
-    const gemm_ctx *c = s->c;
-    const size_t es = pa_elsize(c->dtype);
-    const pa_ssize i0 = m_row(c, t / s->nparts);
-    const pa_ssize mc = m_row(c, t / s->nparts + 1) - i0;
-    const pa_ssize j0 = t % s->nparts * s->ppart * c->g.nr;       /* whole panels */
-    if (j0 >= s->nc) return;
-    const pa_ssize nc = pa_min(s->nc - j0, s->ppart * c->g.nr);
-    gemm_block(c, s->A + i0 * c->A->rs * c->esa, mc, s->kc,
-               s->Bp + (size_t)(j0 * packed_k(c, s->kc)) * c->pes, nc,
-               s->C + (i0 * c->C->rs + j0 * c->C->cs) * (pa_ssize)es, s->accumulate, (char *)c->ws[tid]);
-}
-
-static int gemm_shared(gemm_ctx *c, int nt)
+/* Step s of the call: s = (b * nblocks + N block) * npk + K panel */
+static void shared_step_at(const gemm_ctx *c, pa_ssize s, pa_ssize npk, char *Bp, int nt, shared_step *st)
 {
     const size_t es = pa_elsize(c->dtype);
     const pa_gemm_kernel *g = &c->g;
-    const pa_ssize ncp = pa_round_up(pa_min(c->N, g->nc), g->nr);
-    const pa_ssize kcm = packed_k(c, pa_min(pa_max(c->K, 1), g->kc));
-    char *Bp = (char *)pa_alloc64((size_t)(ncp * kcm) * c->pes);
-    if (!Bp) return -1;
-    const pa_ssize mblocks = c->mb;
-    for (pa_ssize b = 0; b < c->bt->count; b++) {
-        const char *A = (const char *)c->A->p + pa_batch_offset(c->bt, c->A->bs, b) * c->esa;
-        const char *B = (const char *)c->B->p + pa_batch_offset(c->bt, c->B->bs, b) * c->esb;
-        char *C = (char *)c->C->p + pa_batch_offset(c->bt, c->C->bs, b) * (pa_ssize)es;
-        for (pa_ssize j0 = 0; j0 < c->N; j0 += g->nc) {
-            shared_ctx s;
-            s.c = c;
-            s.Bp = Bp;
-            s.nc = pa_min(c->N - j0, g->nc);
-            s.C = C + j0 * c->C->cs * (pa_ssize)es;
-            const char *bias = c->bias ? (const char *)c->bias + j0 * c->bias_s * (pa_ssize)es : NULL;
-            if (bias || c->K == 0) {
-                if (c->dtype == PA_F32)
-                    fill_c_f32((float *)s.C, c->C->rs, c->C->cs, c->M, s.nc, (const float *)bias, c->bias_s);
-                else
-                    fill_c_f64((double *)s.C, c->C->rs, c->C->cs, c->M, s.nc, (const double *)bias, c->bias_s);
-            }
-            s.npanels = (s.nc + g->nr - 1) / g->nr;
-            s.per = (s.npanels + nt - 1) / nt;
-            s.nparts = shared_parts(c, s.npanels, g->nr, s.nc, nt);
-            s.ppart = (s.npanels + s.nparts - 1) / s.nparts;
-            for (pa_ssize p0 = 0; p0 < c->K; p0 += g->kc) {
-                s.kc = pa_min(c->K - p0, g->kc);
-                s.accumulate = (p0 > 0) || bias != NULL;
-                s.B = B + (p0 * c->B->rs + j0 * c->B->cs) * c->esb;
-                s.A = A + p0 * c->A->cs * c->esa;
-                pa_parallel_for((s.npanels + s.per - 1) / s.per, shared_pack_task, &s, nt);
-                pa_parallel_for(mblocks * s.nparts, shared_compute_task, &s, nt);
-            }
-        }
+    const pa_ssize p = s % npk, jb = (s / npk) % c->nblocks, b = s / (npk * c->nblocks);
+    const pa_ssize j0 = jb * g->nc;
+    st->p0 = p * g->kc;
+    st->kc = pa_min(c->K - st->p0, g->kc);
+    st->nc = pa_min(c->N - j0, g->nc);
+    st->Bp = Bp;
+    st->A = (const char *)c->A->p + (pa_batch_offset(c->bt, c->A->bs, b) + st->p0 * c->A->cs) * c->esa;
+    st->B = (const char *)c->B->p + (pa_batch_offset(c->bt, c->B->bs, b) + st->p0 * c->B->rs + j0 * c->B->cs) * c->esb;
+    st->C = (char *)c->C->p + (pa_batch_offset(c->bt, c->C->bs, b) + j0 * c->C->cs) * (pa_ssize)es;
+    st->bias = c->bias ? (const char *)c->bias + j0 * c->bias_s * (pa_ssize)es : NULL;
+    st->accumulate = (st->p0 > 0) || st->bias != NULL;
+    st->npanels = (st->nc + g->nr - 1) / g->nr;
+    /* the packing in about 4 tasks per thread: small fillers for the job's end */
+    st->per = pa_max((st->npanels + 4 * (pa_ssize)nt - 1) / (4 * (pa_ssize)nt), 1);
+    st->nparts = shared_parts(c, st->npanels, g->nr, st->nc, nt);
+    st->ppart = (st->npanels + st->nparts - 1) / st->nparts;
+    /* The job's last MC blocks (one per thread) in 4 column parts each: the
+     * threads then reach the job's end within a quarter of a block of each
+     * other, where whole blocks (120 x 2048 x 256 at 2048^3, 0.5 ms) left
+     * one waiting for up to a block */
+    st->nwhole = c->mb;
+    st->tparts = st->tppart = 1;
+    if (st->nparts == 1 && st->npanels >= 4 && c->mb > (pa_ssize)nt) {
+        st->nwhole = c->mb - nt;
+        st->tparts = 4;
+        st->tppart = (st->npanels + 3) / 4;
     }
-    pa_free64(Bp);
+}
+
+/* The compute tasks of a step: (MC block, its first panel, its panel count) */
+static pa_ssize shared_ncomp(const gemm_ctx *c, const shared_step *st)
+{
+    if (st->nparts > 1) return c->mb * st->nparts;
+    return st->nwhole + (c->mb - st->nwhole) * st->tparts;
+}
+
+static pa_ssize shared_cut(const gemm_ctx *c, const shared_step *st, pa_ssize t, pa_ssize *p0, pa_ssize *np)
+{
+    pa_ssize blk, per, part;
+    if (st->nparts > 1) {
+        blk = t / st->nparts; part = t % st->nparts; per = st->ppart;
+    } else if (t < st->nwhole) {
+        blk = t; part = 0; per = st->npanels;
+    } else {
+        blk = st->nwhole + (t - st->nwhole) / st->tparts; part = (t - st->nwhole) % st->tparts; per = st->tppart;
+    }
+    (void)c;
+    *p0 = part * per;
+    *np = pa_min(st->npanels - *p0, per);
+    return blk;
+}
+
+static void shared_task(void *ctx_, pa_ssize t, int tid)
+{
+    const shared_ctx *s = (const shared_ctx *)ctx_;
+    const gemm_ctx *c = s->c;
+    const size_t es = pa_elsize(c->dtype);
+    if (t < s->ncomp) {                       /* compute: (MC block, column part) of cur */
+        const shared_step *st = &s->cur;
+        pa_ssize p0, np;
+        const pa_ssize blk = shared_cut(c, st, t, &p0, &np);
+        if (np <= 0) return;
+        const pa_ssize i0 = m_row(c, blk);
+        const pa_ssize mc = m_row(c, blk + 1) - i0;
+        const pa_ssize j0 = p0 * c->g.nr;                                /* whole panels */
+        const pa_ssize nc = pa_min(st->nc - j0, np * c->g.nr);
+        gemm_block(c, st->A + i0 * c->A->rs * c->esa, mc, st->kc,
+                   st->Bp + (size_t)(j0 * packed_k(c, st->kc)) * c->pes, nc,
+                   st->C + (i0 * c->C->rs + j0 * c->C->cs) * (pa_ssize)es, st->accumulate, (char *)c->ws[tid]);
+        return;
+    }
+    const shared_step *st = &s->nxt;
+    t -= s->ncomp;
+    if (t < s->nfill) {                       /* the bias in MC block t of nxt's C */
+        const pa_ssize i0 = m_row(c, t), mc = m_row(c, t + 1) - i0;
+        char *C = st->C + i0 * c->C->rs * (pa_ssize)es;
+        if (c->dtype == PA_F32) fill_c_f32((float *)C, c->C->rs, c->C->cs, mc, st->nc, (const float *)st->bias, c->bias_s);
+        else fill_c_f64((double *)C, c->C->rs, c->C->cs, mc, st->nc, (const double *)st->bias, c->bias_s);
+        return;
+    }
+    t -= s->nfill;                            /* pack: NR panels of nxt's B block */
+    const pa_ssize p0 = t * st->per, p1 = pa_min(p0 + st->per, st->npanels);
+    const pa_ssize j0 = p0 * c->g.nr;
+    const pa_ssize j1 = pa_min(p1 * c->g.nr, st->nc);
+    pack_b(c, st->B + j0 * c->B->cs * c->esb, st->kc, j1 - j0, st->Bp + (size_t)(j0 * packed_k(c, st->kc)) * c->pes);
+    (void)tid;
+}
+
+/* K > 0 (gemm_shares) */
+static int gemm_shared(gemm_ctx *c, int nt)
+{
+    const pa_gemm_kernel *g = &c->g;
+    const pa_ssize ncp = pa_round_up(pa_min(c->N, g->nc), g->nr);
+    const pa_ssize kcm = packed_k(c, pa_min(c->K, g->kc));
+    const size_t bytes = (size_t)(ncp * kcm) * c->pes;
+    char *Bp[2] = {(char *)pa_alloc64(bytes), (char *)pa_alloc64(bytes)};
+    if (!Bp[0] || !Bp[1]) {
+        pa_free64(Bp[0]);
+        pa_free64(Bp[1]);
+        return -1;
+    }
+    const pa_ssize npk = (c->K + g->kc - 1) / g->kc;
+    const pa_ssize nsteps = c->bt->count * c->nblocks * npk;     /* no overflow: gemm_shares */
+    pa_stop_flag *const stop = pa_stop_get();
+    shared_ctx s;
+    s.c = c;
+    for (pa_ssize k = -1; k < nsteps && !pa_stopping(stop); k++) {
+        s.ncomp = s.nfill = s.npack = 0;
+        if (k >= 0) {
+            s.cur = s.nxt;
+            s.ncomp = shared_ncomp(c, &s.cur);
+        }
+        if (k + 1 < nsteps) {
+            shared_step_at(c, k + 1, npk, Bp[(k + 1) & 1], nt, &s.nxt);
+            s.nfill = s.nxt.bias && s.nxt.p0 == 0 ? c->mb : 0;
+            s.npack = (s.nxt.npanels + s.nxt.per - 1) / s.nxt.per;
+        }
+        pa_parallel_for(s.ncomp + s.nfill + s.npack, shared_task, &s, nt);
+    }
+    pa_free64(Bp[0]);
+    pa_free64(Bp[1]);
     return 0;
 }
 
@@ -485,13 +558,21 @@ static size_t gemm_ws_bytes(gemm_ctx *c)
 }
 
 /* Few large products on several threads (nt of them after the task count
- * capped it) share the packed B, when (MC block, column part) pairs give
- * every thread two or more */
+ * capped it) share the packed B (gemm_shared) when the task split would pack
+ * each B block more than once (fewer than 3 (batch, N block) pairs per
+ * thread: gemm_chunks cuts M in chunks), when (MC block, column part) pairs
+ * give every thread two or more, and when a step (one K panel of one
+ * (batch, N block) pair, a hand-off of the pool) has 1 MFLOP or more per
+ * thread */
 static int gemm_shares(const gemm_ctx *c, int nt, int nthreads)
 {
     const pa_ssize bpanels = (c->g.nc + c->g.nr - 1) / c->g.nr;
-    return nt > 1 && c->bt->count * c->nblocks < nt &&
-           c->mb * pa_min(bpanels, 8) >= 2 * pa_max(nthreads, 1);
+    const double step = 2.0 * (double)c->M * (double)pa_min(c->N, c->g.nc) * (double)pa_min(c->K, c->g.kc);
+    size_t steps;
+    return nthreads > 1 && c->K > 0 && c->bt->count * c->nblocks < 3 * (pa_ssize)pa_max(nt, nthreads) &&
+           c->mb * pa_min(bpanels, 8) >= 2 * pa_max(nthreads, 1) && step >= 1e6 * nthreads &&
+           pa_mul_ok((size_t)(c->bt->count * c->nblocks), (size_t)((c->K + c->g.kc - 1) / c->g.kc), &steps) &&
+           steps < (size_t)PTRDIFF_MAX;
 }
 
 /* A batch whose B is shared (batch strides 0 wherever the batch axis is
@@ -551,7 +632,10 @@ int pa_matmul(const pa_family *fam, const pa_matmul_call *mm, int nthreads)
     nt = (int)pa_max(nthreads, 1);
     if ((size_t)nt > ntasks) nt = (int)ntasks;
     shared = gemm_shares(&c, nt, nthreads);
-    if (shared) nt = (int)pa_min(nthreads, PA_MAX_THREADS);
+    if (shared) {
+        nt = (int)pa_min(nthreads, PA_MAX_THREADS);
+        bytes = c.a_elems * c.pes;       /* a thread packs only A; B is packed once, shared */
+    }
     ok = 1;
     for (int i = 0; i < nt; i++) { wsv[i] = pa_alloc64(bytes); ok &= wsv[i] != NULL; }
     if (!ok) goto fail;
