@@ -24,14 +24,14 @@
  * result is the same for any number of threads.
  *
  * A split call runs in passes over groups of query heads per key/value head
- * (as many as PA_BWD_SPLIT_BYTES of packed query sides and dQ partials
- * hold; all of them at the benchmark's sizes), each pass in three parallel
- * steps: pack every (query head, key/value head) of the group, then the
- * (key/value head, chunk) tasks, each running the group's query heads in
- * order, then dq += the partials. So the packs run in parallel and a call
- * hands work to the pool three times per group, not per query head; the
- * sums (a chunk's dK, dV over the query heads in order; a dq over the
- * chunks in order) are the same, so are the bits.
+ * (as many as PA_BWD_GROUP_BYTES of packed query sides and dQ partials
+ * hold, at least one), each pass in three parallel steps: pack every
+ * (query head, key/value head) of the group in slices of query blocks
+ * (so the packing runs on every thread, not on one while the others wait),
+ * then the (key/value head, chunk) tasks, each running the group's query
+ * heads in order, then dq += the partials. The sums (a chunk's dK, dV over
+ * the query heads in order; a dq over the chunks in order) are those of a
+ * pass per query head, so are the bits.
  */
 #include <string.h>
 #include "ops.h"
@@ -44,8 +44,12 @@
  * bits (tests/test_varlen.py); 0 turns the split off in both */
 #define PA_BWD_SPLIT_ON 1
 #define PA_BWD_SPLIT_MINTILES 8       /* key tiles per chunk, on average at least */
-#define PA_BWD_SPLIT_BYTES ((size_t)64 << 20)   /* dQ partials: at most this or dq's size; a pass's
-                                                   packed query sides and partials: this or one query head's */
+#define PA_BWD_SPLIT_BYTES ((size_t)64 << 20)   /* dQ partials: at most this or dq's size */
+/* a pass's packed query sides and partials: at most this or one query
+ * head's. Small: a pass's chunks read their heads' packed sides from cache
+ * (MQA H=8/1, L=2048, E=64 measured in one process, 1 and 2 threads: 8 MiB
+ * (2 heads a pass) as fast as 1 head, 64 MiB (all 8) 15-25 % more CPU time) */
+#define PA_BWD_GROUP_BYTES ((size_t)8 << 20)
 
 typedef struct {
     const pa_family *fam;
@@ -113,18 +117,28 @@ static void bwd_io_of(const bwd_ctx *c, pa_ssize b, pa_ssize outer, pa_ssize il,
 }
 
 /* a key-split pass, step 1: the packed query side of (outer, ig0 + il),
- * shared by its chunks; task = il * nouter + outer */
+ * shared by its chunks, in slices of PA_BWD_PACK_BLKS query blocks (one
+ * head packs on every thread); task = (il * nouter + outer) * nslab + slice */
+#define PA_BWD_PACK_BLKS 4
+static pa_ssize bwd_nslab(const bwd_ctx *c)
+{
+    const pa_ssize BQ = c->fam->attn_bq[c->call->dtype], nblk = (c->call->L + BQ - 1) / BQ;
+    return (nblk + PA_BWD_PACK_BLKS - 1) / PA_BWD_PACK_BLKS;
+}
+
 static void bwd_pack_task(void *ctx_, pa_ssize task, int tid)
 {
     (void)tid;
     const bwd_ctx *c = (const bwd_ctx *)ctx_;
-    const pa_ssize il = task / c->nouter, outer = task % c->nouter;
+    const pa_ssize nslab = bwd_nslab(c), head = task / nslab, sl = task % nslab;
+    const pa_ssize il = head / c->nouter, outer = head % c->nouter;
     const pa_ssize b = flat_index(c, outer, c->ig0 + il);
     pa_attn_args a;
     pa_attn_setup(&a, c->fam, c->call, b);
     pa_bwd_io io;
     bwd_io_of(c, b, outer, il, 0, &io);
-    pa_bwd_pack(c->fam, c->call->dtype, &a, &io, c->qs + (size_t)task * c->qsz);
+    pa_bwd_pack_blocks(c->fam, c->call->dtype, &a, &io, c->qs + (size_t)head * c->qsz, sl * PA_BWD_PACK_BLKS,
+                       (sl + 1) * PA_BWD_PACK_BLKS);
 }
 
 /* a task: key/value head outer, key chunk ch; its query heads in order
@@ -335,7 +349,7 @@ int pa_attention_backward(const pa_family *fam, const pa_attn_call *call, const 
         size_t per, qb, pb;
         c.qsz = q1 == 0 || q1 > SIZE_MAX - 64 ? 0 : (q1 + 63) / 64 * 64;
         if (c.qsz == 0 || c.qsz > SIZE_MAX - p1 || !pa_mul_ok(c.qsz + p1, (size_t)nouter, &per)) return -1;
-        c.ng = (pa_ssize)pa_min((size_t)c.ninner, PA_BWD_SPLIT_BYTES / per);
+        c.ng = (pa_ssize)pa_min((size_t)c.ninner, PA_BWD_GROUP_BYTES / per);
         if (c.ng < 1) c.ng = 1;
         if (!pa_mul_ok(c.qsz * (size_t)nouter, (size_t)c.ng, &qb) || !pa_mul_ok(p1 * (size_t)nouter, (size_t)c.ng, &pb))
             return -1;
@@ -367,7 +381,7 @@ int pa_attention_backward(const pa_family *fam, const pa_attn_call *call, const 
     const pa_ssize ngroup = c.ng;
     for (c.ig0 = 0; ok && c.nsplit > 1 && c.ig0 < c.ninner && !pa_stopping(stop); c.ig0 += ngroup) {
         c.ng = pa_min(ngroup, c.ninner - c.ig0);
-        pa_parallel_for(c.ng * nouter, bwd_pack_task, &c, nall);
+        pa_parallel_for(c.ng * nouter * bwd_nslab(&c), bwd_pack_task, &c, nall);
         pa_parallel_for(ntasks, bwd_task, &c, nt);
         pa_parallel_for(c.ng * nouter * nrb, bwd_sum_task, &c, nall);
     }
