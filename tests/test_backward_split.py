@@ -121,3 +121,22 @@ def test_split_memory_error(restore_threads):
     assert failed >= 3        # the chunks' work array, the partials, the workspace
     unchanged(before, (q, k, v, go, o, lse))
     assert _bits(pyattn.scaled_dot_product_attention_backward(go, q, k, v, o, lse, enable_gqa=True)) == want
+
+
+def test_split_in_several_passes(restore_threads):
+    """A split call whose query heads take several passes (attn_backward.c:
+    as many heads a pass as 8 MiB of packed query sides and dQ partials
+    hold; here about 1.3 MB a head in float64 (2 chunks), so a pass of 6
+    of the 8 heads, then one of 2): the same bits for any thread count, and
+    the float64 oracle's gradients."""
+    H, Hkv, L, S, E = 8, 1, 1000, 1024, 32
+    q, k, v, go = _inputs(H, Hkv, L, S, E, np.float64, seed=21)
+    kw = {"is_causal": "bottom_right"}
+    pyattn.set_num_threads(1)
+    got = _bwd(q, k, v, go, kw)
+    pyattn.set_num_threads(2)
+    assert _bits(_bwd(q, k, v, go, kw)) == _bits(got)
+    want = R.scaled_dot_product_attention_backward(go, q, k, v, enable_gqa=True, **kw)
+    mags = grad_mags(q, k, v, go, 1 / np.sqrt(E), 0.0, enable_gqa=True, **kw)
+    for g, w, m in zip(got[:3], want[:3], mags):
+        check(g, w, m)

@@ -302,6 +302,10 @@ void pa_bwd_head(const pa_family *f, int dtype, const pa_attn_args *a, const pa_
  * of pa_bwd_ws, aligned to 64) */
 size_t pa_bwd_ws_qside(const pa_family *f, int dtype, pa_ssize L, pa_ssize E, pa_ssize Ev);
 void pa_bwd_pack(const pa_family *f, int dtype, const pa_attn_args *a, const pa_bwd_io *io, void *qs);
+/* pa_bwd_pack of the query blocks [t0, t1) (of attn_bq rows) only: slices
+ * of one head packed in parallel */
+void pa_bwd_pack_blocks(const pa_family *f, int dtype, const pa_attn_args *a, const pa_bwd_io *io, void *qs,
+                        pa_ssize t0, pa_ssize t1);
 void pa_bwd_keys(const pa_family *f, int dtype, const pa_attn_args *a, const pa_bwd_io *io, const void *qs,
                  void *tiles);
 /* pa_bwd_head with the key-split the dense call (call: one sequence's,

@@ -380,6 +380,13 @@ void pa_bwd_pack(const pa_family *f, int dtype, const pa_attn_args *a, const pa_
     else bwd_pack_f64(f, a, io, qs);
 }
 
+void pa_bwd_pack_blocks(const pa_family *f, int dtype, const pa_attn_args *a, const pa_bwd_io *io, void *qs,
+                        pa_ssize t0, pa_ssize t1)
+{
+    if (dtype == PA_F32) bwd_pack_blocks_f32(f, a, io, qs, t0, t1);
+    else bwd_pack_blocks_f64(f, a, io, qs, t0, t1);
+}
+
 void pa_bwd_keys(const pa_family *f, int dtype, const pa_attn_args *a, const pa_bwd_io *io, const void *qs,
                  void *tiles)
 {
