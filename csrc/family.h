@@ -88,6 +88,11 @@ enum { PA_FAMILIES(PA_ISA_OF, _) };
  * family's exp (SIMD families: the shared vector exp, so they give the same
  * bits).
  *
+ * rescale, the flash forward's accumulator rows after a tile step: row r
+ * of O (nr rows, row stride ld, n columns) times alpha[r], one rounded
+ * multiply per element, where alpha[r] != 1 (x * 1 == x: rows left alone
+ * change no bit); elements past n untouched.
+ *
  * rowdot, rowsm, rowpv: the decode kernels, the rows path of the attention
  * frame (few query rows, many keys: memory bound) on one key tile. Every sum
  * keeps 16 partial sums (element t into partial t mod 16, zero-padded)

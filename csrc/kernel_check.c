@@ -328,6 +328,7 @@ KC_BOTH(tileds)
 KC_BOTH(softmax)
 KC_BOTH(rowsm)
 KC_BOTH(softcap)
+KC_BOTH(rescale)
 KC_BOTH(exp)
 #undef KC_BOTH
 static void kc_vocab(kc_ctx *k)

@@ -72,6 +72,8 @@
                         const void *D, double scale), __VA_ARGS__)                             \
     X(softmax, C, void, (const pa_softmax_row *r), __VA_ARGS__)                                \
     X(softcap, C, void, (void *x, pa_ssize n, double cap), __VA_ARGS__)                        \
+    X(rescale, C, void, (void *O, pa_ssize nr, pa_ssize ld, pa_ssize n, const void *alpha),     \
+      __VA_ARGS__)                                                                             \
     X(rowdot, S, void, (const void *Q, pa_ssize qrs, pa_ssize R, const void *K, pa_ssize krs,   \
                         pa_ssize nj, pa_ssize E, void *s, pa_ssize ss, const void *next,       \
                         pa_ssize nnext), __VA_ARGS__)                                          \

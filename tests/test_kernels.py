@@ -1,10 +1,11 @@
 """Every kernel kind of every family this CPU can run, on its own, against
 its portable twin (pyattn._C._kernel_check, csrc/kernel_check.c): GEMM
 micro-kernels on every edge tile, the bfloat16 GEMM, the tile steps, softmax
-rows, the decode kernels, softcap, widen on every 16-bit pattern, the exp on
-special values and across its range, the vocabulary's rules. Bit for bit
-where the contract fixes the bits (csrc/README.md); a failure names the
-family, the kernel's symbol and the case.
+rows, the decode kernels, softcap, the accumulator rescale, widen on every
+16-bit pattern, the exp on special values and across its range, the
+vocabulary's rules. Bit for bit where the contract fixes the bits
+(csrc/README.md); a failure names the family, the kernel's symbol and the
+case.
 
 The checks are listed by the registry (csrc/registry.h: a kernel kind
 registered without a check does not compile), and the sweep must run every

@@ -26,6 +26,9 @@
 #define PA_TEMPLATE "kernels/ref/softcap_ref.inc"
 #include "dtypes.inc"
 #undef PA_TEMPLATE
+#define PA_TEMPLATE "kernels/ref/rescale_ref.inc"
+#include "dtypes.inc"
+#undef PA_TEMPLATE
 #undef PA_REF
 
 /* 16-bit storage to float32, portable (pyattn.h's exact conversions) */
