@@ -19,20 +19,11 @@
 #include "kernels/kernels.h"
 
 #ifdef PA_HAVE_X86_KERNELS
-pa_gemm_sig pa_gemm_f32_avx512_6x48, pa_gemm_f32_avx512_12x32pf, pa_gemm_f32_avx512_14x32,
-    pa_gemm_f32_avx512_8x48, pa_gemm_f32_avx512_12x32old, pa_gemm_f32_avx512_6x48pf, pa_gemm_f32_avx512_6x48pf32, pa_gemm_f32_avx512_12x32c24, pa_gemm_f32_avx512_12x32c48;
+pa_gemm_sig pa_gemm_f32_avx512_6x48;
 #define PA_SHAPE(name, mr, nr, sym, attn) {name, mr, nr, sym, #sym, attn}
 const pa_ukr_shape pa_ukr_shapes[] = {
     PA_SHAPE("12x32", 12, 32, pa_gemm_f32_avx512, 1),       /* the table's own (avx512.c) */
-    PA_SHAPE("12x32pf", 12, 32, pa_gemm_f32_avx512_12x32pf, 1),
-    PA_SHAPE("6x48", 6, 48, pa_gemm_f32_avx512_6x48, 1),
-    PA_SHAPE("14x32", 14, 32, pa_gemm_f32_avx512_14x32, 1), /* measurements only */
-    PA_SHAPE("8x48", 8, 48, pa_gemm_f32_avx512_8x48, 1),
-    PA_SHAPE("12x32old", 12, 32, pa_gemm_f32_avx512_12x32old, 1),
-    PA_SHAPE("6x48pf", 6, 48, pa_gemm_f32_avx512_6x48pf, 1),
-    PA_SHAPE("6x48pf32", 6, 48, pa_gemm_f32_avx512_6x48pf32, 1),
-    PA_SHAPE("12x32c24", 12, 32, pa_gemm_f32_avx512_12x32c24, 1),
-    PA_SHAPE("12x32c48", 12, 32, pa_gemm_f32_avx512_12x32c48, 1),
+    PA_SHAPE("6x48", 6, 48, pa_gemm_f32_avx512_6x48, 1),    /* avx512_ukr.c */
 };
 #undef PA_SHAPE
 const int pa_ukr_nshapes = (int)(sizeof pa_ukr_shapes / sizeof pa_ukr_shapes[0]);

@@ -5,11 +5,13 @@
  * CPU class and gives it to a copy of the family's table. Every shape sums
  * each C element's terms in the same order (one FMA per term, k in order), so
  * the bits do not depend on the shape.
- *   pa_gemm_f32_avx512_6x48    6 rows x 3 vectors, 18 accumulators
- *   pa_gemm_f32_avx512_12x32pf the table's 12x32 with a software prefetch of
- *                              the packed A panel 16 k steps ahead
- * and, for the measurements only (not usable by the attention frame: MR must
- * divide PA_FLASH_BK = 60), 14x32 and 8x48 (ukr_select.c lists them as such).
+ *   pa_gemm_f32_avx512_6x48    6 rows x 3 vectors, 18 accumulators (MR = 6
+ *                              divides PA_FLASH_BK = 60, lcm(6, 48) = 48
+ *                              divides attn_bq = 96: the attention can run it)
+ * Measured on a Zen 5 and left out: 14x32 and 8x48 (MR does not divide 60,
+ * so the attention could not share them; slower in matmul anyway), an A
+ * prefetch and a k loop unrolled 2x / 4x (no faster); csrc/README.md, "The
+ * AVX-512 micro-kernel", has the figures.
  */
 #include "kernels/kernels.h"
 
