@@ -7,6 +7,7 @@
  * them, else their exact emulation. Nothing else lives here.
  */
 #include "dispatch.h"
+#include "ukr_select.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -102,9 +103,9 @@ int pa_isa_built(int isa)
 static const pa_family *pa_family_of(int isa)
 {
 #ifdef PA_HAVE_X86_KERNELS
-    if (isa == PA_ISA_AVX512 && pa_cpu_has_avx512bf16()) return &pa_family_avx512bf16;
+    if (isa == PA_ISA_AVX512 && pa_cpu_has_avx512bf16()) return pa_ukr_family(&pa_family_avx512bf16);
 #endif
-    return pa_isa_built(isa) ? pa_isa_tables[isa] : &pa_family_generic;
+    return pa_ukr_family(pa_isa_built(isa) ? pa_isa_tables[isa] : &pa_family_generic);
 }
 
 const pa_family *pa_choose_family(int requested)

@@ -43,6 +43,7 @@
 #include "ops/quant.h"
 #include "bind_blockmask.h"
 #include "bind_rotary.h"
+#include "bind_ukr.h"
 
 #define PA_ALLOW_BOOL 1
 #define PA_ALLOW_16 2 /* float16 arrays, and uint16 arrays holding bfloat16 bits */
@@ -1557,6 +1558,9 @@ static PyMethodDef methods[] = {
     {"dequantize", pa_py_dequantize, METH_VARARGS, pa_dequantize_doc},
     {"_bm_pack", pa_py_bm_pack, METH_VARARGS, pa_bm_pack_doc},
     {"_vexp", pa_py_vexp, METH_VARARGS, pa_vexp_doc},
+    {"_ukr_info", pa_py_ukr_info, METH_NOARGS, pa_ukr_info_doc},
+    {"_ukr_select", pa_py_ukr_select, METH_O, pa_ukr_select_doc},
+    {"_ukr_classify", pa_py_ukr_classify, METH_VARARGS, pa_ukr_classify_doc},
     {NULL, NULL, 0, NULL},
 };
 

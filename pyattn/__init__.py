@@ -36,6 +36,7 @@ from ._paged import CacheFullError, PagedKVCache
 from ._quant import dequantize, quantize
 from ._blockmask import BlockMask
 from . import masks
+from . import _ukr
 
 __version__ = "0.1.0"
 __all__ = [
@@ -132,6 +133,8 @@ def show_config() -> None:
           + ("" if not asked else "  (PYATTN_ISA)" if asked == c["isa"]
              else f"  (PYATTN_ISA={asked!r} cannot run on this CPU)"))
     print(f"  GEMM micro-kernels: {c['gemm_f32']}, {c['gemm_f64']}")
+    if _ukr.describe(c):
+        print(f"  AVX-512 micro-kernel: {_ukr.describe(c)}")
     print(f"  GEMM blocking     : float32 {blocking(c['gemm_f32_blocking'])}; "
           f"float64 {blocking(c['gemm_f64_blocking'])} ({c['gemm_blocking_from']})")
     print(f"  attention (flash) : {c['attn_f32']}, {c['attn_f64']} "
@@ -184,6 +187,7 @@ def _init() -> None:
         except ImportError:       # a threadpoolctl without the controller API (< 3.5)
             pass
     want = _env_isa_code()
+    _ukr.apply_env()
     got = _C.select_isa(want)
     if want > 0 and got != want:
         # a family this CPU cannot run (asking for avx512 on an AVX2-only CPU

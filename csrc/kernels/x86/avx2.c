@@ -19,6 +19,7 @@
 #define PA_ISA avx2
 #define PA_VFN __attribute__((target("avx2,fma,f16c")))
 #define PA_MR 6
+#define PA_GEMM_CPF 64        /* C's tile fetched 64 k steps before the end (gemm_vec.inc) */
 #define PA_WITH_SOFTMAX 1
 #define PA_TEMPLATE "kernels/vec/family_vec.inc"
 #include "dtypes.inc"
@@ -27,6 +28,7 @@
 #undef PA_ISA
 #undef PA_VFN
 #undef PA_MR
+#undef PA_GEMM_CPF
 #undef PA_WITH_SOFTMAX
 
 #define PA_TILE_gemm_f32 6, 16, PA_GEMM_KC, 96, 2048

@@ -21,6 +21,7 @@
 #define PA_ISA avx512
 #define PA_VFN __attribute__((target("avx512f,fma")))
 #define PA_MR 12
+#define PA_GEMM_CPF 64        /* C's tile fetched 64 k steps before the end (gemm_vec.inc) */
 #define PA_WITH_SOFTMAX 2
 #define PA_TEMPLATE "kernels/vec/family_vec.inc"
 #include "dtypes.inc"
@@ -29,6 +30,7 @@
 #undef PA_ISA
 #undef PA_VFN
 #undef PA_MR
+#undef PA_GEMM_CPF
 #undef PA_WITH_SOFTMAX
 
 #define PA_TILE_gemm_f32 12, 32, PA_GEMM_KC, 96, 2048
