@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 # the exp, the reference and the errors; the frame paths (which the x86 families
 # already ran on the same portable C) on the SIMD family only (neon), which
 # keeps this stage inside CI's time budget
-TESTS="tests/test_reference.py tests/test_seeds.py tests/test_errors.py tests/test_isa.py tests/test_kernels.py tests/test_exp.py"
+TESTS="tests/test_reference.py tests/test_seeds.py tests/test_errors.py tests/test_isa.py tests/test_kernels.py tests/test_exp.py tests/test_ukr.py"
 TESTS_SIMD="tests/test_generate.py tests/test_storage16.py tests/test_backward.py tests/test_bf16.py tests/test_quant.py tests/test_varlen.py tests/test_paged.py tests/test_backward_split.py tests/test_rotary.py tests/test_flash_blocks.py"
 PACKAGES="python3,python3-numpy,python3-pytest,python3-dev,python3-setuptools,gcc,libc6-dev"
 SUITE=bookworm
