@@ -344,10 +344,24 @@ static void bf16_tile(const pa_family *f, const pa_attn_args *a, bf16_blk *b, pa
     } else {
         pa_bf16_pack_kv(f, a, j0, nj, b->Kp, b->Vp);
     }
-    for (pa_ssize r0 = 0; r0 < nj; r0 += MR)
-        for (pa_ssize c0 = 0; c0 < b->qc; c0 += NR)
-            g->ukr(e2, Kt + r0 * e2, 1, MR, b->Qp + c0 * e2, NR, b->St + r0 * ld + c0, ld, 1,
-                   (int)pa_min(nj - r0, MR), NR, 0);
+    /* the sub-tile cut of the float32 path (pa_attn_cut): a sub-tile of keys
+     * outside its queries' key ranges gets -inf, as the score rule makes it */
+    const int cut = !pa_attn_tile_inside(a, b->i0, b->i0 + b->nq, j0, j0 + nj) && b->qc / NR <= PA_FLASH_MAXCOLS;
+    pa_ssize lo[PA_FLASH_MAXCOLS], hi[PA_FLASH_MAXCOLS];
+    if (cut) pa_attn_cut(a, b->i0, b->nq, b->qc, NR, lo, hi);
+    if (cut && a->bm.state) pa_bm_cut(&a->bm, b->i0, b->nq, b->qc, NR, j0, nj, lo, hi);
+    for (pa_ssize r0 = 0; r0 < nj; r0 += MR) {
+        const int m = (int)pa_min(nj - r0, MR);
+        for (pa_ssize c0 = 0, u = 0; c0 < b->qc; c0 += NR, u++) {
+            float *St = b->St + r0 * ld + c0;
+            if (cut && pa_attn_cut_out(j0 + r0, j0 + r0 + m, lo[u], hi[u])) {
+                for (int rr = 0; rr < m; rr++)
+                    for (int cc = 0; cc < NR; cc++) St[rr * ld + cc] = -INFINITY;
+                continue;
+            }
+            g->ukr(e2, Kt + r0 * e2, 1, MR, b->Qp + c0 * e2, NR, St, ld, 1, m, NR, 0);
+        }
+    }
     if (!b->fold) {
         const float scale = (float)a->scale;
         for (pa_ssize r = 0; r < nj; r++)
