@@ -152,6 +152,14 @@ typedef struct {
  * FMA chains at the family's vector width; returns the flops done. */
 typedef double (*pa_fma_probe_fn)(long long iters, float *sink);
 
+/* precision "bf16"'s P packer (bf16_pack_p): the weights St (keys x
+ * queries, row stride ld; nj2 keys, even; qc queries, a multiple of mr)
+ * rounded to bfloat16 (pa_bf16_round's bits) as the A pair panels of
+ * gemm_bf16 (mr queries each, pairs along the keys): word
+ * Pp[r0 * nj2 / 2 + q * mr + i] = P[2q + 1][r0 + i] (high half) : P[2q][r0 + i].
+ * NULL: the frame's portable loop. */
+typedef void (*pa_bf16_pack_fn)(const float *St, pa_ssize ld, pa_ssize qc, pa_ssize nj2, int mr, uint32_t *Pp);
+
 /* gemm_bf16 (precision="bf16"): a pa_gemm_ukr whose A and B are bfloat16
  * pair panels -- A[(q*MR + i)*2 + t] and B[(q*NR + j)*2 + t] hold K element
  * 2q + t of row i / column j; kc is even (zero-padded) -- and C float32.
@@ -181,6 +189,7 @@ typedef struct pa_family {
     pa_fma_probe_fn fma_probe;              /* NULL: no SIMD probe */
     pa_fma_probe_fn bf16_probe;             /* vdpbf16ps chains (64 flops each), or NULL */
     int fma_lanes;                          /* float32 lanes of the probe */
+    pa_bf16_pack_fn bf16_pack_p;            /* precision "bf16": P as pair panels, or NULL */
 } pa_family;
 #undef PA_KIND_FIELD
 #undef PA_KIND_FIELD_G

@@ -272,6 +272,59 @@ done:
     free(A); free(B); free(acc); free(C); free(C0); free(X);
 }
 
+/* ---- precision "bf16"'s P packer (family parameter bf16_pack_p) ------------
+ * Against pa_bf16_round's rule word by word: weights of every kind (ties
+ * of both parities, NaN with only low payload bits, infinities, subnormals,
+ * zeros of both signs), panels of MR queries over 1..3 row panels, key pairs
+ * 1, 2, 15, 30; nothing written outside the panels. A family without one
+ * (NULL: the frame's portable loop) counts -1. */
+static void kc_bf16_pack_p(kc_ctx *k)
+{
+    const pa_bf16_pack_fn fn = k->f->bf16_pack_p;
+    const char *sym = "bf16_pack_p";
+    if (!fn) {
+        k->res->cases = -1;
+        return;
+    }
+    const int MR = k->f->gemm_bf16.mr;
+    const pa_ssize NP = 30, QC = 3 * (pa_ssize)MR, LD = QC + 5, PAD = 16;
+    uint32_t *St = kc_alloc(k, (size_t)(2 * NP * LD) * sizeof(uint32_t));
+    uint32_t *P = kc_alloc(k, (size_t)(QC * NP + PAD) * sizeof(uint32_t));
+    if (k->oom) goto done;
+    static const uint32_t special[] = {0x7f800001u, 0xff800001u, 0x7fc00000u, 0x7f800000u, 0xff800000u,
+                                       0x00000001u, 0x80000000u, 0x00000000u, 0x3f808000u, 0x3f818000u,
+                                       0x7f7f8000u, 0x7f7fffffu, 0x0000ffffu, 0x807f8000u, 0x7fffffffu};
+    static const pa_ssize nps[] = {1, 2, 15, 30};
+    for (int round = 0; round < 8; round++) {
+        for (pa_ssize t = 0; t < 2 * NP * LD; t++) {
+            const uint64_t r = kc_next(k);
+            St[t] = (r & 7) == 0 ? special[(r >> 8) % (sizeof special / sizeof special[0])] : (uint32_t)(r >> 16);
+        }
+        for (int panels = 1; panels <= 3; panels++)
+            for (int ni = 0; ni < 4; ni++) {
+                const pa_ssize np = nps[ni], qc = panels * (pa_ssize)MR;
+                for (pa_ssize t = 0; t < QC * NP + PAD; t++) P[t] = 0xdeadbeefu;
+                fn((const float *)(const void *)St, LD, qc, 2 * np, MR, P);
+                k->res->cases++;
+                for (pa_ssize t = 0; t < QC * NP + PAD; t++) {
+                    uint32_t want = 0xdeadbeefu;
+                    if (t < qc * np) {
+                        const pa_ssize r0 = t / (np * MR) * MR, q = t % (np * MR) / MR, i = t % MR;
+                        const uint32_t x = St[2 * q * LD + r0 + i], y = St[(2 * q + 1) * LD + r0 + i];
+                        want = (pa_bf16_round(y) & 0xffff0000u) | (pa_bf16_round(x) >> 16);
+                    }
+                    if (P[t] != want) {
+                        kc_fail(k, sym, "MR=%d qc=%lld pairs=%lld: word %lld 0x%08x != 0x%08x", MR, (long long)qc,
+                                (long long)np, (long long)t, P[t], want);
+                        goto done;
+                    }
+                }
+            }
+    }
+done:
+    free(St); free(P);
+}
+
 /* ---- the read probe: the sum of n floats -----------------------------------
  * Its order is free (a benchmark probe), so it is checked on small integers,
  * whose sums are exact in any order: bit for bit, every n around the
@@ -352,6 +405,7 @@ static const struct {
 } kc_kinds[] = {
     PA_KERNEL_KINDS(KC_KIND, _)
     {"gemm_bf16", kc_gemm_bf16},
+    {"bf16_pack_p", kc_bf16_pack_p},
     {"exp", kc_exp},
     {"vocab", kc_vocab},
 };

@@ -95,11 +95,14 @@ def _bf16_how(kernel):
 
 
 # precision="bf16" time / float32 time of the x86 emulations, as measured
-# (AMD Zen 5, 1 thread, matmul 2048^3 and attention L=S=2048 E=64 / 128)
+# (AMD Zen 5 with PYATTN_TEST_CPU=nobf16, 1 thread, CPU time, minima of
+# interleaved runs on a shared machine: matmul 2048^3 and attention B1 H8
+# L=S=2048 E=64 / 128, causal or not)
 _BF16_COST = {
-    "pa_gemm_bf16_avx512": "measured 1.15-1.3x the float32 time (matmul 2048^3, attention L=S=2048; Zen 5)",
-    "pa_gemm_bf16_avx2": "measured 1.1-1.3x the float32 time with the avx2 family (matmul 2048^3, "
-                         "attention L=S=2048; Zen 5)",
+    "pa_gemm_bf16_avx512": "measured 1.18-1.2x the float32 time (attention L=S=2048) and 1.25-1.35x "
+                           "(matmul 2048^3) on a Zen 5",
+    "pa_gemm_bf16_avx2": "measured 1.12-1.15x the float32 time (attention L=S=2048) and 1.1-1.2x "
+                         "(matmul 2048^3) with the avx2 family on a Zen 5",
 }
 
 

@@ -348,3 +348,31 @@ def test_attention_bf16_any_layout(rng, layout):
     same = pyattn.scaled_dot_product_attention(np.ascontiguousarray(q), np.ascontiguousarray(k),
                                                np.ascontiguousarray(v), is_causal=True, precision="bf16")
     assert np.array_equal(got, same)
+
+
+def test_attention_bf16_bfloat16_inputs_every_family(rng, family):
+    """bfloat16-stored q, k, v (read as they are, a NaN quieted) give the bits
+    of their float32 values, on every family, and every SIMD family the same
+    bits (the vector P packers included; the portable family's exp differs):
+    odd E and S, a NaN and infinities among the keys' and values' elements."""
+    ml = pytest.importorskip("ml_dtypes", reason="ml_dtypes (bfloat16 arrays) is not installed")
+    q = rng.standard_normal((2, 3, 75, 33)).astype(np.float32)
+    k = rng.standard_normal((2, 3, 131, 33)).astype(np.float32)
+    v = rng.standard_normal((2, 3, 131, 19)).astype(np.float32)
+    k[1, 2, 7, 4], v[0, 1, 100, 3], v[1, 0, 130, 18], k[0, 0, 3, 32] = np.nan, np.inf, -np.inf, np.nan
+    qb, kb, vb = (x.astype(ml.bfloat16) for x in (q, k, v))
+    kb.view(np.uint16)[1, 1, 9, 5] = 0x7f81            # a signalling NaN's bits
+    vb.view(np.uint16)[0, 2, 50, 0] = 0xff81
+    wide = [x.astype(np.float32) for x in (qb, kb, vb)]
+    want = {}
+    for isa in ("generic", "avx2", "avx512", "avx512emu", "neon"):
+        if _C.select_isa(ISA[isa]) != ISA[isa]:
+            continue
+        for causal in (False, True):
+            with np.errstate(all="ignore"):
+                got = pyattn.scaled_dot_product_attention(qb, kb, vb, is_causal=causal, precision="bf16")
+                same = pyattn.scaled_dot_product_attention(*wide, is_causal=causal, precision="bf16")
+            assert bits(got) == bits(same), (isa, causal)
+            if isa != "generic":
+                assert bits(got) == bits(want.setdefault(causal, got)), (isa, causal)
+            assert np.isnan(got).any() and not np.isnan(got).all()

@@ -50,7 +50,8 @@ def test_kernel_against_its_twin(family, kind):
     counts, failures, _ = _run(family, [kind])
     assert not failures, f"{family} {kind}: " + "\n".join(failures)
     # every kind checks something; only the generic family has no vector vocabulary
-    assert counts[kind] > 0 or (counts[kind] == -1 and family == "generic" and kind == "vocab"), counts
+    assert counts[kind] > 0 or (counts[kind] == -1 and family == "generic" and kind == "vocab") \
+        or (counts[kind] == -1 and family in ("generic", "neon") and kind == "bf16_pack_p"), counts
     assert all(n == 0 for k, n in counts.items() if k != kind), counts
 
 

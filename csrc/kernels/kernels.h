@@ -49,6 +49,9 @@ pa_gemm_sig pa_gemm_bf16_avx512bf16;
 /* the same products on float32 FMAs (kernels/x86/bf16emu.c), where AVX512_BF16 is missing */
 pa_gemm_sig pa_gemm_bf16_avx2;
 pa_gemm_sig pa_gemm_bf16_avx512;
+/* precision "bf16"'s P packer (pa_bf16_pack_fn) on AVX2 / AVX-512 integer vectors (bf16emu.c) */
+void pa_bf16_pack_p_avx2(const float *St, pa_ssize ld, pa_ssize qc, pa_ssize nj2, int mr, uint32_t *Pp);
+void pa_bf16_pack_p_avx512(const float *St, pa_ssize ld, pa_ssize qc, pa_ssize nj2, int mr, uint32_t *Pp);
 double pa_bf16_probe_avx512bf16(long long iters, float *sink);
 /* the FMA peak probe of the avx2 family (kernels/vec/probe_vec.inc), which
  * avx512emu borrows */

@@ -68,6 +68,12 @@ static inline uint32_t bf16_pair(float lo, float hi)
 {
     return (pa_bf16_round(bf16_bits(hi)) & 0xffff0000u) | (pa_bf16_round(bf16_bits(lo)) >> 16);
 }
+/* a stored bfloat16 as pa_f32_to_bf16(pa_load_f32(...)) gives it: itself,
+ * a NaN quieted (integer operations, so loops over it vectorise) */
+static inline uint32_t bf16_keep(uint32_t h)
+{
+    return (h & 0x7fffu) > 0x7f80u ? (h | 0x40u) : h;
+}
 
 /* Keys [j0, j0 + nj) of K and V, rounded to bfloat16, as the pair panels
  * of gemm_bf16: K as A panels of MR keys (pairs along E: rup(BK, MR) x
@@ -80,12 +86,22 @@ void pa_bf16_pack_kv(const pa_family *f, const pa_attn_args *a, pa_ssize j0, pa_
     const pa_ssize E = a->E, Ev = a->Ev;
     const pa_ssize e2 = pa_round_up(E > 0 ? E : 1, 2), evp = pa_round_up(Ev > 0 ? Ev : 1, NR), nj2 = pa_round_up(nj, 2);
     const int kf = a->k_dt == PA_F32 && a->k_cs == 1, vf = a->v_dt == PA_F32 && a->v_cs == 1;
+    const int kb = a->k_dt == PA_BF16 && a->k_cs == 1, vb = a->v_dt == PA_BF16 && a->v_cs == 1;
     for (pa_ssize r0 = 0; r0 < pa_round_up(nj, MR); r0 += MR)
         for (int i = 0; i < MR; i++) {
             const pa_ssize r = r0 + i;
             uint16_t *dst = Kp + r0 * e2 + 2 * i;
             if (r >= nj) {
                 for (pa_ssize q2 = 0; q2 < e2 / 2; q2++) dst[q2 * MR * 2] = dst[q2 * MR * 2 + 1] = 0;
+                continue;
+            }
+            if (kb) {                                /* stored bfloat16: the words as they are */
+                const uint16_t *src = (const uint16_t *)a->k + pa_attn_krow(a, j0 + r);
+                uint32_t *w = (uint32_t *)(Kp + r0 * e2) + i;
+                for (pa_ssize q2 = 0; q2 < E / 2; q2++)
+                    w[q2 * MR] = bf16_keep(src[2 * q2]) | bf16_keep(src[2 * q2 + 1]) << 16;
+                if (E & 1) w[(E / 2) * MR] = bf16_keep(src[E - 1]);
+                if (E == 0) w[0] = 0;                /* the pad pair */
                 continue;
             }
             if (kf) {                                /* a 32-bit word per pair */
@@ -102,6 +118,22 @@ void pa_bf16_pack_kv(const pa_family *f, const pa_attn_args *a, pa_ssize j0, pa_
             }
             for (pa_ssize e = E; e < e2; e++) dst[(e >> 1) * MR * 2 + (e & 1)] = 0;   /* pad: E odd or 0 */
         }
+    if (vb && nj > 0) {                               /* stored bfloat16: the halves as they are */
+        for (pa_ssize q2 = 0; q2 < nj2 / 2; q2++) {
+            const uint16_t *v0 = (const uint16_t *)a->v + pa_attn_vrow(a, j0 + 2 * q2);
+            const uint16_t *v1 = 2 * q2 + 1 < nj ? (const uint16_t *)a->v + pa_attn_vrow(a, j0 + 2 * q2 + 1) : NULL;
+            for (pa_ssize c0 = 0; c0 < evp; c0 += NR) {
+                uint32_t *w = (uint32_t *)(Vp + c0 * nj2) + q2 * NR;
+                const pa_ssize nc = pa_min(NR, pa_max(Ev - c0, 0));
+                if (v1)
+                    for (pa_ssize j = 0; j < nc; j++) w[j] = bf16_keep(v0[c0 + j]) | bf16_keep(v1[c0 + j]) << 16;
+                else
+                    for (pa_ssize j = 0; j < nc; j++) w[j] = bf16_keep(v0[c0 + j]);
+                for (pa_ssize j = nc; j < NR; j++) w[j] = 0;
+            }
+        }
+        return;
+    }
     if (vf && nj > 0) {                               /* a 32-bit word per key pair and column */
         for (pa_ssize q2 = 0; q2 < nj2 / 2; q2++) {
             const float *v0 = (const float *)a->v + pa_attn_vrow(a, j0 + 2 * q2);
@@ -206,6 +238,20 @@ static void bf16_init(const pa_family *f, const pa_attn_args *a, pa_ssize i0, pa
                 for (pa_ssize q2 = 0; q2 < E / 2; q2++) w[q2 * NR] = bf16_pair(src[2 * q2] * qs, src[2 * q2 + 1] * qs);
                 if (E & 1) w[(E / 2) * NR] = pa_bf16_round(bf16_bits(src[E - 1] * qs)) >> 16;
             }
+    } else if (a->q_dt == PA_BF16 && a->q_cs == 1 && E > 0) {   /* the same from stored bfloat16 */
+        for (pa_ssize c0 = 0; c0 < b->qc; c0 += NR)
+            for (int j = 0; j < NR; j++) {
+                const pa_ssize r = c0 + j;
+                uint32_t *w = (uint32_t *)(b->Qp + c0 * b->e2) + j;
+                const uint16_t *src = (const uint16_t *)a->q + (i0 + r) * a->q_rs;
+                if (r >= b->nq) {
+                    for (pa_ssize q2 = 0; q2 < b->e2 / 2; q2++) w[q2 * NR] = 0;
+                    continue;
+                }
+                for (pa_ssize q2 = 0; q2 < E / 2; q2++)
+                    w[q2 * NR] = bf16_pair(pa_bf16_to_f32(src[2 * q2]) * qs, pa_bf16_to_f32(src[2 * q2 + 1]) * qs);
+                if (E & 1) w[(E / 2) * NR] = pa_bf16_round(bf16_bits(pa_bf16_to_f32(src[E - 1]) * qs)) >> 16;
+            }
     } else
     for (pa_ssize c0 = 0; c0 < b->qc; c0 += NR)       /* Q as pair panels */
         for (pa_ssize q2 = 0; q2 < b->e2 / 2; q2++)
@@ -250,12 +296,17 @@ static inline void bf16_round_p_mr(bf16_blk *b, pa_ssize nj2, const int MR)
                 dst[i] = (pa_bf16_round(eb[i]) & 0xffff0000u) | (pa_bf16_round(ea[i]) >> 16);
         }
 }
-/* (the loop above with MR a constant: the rows of a panel as whole vectors) */
-static void bf16_round_p(bf16_blk *b, pa_ssize nj)
+/* (the loop above with MR a constant: the rows of a panel as whole vectors;
+ * the family's vector packer where it has one, the same bits) */
+static void bf16_round_p(const pa_family *f, bf16_blk *b, pa_ssize nj)
 {
     const pa_ssize nj2 = pa_round_up(nj, 2);
     if (nj & 1)
         for (pa_ssize c = 0; c < b->qc; c++) b->St[nj * b->ld + c] = 0;   /* the pad key */
+    if (f->bf16_pack_p) {
+        f->bf16_pack_p(b->St, b->ld, b->qc, nj2, b->g->mr, (uint32_t *)b->Pp);
+        return;
+    }
     switch (b->g->mr) {
     case 4: bf16_round_p_mr(b, nj2, 4); break;
     case 6: bf16_round_p_mr(b, nj2, 6); break;
@@ -293,10 +344,24 @@ static void bf16_tile(const pa_family *f, const pa_attn_args *a, bf16_blk *b, pa
     } else {
         pa_bf16_pack_kv(f, a, j0, nj, b->Kp, b->Vp);
     }
-    for (pa_ssize r0 = 0; r0 < nj; r0 += MR)
-        for (pa_ssize c0 = 0; c0 < b->qc; c0 += NR)
-            g->ukr(e2, Kt + r0 * e2, 1, MR, b->Qp + c0 * e2, NR, b->St + r0 * ld + c0, ld, 1,
-                   (int)pa_min(nj - r0, MR), NR, 0);
+    /* the sub-tile cut of the float32 path (pa_attn_cut): a sub-tile of keys
+     * outside its queries' key ranges gets -inf, as the score rule makes it */
+    const int cut = !pa_attn_tile_inside(a, b->i0, b->i0 + b->nq, j0, j0 + nj) && b->qc / NR <= PA_FLASH_MAXCOLS;
+    pa_ssize lo[PA_FLASH_MAXCOLS], hi[PA_FLASH_MAXCOLS];
+    if (cut) pa_attn_cut(a, b->i0, b->nq, b->qc, NR, lo, hi);
+    if (cut && a->bm.state) pa_bm_cut(&a->bm, b->i0, b->nq, b->qc, NR, j0, nj, lo, hi);
+    for (pa_ssize r0 = 0; r0 < nj; r0 += MR) {
+        const int m = (int)pa_min(nj - r0, MR);
+        for (pa_ssize c0 = 0, u = 0; c0 < b->qc; c0 += NR, u++) {
+            float *St = b->St + r0 * ld + c0;
+            if (cut && pa_attn_cut_out(j0 + r0, j0 + r0 + m, lo[u], hi[u])) {
+                for (int rr = 0; rr < m; rr++)
+                    for (int cc = 0; cc < NR; cc++) St[rr * ld + cc] = -INFINITY;
+                continue;
+            }
+            g->ukr(e2, Kt + r0 * e2, 1, MR, b->Qp + c0 * e2, NR, St, ld, 1, m, NR, 0);
+        }
+    }
     if (!b->fold) {
         const float scale = (float)a->scale;
         for (pa_ssize r = 0; r < nj; r++)
@@ -306,7 +371,7 @@ static void bf16_tile(const pa_family *f, const pa_attn_args *a, bf16_blk *b, pa
     f->tilesm[PA_F32].fn(b->St, nj, b->qc, ld, b->m, b->l, b->alpha);
     flash_rescale_f32(b->nq, b->alpha, b->O, b->evp, a->Ev);
     if (a->dropout_p > 0) flash_dropout_f32(a, b->i0, b->nq, j0, nj, b->St, ld);
-    bf16_round_p(b, nj);
+    bf16_round_p(f, b, nj);
     if (clean) bf16_clean_v(b, nj);
     for (pa_ssize r0 = 0; r0 < b->qc; r0 += MR)
         for (pa_ssize c0 = 0; c0 < b->evp; c0 += NR)

@@ -40,6 +40,7 @@ const pa_family pa_family_avx512 = {
     .gemm_bf16 = {PA_NAMED(pa_gemm_bf16_avx512), 12, 32, PA_GEMM_KC_BF16, 96, 2048},
     .attn_bq = {96, 48},
     .fma_probe = pa_fma_probe_avx512, .fma_lanes = 16,
+    .bf16_pack_p = pa_bf16_pack_p_avx512,
 };
 
 /* where the CPU has AVX512_BF16 (dispatch.c): vdpbf16ps, the same bits */
@@ -49,6 +50,7 @@ const pa_family pa_family_avx512bf16 = {
     .attn_bq = {96, 48},
     .fma_probe = pa_fma_probe_avx512, .fma_lanes = 16,
     .bf16_probe = pa_bf16_probe_avx512bf16,
+    .bf16_pack_p = pa_bf16_pack_p_avx512,
 };
 #undef PA_TILE_gemm_f32
 #undef PA_TILE_gemm_f64

@@ -34,6 +34,7 @@ const pa_family pa_family_avx512emu = {
     .gemm_bf16 = {PA_NAMED(pa_gemm_bf16_avx2), 6, 16, PA_GEMM_KC_BF16, 96, 2048},
     .attn_bq = {96, 48},
     .fma_probe = pa_fma_probe_avx2, .fma_lanes = 8,
+    .bf16_pack_p = pa_bf16_pack_p_avx2,
 };
 #undef PA_TILE_gemm_f32
 #undef PA_TILE_gemm_f64

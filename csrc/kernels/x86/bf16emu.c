@@ -4,7 +4,9 @@
  * FMAs, the same bits as kernels/ref/ref.c's exact emulation, at float32
  * speed. Exports pa_gemm_bf16_avx2 (6 x 16, the avx2 and avx512emu
  * families) and pa_gemm_bf16_avx512 (12 x 32, the avx512 family where the
- * CPU lacks AVX512_BF16).
+ * CPU lacks AVX512_BF16); and the attention's P packer on integer vectors,
+ * pa_bf16_pack_p_avx2 / _avx512 (family.h's bf16_pack_p; also used where
+ * the CPU has AVX512_BF16).
  *
  * Why plain FMAs are exact: a bfloat16 value widens to float32 exactly (its
  * bits << 16), the product of two has at most 16 significant bits, so
@@ -263,6 +265,93 @@ void pa_gemm_bf16_avx512(pa_ssize kc, const void *A_, pa_ssize a_rs, pa_ssize a_
 }
 #undef PA_EMU5_MR
 #undef PA_EMU5_NR
+
+/* ---- precision "bf16"'s P packer (pa_bf16_pack_fn, family.h) ---------------
+ * Two rows of weights (keys 2q and 2q + 1) over the mr queries of a panel,
+ * rounded as pa_bf16_round does (to nearest even; a NaN keeps its high half
+ * with the quiet bit set) into one pair word per query: the even key's
+ * bfloat16 in the low half. Integer vector operations, the same bits as the
+ * portable loop of ops/attn_flash.c, for every family that has AVX2 (its
+ * avx2 and avx512emu families) or AVX-512F (avx512, avx512bf16). */
+__attribute__((target("avx512f")))
+static inline __m512i pa_emu_round16(__m512i u)
+{
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                  _mm512_set1_epi32(0x7f800000));
+    const __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
+                                       _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)));
+    return _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x400000));
+}
+
+__attribute__((target("avx512f")))
+void pa_bf16_pack_p_avx512(const float *St, pa_ssize ld, pa_ssize qc, pa_ssize nj2, int mr, uint32_t *Pp)
+{
+    const uint32_t *S = (const uint32_t *)(const void *)St;
+    const pa_ssize np = nj2 / 2;
+    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+    for (pa_ssize r0 = 0; r0 < qc; r0 += mr)
+        for (int i0 = 0; i0 < mr; i0 += 16) {
+            const int n = mr - i0 < 16 ? mr - i0 : 16;
+            const __mmask16 k = (__mmask16)((1u << n) - 1u);
+            const uint32_t *a = S + r0 + i0;
+            uint32_t *dst = Pp + r0 * np + i0;
+            for (pa_ssize q = 0; q < np; q++) {
+                const __m512i x = pa_emu_round16(_mm512_maskz_loadu_epi32(k, a + 2 * q * ld));
+                const __m512i y = pa_emu_round16(_mm512_maskz_loadu_epi32(k, a + (2 * q + 1) * ld));
+                _mm512_mask_storeu_epi32(dst + q * mr, k, _mm512_or_si512(_mm512_and_si512(y, hi),
+                                                                          _mm512_srli_epi32(x, 16)));
+            }
+        }
+}
+
+__attribute__((target("avx2")))
+static inline __m256i pa_emu_round8(__m256i u)
+{
+    /* |u| and the infinity are below 2^31: the signed compare is the unsigned one */
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                           _mm256_set1_epi32(0x7f800000));
+    const __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)),
+                                       _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)));
+    return _mm256_blendv_epi8(r, _mm256_or_si256(u, _mm256_set1_epi32(0x400000)), nan);
+}
+
+__attribute__((target("avx2")))
+void pa_bf16_pack_p_avx2(const float *St, pa_ssize ld, pa_ssize qc, pa_ssize nj2, int mr, uint32_t *Pp)
+{
+    const uint32_t *S = (const uint32_t *)(const void *)St;
+    const pa_ssize np = nj2 / 2;
+    const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (pa_ssize r0 = 0; r0 < qc; r0 += mr)
+        for (int i0 = 0; i0 < mr; i0 += 8) {
+            const int n = mr - i0 < 8 ? mr - i0 : 8;
+            const __m256i k = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lane);   /* lanes < n */
+            const uint32_t *a = S + r0 + i0;
+            uint32_t *dst = Pp + r0 * np + i0;
+            for (pa_ssize q = 0; q < np; q++) {
+                const __m256i x = pa_emu_round8(_mm256_maskload_epi32((const int *)(a + 2 * q * ld), k));
+                const __m256i y = pa_emu_round8(_mm256_maskload_epi32((const int *)(a + (2 * q + 1) * ld), k));
+                const __m256i w = _mm256_or_si256(_mm256_and_si256(y, hi), _mm256_srli_epi32(x, 16));
+                uint32_t *d = dst + q * mr;
+                if (n == 8) {
+                    _mm256_storeu_si256((__m256i *)d, w);
+                    continue;
+                }
+                /* a partial store as plain stores (a masked store is slow on AMD cores) */
+                __m128i v = _mm256_castsi256_si128(w);
+                int left = n;
+                if (left >= 4) {
+                    _mm_storeu_si128((__m128i *)d, v);
+                    v = _mm256_extracti128_si256(w, 1), d += 4, left -= 4;
+                }
+                if (left >= 2) {
+                    _mm_storel_epi64((__m128i *)d, v);
+                    v = _mm_srli_si128(v, 8), d += 2, left -= 2;
+                }
+                if (left) *d = (uint32_t)_mm_cvtsi128_si32(v);
+            }
+        }
+}
 #undef PA_MXCSR_DE
 #undef PA_MXCSR_UE
 #endif
