@@ -101,7 +101,7 @@ def _bf16_how(kernel):
 _BF16_COST = {
     "pa_gemm_bf16_avx512": "measured 1.18-1.2x the float32 time (attention L=S=2048) and 1.25-1.35x "
                            "(matmul 2048^3) on a Zen 5",
-    "pa_gemm_bf16_avx2": "measured 1.12-1.15x the float32 time (attention L=S=2048) and 1.1-1.2x "
+    "pa_gemm_bf16_avx2": "measured 1.11-1.15x the float32 time (attention L=S=2048) and 1.1-1.3x "
                          "(matmul 2048^3) with the avx2 family on a Zen 5",
 }
 
