@@ -20,7 +20,7 @@ from pyattn import _C
 
 REQUESTED = os.environ.get("PYATTN_ISA", "").strip().lower()
 AVX512 = pyattn._ISA_CODES.get("avx512", -1)
-SHAPES = list(_C._ukr_info()["shapes"])
+SHAPES = list(_C._ukr_info()["shapes"])   # empty in a build without the x86 families (aarch64)
 
 
 def _restore():
@@ -65,11 +65,13 @@ def shape_of():
 def test_classification_of_probe_figures(r512, r256, cls):
     got = _C._ukr_classify(r512, r256)
     assert got[0] == cls
-    assert got[1] in SHAPES
+    assert got[1] in SHAPES if SHAPES else got[1] == ""     # no avx512 family: no shape
     assert _C._ukr_classify(r512, r256) == got          # deterministic
 
 
 def test_every_class_runs_12x32():
+    if not SHAPES:
+        pytest.skip("this build has no avx512 family")
     # the choice, made explicit: one shape serves both classes (csrc/README.md)
     for fig in ((272e9, 136e9), (136e9, 136e9), (0.0, 0.0)):
         assert _C._ukr_classify(*fig)[1] == "12x32"
@@ -79,8 +81,12 @@ def test_info_says_what_runs_and_why():
     info = _C._ukr_info()
     assert set(info) == {"shape", "kernel", "mr", "nr", "forced", "probed", "rate512", "rate256",
                          "class", "shapes"}
-    assert info["class"] in ("full", "half", "unknown") and info["shape"] in SHAPES
-    assert f"{info['mr']}x{info['nr']}" == info["shape"]
+    assert info["class"] in ("full", "half", "unknown")
+    if SHAPES:
+        assert info["shape"] in SHAPES
+        assert f"{info['mr']}x{info['nr']}" == info["shape"]
+    else:                                  # no avx512 family in this build: nothing to choose
+        assert info["shape"] == "" and not info["forced"]
     if _C.config()["isa_machine"] == "avx512":
         assert info["probed"] and info["rate512"] > 0 and info["rate256"] > 0
         assert info["class"] == _C._ukr_classify(info["rate512"], info["rate256"])[0]
