@@ -186,6 +186,12 @@ static size_t flash_bf16_ws(const pa_family *f, pa_ssize E, pa_ssize Ev)
     return (size_t)pa_round_up((pa_ssize)(u16 * sizeof(uint16_t)), 64) + f32 * sizeof(float);
 }
 
+/* element e of a query row: float32, or bfloat16 (stored as uint16) widened */
+static inline float q_elem(const void *row, int bf, pa_ssize e)
+{
+    return bf ? pa_bf16_to_f32(((const uint16_t *)row)[e]) : ((const float *)row)[e];
+}
+
 /* One query block of the bfloat16 path and its workspace. */
 typedef struct {
     const pa_gemm_kernel *g;
@@ -225,32 +231,23 @@ static void bf16_init(const pa_family *f, const pa_attn_args *a, pa_ssize i0, pa
     int sexp;
     b->fold = frexp(a->scale, &sexp) == 0.5;
     const float qs = b->fold ? (float)a->scale : 1.0f;
-    if (a->q_dt == PA_F32 && a->q_cs == 1 && E > 0) {  /* Q as pair panels, a 32-bit word per pair */
+    if ((a->q_dt == PA_F32 || a->q_dt == PA_BF16) && a->q_cs == 1 && E > 0) {
+        /* Q as pair panels, a 32-bit word per pair, from float32 or stored bfloat16 rows */
+        const int bf = a->q_dt == PA_BF16;
         for (pa_ssize c0 = 0; c0 < b->qc; c0 += NR)
             for (int j = 0; j < NR; j++) {
                 const pa_ssize r = c0 + j;
                 uint32_t *w = (uint32_t *)(b->Qp + c0 * b->e2) + j;
-                const float *src = (const float *)a->q + (i0 + r) * a->q_rs;
                 if (r >= b->nq) {
                     for (pa_ssize q2 = 0; q2 < b->e2 / 2; q2++) w[q2 * NR] = 0;
                     continue;
                 }
-                for (pa_ssize q2 = 0; q2 < E / 2; q2++) w[q2 * NR] = bf16_pair(src[2 * q2] * qs, src[2 * q2 + 1] * qs);
-                if (E & 1) w[(E / 2) * NR] = pa_bf16_round(bf16_bits(src[E - 1] * qs)) >> 16;
-            }
-    } else if (a->q_dt == PA_BF16 && a->q_cs == 1 && E > 0) {   /* the same from stored bfloat16 */
-        for (pa_ssize c0 = 0; c0 < b->qc; c0 += NR)
-            for (int j = 0; j < NR; j++) {
-                const pa_ssize r = c0 + j;
-                uint32_t *w = (uint32_t *)(b->Qp + c0 * b->e2) + j;
-                const uint16_t *src = (const uint16_t *)a->q + (i0 + r) * a->q_rs;
-                if (r >= b->nq) {
-                    for (pa_ssize q2 = 0; q2 < b->e2 / 2; q2++) w[q2 * NR] = 0;
-                    continue;
-                }
+                const pa_ssize off = (i0 + r) * a->q_rs;
+                const void *src = bf ? (const void *)((const uint16_t *)a->q + off)
+                                     : (const void *)((const float *)a->q + off);
                 for (pa_ssize q2 = 0; q2 < E / 2; q2++)
-                    w[q2 * NR] = bf16_pair(pa_bf16_to_f32(src[2 * q2]) * qs, pa_bf16_to_f32(src[2 * q2 + 1]) * qs);
-                if (E & 1) w[(E / 2) * NR] = pa_bf16_round(bf16_bits(pa_bf16_to_f32(src[E - 1]) * qs)) >> 16;
+                    w[q2 * NR] = bf16_pair(q_elem(src, bf, 2 * q2) * qs, q_elem(src, bf, 2 * q2 + 1) * qs);
+                if (E & 1) w[(E / 2) * NR] = pa_bf16_round(bf16_bits(q_elem(src, bf, E - 1) * qs)) >> 16;
             }
     } else
     for (pa_ssize c0 = 0; c0 < b->qc; c0 += NR)       /* Q as pair panels */
