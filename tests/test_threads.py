@@ -211,6 +211,19 @@ def test_select_isa_while_calls_run_leaves_each_call_its_family(rng):
         assert any(np.array_equal(m, w[1]) for w in want.values())
 
 
+def _at_threads(counts, f):
+    """[f() at each thread count], the pool's size restored after"""
+    before = pyattn.get_num_threads()
+    try:
+        outs = []
+        for t in counts:
+            pyattn.set_num_threads(t)
+            outs.append(f())
+    finally:
+        pyattn.set_num_threads(before)
+    return outs
+
+
 def _run(code, **env):
     # run outside the source tree, so the installed pyattn is the one imported
     e = dict(os.environ, **env)
@@ -287,14 +300,7 @@ def test_matmul_wider_than_one_column_block(dtype, N):
     rng = np.random.default_rng(N)
     a = rng.standard_normal((130, 300)).astype(dtype)
     b = rng.standard_normal((300, N)).astype(dtype)
-    before = pyattn.get_num_threads()
-    try:
-        outs = []
-        for t in (1, 2):
-            pyattn.set_num_threads(t)
-            outs.append(pyattn.matmul(a, b))
-    finally:
-        pyattn.set_num_threads(before)
+    outs = _at_threads((1, 2), lambda: pyattn.matmul(a, b))
     assert np.array_equal(outs[0], outs[1])
     # each column computed alone gives the same bits (a column's arithmetic
     # does not depend on the block it falls in)
@@ -323,14 +329,7 @@ def test_matmul_row_and_column_splits(M, K, N, kind):
             return _C.matmul(x, y, None, bb)
         return pyattn.matmul(x, y, precision=prec)
 
-    before = pyattn.get_num_threads()
-    try:
-        outs = []
-        for t in (1, 2, 3, 5, 16, 24):
-            pyattn.set_num_threads(t)
-            outs.append(mm(a, b))
-    finally:
-        pyattn.set_num_threads(before)
+    outs = _at_threads((1, 2, 3, 5, 16, 24), lambda: mm(a, b))
     for o in outs[1:]:
         assert np.array_equal(o, outs[0])
     for i in (0, M // 2, M - 1):
@@ -354,14 +353,7 @@ def test_matmul_shared_b_steps_across_batch_and_column_blocks(dtype, N, bias):
     def mm(x, y):
         return _C.matmul(x, y, None, bb) if bias else pyattn.matmul(x, y)
 
-    before = pyattn.get_num_threads()
-    try:
-        outs = []
-        for t in (1, 2, 3):
-            pyattn.set_num_threads(t)
-            outs.append(mm(a, b))
-    finally:
-        pyattn.set_num_threads(before)
+    outs = _at_threads((1, 2, 3), lambda: mm(a, b))
     for o in outs[1:]:
         assert np.array_equal(o, outs[0])
     for i in range(2):
@@ -375,15 +367,8 @@ def test_forward_short_blocks_last_keep_the_bits(L, dtype):
     rng = np.random.default_rng(L)
     q, k, v = (rng.standard_normal((2, 3, L, 32)).astype(dtype) for _ in range(3))
     m = rng.random((L, L)) > 0.3
-    before = pyattn.get_num_threads()
-    try:
-        outs = []
-        for t in (1, 2, 3):
-            pyattn.set_num_threads(t)
-            outs.append([pyattn.scaled_dot_product_attention(q, k, v),
-                         pyattn.scaled_dot_product_attention(q, k, v, m, return_lse=True)[1]])
-    finally:
-        pyattn.set_num_threads(before)
+    outs = _at_threads((1, 2, 3), lambda: [pyattn.scaled_dot_product_attention(q, k, v),
+                                           pyattn.scaled_dot_product_attention(q, k, v, m, return_lse=True)[1]])
     for o in outs[1:]:
         for x, y in zip(o, outs[0]):
             assert np.array_equal(x, y)
