@@ -57,6 +57,8 @@ typedef struct {
     const pa_attn_grads *g;
     pa_ssize ninner;
     void **ws;
+    size_t wsb;                 /* bytes of each ws[tid], zeroed by its thread's first task (wsz[tid]) */
+    unsigned char wsz[PA_MAX_THREADS];
     pa_ssize nsplit;            /* key chunks per head (1: no split) */
     pa_ssize cut[PA_BWD_SPLIT_TASKS + 1];   /* chunk c: keys [cut[c], cut[c + 1]) */
     char *part;                 /* dQ partials of chunks 1..nsplit-1: (c - 1, il, outer) -> (L, E) */
@@ -167,7 +169,11 @@ static void bwd_pack_task(void *ctx_, pa_ssize task, int tid)
  * (split: the pass's query heads, ig0 .. ig0 + ng - 1) */
 static void bwd_task(void *ctx_, pa_ssize task, int tid)
 {
-    const bwd_ctx *c = (const bwd_ctx *)ctx_;
+    bwd_ctx *c = (bwd_ctx *)ctx_;
+    if (!c->wsz[tid]) {                     /* this thread's workspace, zeroed on this thread */
+        memset(c->ws[tid], 0, c->wsb);
+        c->wsz[tid] = 1;
+    }
     const pa_ssize outer = task / c->nsplit, ch = task % c->nsplit;
     const pa_ssize es = (pa_ssize)pa_elsize(c->call->dtype);
     pa_stop_flag *const stop = pa_stop_get();
@@ -407,9 +413,10 @@ int pa_attention_backward(const pa_family *fam, const pa_attn_call *call, const 
     for (int i = 0; i < nt; i++) {
         wsv[i] = pa_alloc64(wsb);
         ok &= wsv[i] != NULL;
-        if (wsv[i]) memset(wsv[i], 0, wsb);
     }
     c.ws = wsv;
+    c.wsb = wsb;
+    memset(c.wsz, 0, sizeof c.wsz);
     if (ok && c.nsplit == 1) pa_parallel_for(ntasks, bwd_task, &c, nt);
     /* key-split: a pass per group of query heads of the key/value heads
      * (their dK, dV sums run over the query heads in order), each in three
