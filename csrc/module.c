@@ -1081,6 +1081,14 @@ static PyArrayObject *new_zeros_of(int nd, const pa_ssize *shape, int dtype, con
     return (PyArrayObject *)t;
 }
 
+/* A dense backward's gradient: left unzeroed, pa_attention_backward's
+ * tasks zero it (g.zero) on every thread, not here on one with the GIL
+ * held; a varlen call's: zeros (new_zeros_of) */
+static PyArrayObject *new_grad_of(int nd, const pa_ssize *shape, int dtype, const char *what, int rows_first)
+{
+    return rows_first ? new_zeros_of(nd, shape, dtype, what, 1) : new_array(nd, shape, dtype, what);
+}
+
 static void zero_all(PyArrayObject *a, PyArrayObject *b, PyArrayObject *c, PyArrayObject *d)
 {
     PyArrayObject *arrs[4] = {a, b, c, d};
@@ -1180,12 +1188,12 @@ static PyObject *py_sdpa_backward(PyObject *self, PyObject *args, PyObject *kw)
     for (int d = 0; d < nb; d++)
         if (reduce[d]) kshape[d] = 1;
     const int tm = c.cu_seqlens_q != NULL;      /* varlen: token-major gradients */
-    dq = new_zeros_of(nd, qkv[0].shape, cd, "query gradient", tm);
+    dq = new_grad_of(nd, qkv[0].shape, cd, "query gradient", tm);
     if (!dq) goto fail;
-    dk = new_zeros_of(nd, kshape, cd, "key gradient", tm);
+    dk = new_grad_of(nd, kshape, cd, "key gradient", tm);
     if (!dk) goto fail;
     kshape[nd - 1] = c.Ev;
-    dv = new_zeros_of(nd, kshape, cd, "value gradient", tm);
+    dv = new_grad_of(nd, kshape, cd, "value gradient", tm);
     if (!dv) goto fail;
     if (c.sinks) {
         const pa_ssize n = c.bt.count;
@@ -1202,6 +1210,7 @@ static PyObject *py_sdpa_backward(PyObject *self, PyObject *args, PyObject *kw)
     operand_of(&dvv, nb, &g.dv);
     g.reduce = reduce;
     g.dsinks = ds ? (double *)PyArray_DATA(ds) : NULL;
+    g.zero = !tm;
     int rc, nt = call_threads(req_threads);
     const pa_family *fam = family;
     /* the gradients are accumulated: a rerun starts from zeros again */

@@ -57,6 +57,8 @@ typedef struct {
     const pa_attn_grads *g;
     pa_ssize ninner;
     void **ws;
+    size_t wsb;                 /* bytes of each ws[tid], zeroed by its thread's first task (wsz[tid]) */
+    unsigned char wsz[PA_MAX_THREADS];
     pa_ssize nsplit;            /* key chunks per head (1: no split) */
     pa_ssize cut[PA_BWD_SPLIT_TASKS + 1];   /* chunk c: keys [cut[c], cut[c + 1]) */
     char *part;                 /* dQ partials of chunks 1..nsplit-1: (c - 1, il, outer) -> (L, E) */
@@ -116,6 +118,28 @@ static void bwd_io_of(const bwd_ctx *c, pa_ssize b, pa_ssize outer, pa_ssize il,
     io->dsink = g->dsinks && ch == 0 ? g->dsinks + b : NULL;
 }
 
+/* g->zero: rows [r0, r1) of operand o (ncols columns) at flat batch index
+ * b set to +0 -- a task zeroes the gradient rows it alone adds into, just
+ * before it does, so the zeroing (and the first touch of fresh pages) runs
+ * on every thread and leaves the rows in cache */
+static void bwd_zero_rows(const pa_attn_call *k, const pa_operand *o, pa_ssize b, pa_ssize r0, pa_ssize r1,
+                          pa_ssize ncols)
+{
+    if (r0 >= r1 || ncols <= 0) return;
+    const size_t es = pa_elsize(k->dtype);
+    char *p = at(k, o, b);
+    if (o->cs == 1 && o->rs == ncols) {
+        memset(p + (size_t)(r0 * o->rs) * es, 0, (size_t)((r1 - r0) * ncols) * es);
+        return;
+    }
+    for (pa_ssize i = r0; i < r1; i++)
+        for (pa_ssize e = 0; e < ncols; e++) {
+            char *x = p + (size_t)(i * o->rs + e * o->cs) * es;
+            if (k->dtype == PA_F32) *(float *)x = 0;
+            else *(double *)x = 0;
+        }
+}
+
 /* a key-split pass, step 1: the packed query side of (outer, ig0 + il),
  * shared by its chunks, in slices of PA_BWD_PACK_BLKS query blocks (one
  * head packs on every thread); task = (il * nouter + outer) * nslab + slice */
@@ -145,13 +169,24 @@ static void bwd_pack_task(void *ctx_, pa_ssize task, int tid)
  * (split: the pass's query heads, ig0 .. ig0 + ng - 1) */
 static void bwd_task(void *ctx_, pa_ssize task, int tid)
 {
-    const bwd_ctx *c = (const bwd_ctx *)ctx_;
+    bwd_ctx *c = (bwd_ctx *)ctx_;
+    if (!c->wsz[tid]) {                     /* this thread's workspace, zeroed on this thread */
+        memset(c->ws[tid], 0, c->wsb);
+        c->wsz[tid] = 1;
+    }
     const pa_ssize outer = task / c->nsplit, ch = task % c->nsplit;
     const pa_ssize es = (pa_ssize)pa_elsize(c->call->dtype);
     pa_stop_flag *const stop = pa_stop_get();
+    if (c->g->zero && (!c->qs || c->ig0 == 0)) {   /* this chunk's dK, dV rows (shared by the heads of outer) */
+        const pa_ssize b0 = flat_index(c, outer, 0);
+        bwd_zero_rows(c->call, &c->g->dk, b0, c->cut[ch], c->cut[ch + 1], c->call->E);
+        bwd_zero_rows(c->call, &c->g->dv, b0, c->cut[ch], c->cut[ch + 1], c->call->Ev);
+    }
     for (pa_ssize inner = c->qs ? c->ig0 : 0; inner < (c->qs ? c->ig0 + c->ng : c->ninner); inner++) {
         if (pa_stopping(stop)) return;
         const pa_ssize b = flat_index(c, outer, inner), il = inner - c->ig0;
+        if (c->g->zero && ch == 0)          /* dq of b: chunk 0 adds into it first (the partials after) */
+            bwd_zero_rows(c->call, &c->g->dq, b, 0, c->call->L, c->call->E);
         pa_attn_args a;
         pa_attn_setup(&a, c->fam, c->call, b);
         a.key_begin = c->cut[ch];
@@ -323,7 +358,16 @@ int pa_attention_backward(const pa_family *fam, const pa_attn_call *call, const 
     const pa_batch *bt = &call->bt;
     if (g->dsinks)
         for (pa_ssize b = 0; b < bt->count; b++) g->dsinks[b] = 0;
-    if (bt->count == 0 || call->L == 0 || call->S == 0) return 0;
+    if (bt->count == 0) return 0;
+    if (call->L == 0 || call->S == 0) {
+        if (g->zero)                        /* nothing to add: the gradients are zeros */
+            for (pa_ssize b = 0; b < bt->count; b++) {
+                bwd_zero_rows(call, &g->dq, b, 0, call->L, call->E);
+                bwd_zero_rows(call, &g->dk, b, 0, call->S, call->E);
+                bwd_zero_rows(call, &g->dv, b, 0, call->S, call->Ev);
+            }
+        return 0;
+    }
     bwd_ctx c;
     c.fam = fam; c.call = call; c.g = g;
     c.ninner = 1;
@@ -369,9 +413,10 @@ int pa_attention_backward(const pa_family *fam, const pa_attn_call *call, const 
     for (int i = 0; i < nt; i++) {
         wsv[i] = pa_alloc64(wsb);
         ok &= wsv[i] != NULL;
-        if (wsv[i]) memset(wsv[i], 0, wsb);
     }
     c.ws = wsv;
+    c.wsb = wsb;
+    memset(c.wsz, 0, sizeof c.wsz);
     if (ok && c.nsplit == 1) pa_parallel_for(ntasks, bwd_task, &c, nt);
     /* key-split: a pass per group of query heads of the key/value heads
      * (their dK, dV sums run over the query heads in order), each in three

@@ -186,6 +186,7 @@ typedef struct {
     pa_operand go, dq, dk, dv;
     const int *reduce;
     double *dsinks;
+    int zero;           /* 1: dq, dk, dv are not zeroed yet: pa_attention_backward's tasks zero them (in parallel) */
 } pa_attn_grads;
 
 /* The attention backward (attn_backward.c) of call c (16-bit storage
