@@ -99,9 +99,9 @@ def _bf16_how(kernel):
 # interleaved runs on a shared machine: matmul 2048^3 and attention B1 H8
 # L=S=2048 E=64 / 128, causal or not)
 _BF16_COST = {
-    "pa_gemm_bf16_avx512": "measured 1.18-1.2x the float32 time (attention L=S=2048) and 1.25-1.35x "
+    "pa_gemm_bf16_avx512": "measured 1.2-1.35x the float32 time (attention L=S=2048) and 1.05x "
                            "(matmul 2048^3) on a Zen 5",
-    "pa_gemm_bf16_avx2": "measured 1.11-1.15x the float32 time (attention L=S=2048) and 1.1-1.3x "
+    "pa_gemm_bf16_avx2": "measured 1.1-1.25x the float32 time (attention L=S=2048) and 1.13-1.2x "
                          "(matmul 2048^3) with the avx2 family on a Zen 5",
 }
 

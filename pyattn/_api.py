@@ -44,7 +44,7 @@ def matmul(a, b, /, *, out=None, precision=None):
         products are exact and summed in float32 -- on AVX512_BF16's
         ``vdpbf16ps`` where the CPU has it, elsewhere by its exact emulation
         (the same bits): on float32 FMAs in the avx2, avx512 and neon
-        families (measured on a Zen 5 at 1.1-1.35x the float32 time for
+        families (measured on a Zen 5 at 1.05-1.35x the float32 time for
         matmul 2048^3 and attention L=S=2048; NEON not timed on an ARM CPU
         yet), in scalar C in the portable family (much slower);
         ``show_config()`` names the kernel and says native or emulated.

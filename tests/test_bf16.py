@@ -77,6 +77,34 @@ def test_matmul_bf16_bit_identical_across_threads(rng):
     assert all(np.array_equal(res[0], r) for r in res[1:])
 
 
+def test_matmul_bf16_float32_packing_is_the_16bit_one(rng):
+    """float32 operands are rounded to bfloat16 as they are packed (a
+    branch-free loop for whole panels, the element loop at the edges): the
+    same words as bfloat16 operands rounded beforehand by pa_bf16_round's
+    rule -- ties, NaN payloads (the quiet bit set), odd K, transposed views,
+    whole and partial panels."""
+    ml = pytest.importorskip("ml_dtypes", reason="ml_dtypes (bfloat16 arrays) is not installed")
+
+    def rounded(x):
+        u = x.view(np.uint32).astype(np.uint64)
+        nan = (u & 0x7FFFFFFF) > 0x7F800000
+        r = np.where(nan, u | 0x400000, u + 0x7FFF + ((u >> 16) & 1)) >> 16
+        return r.astype(np.uint16).view(ml.bfloat16)
+
+    for M, K, N in ((13, 7, 37), (30, 515, 70)):
+        a = rng.standard_normal((M, K)).astype(np.float32)
+        b = rng.standard_normal((K, N)).astype(np.float32)
+        a.view(np.uint32)[:, ::3] = (a.view(np.uint32)[:, ::3] & 0xFFFF0000) | 0x8000    # ties
+        a.view(np.uint32)[2, 1] = 0x7F800001            # a signalling NaN: its payload, quieted
+        b.view(np.uint32)[K - 1, 5] = 0xFFC12345        # a quiet NaN with low payload bits
+        for x, y in ((a, b), (a[::-1], np.asfortranarray(b)), (np.asfortranarray(a), b[:, ::-1])):
+            with np.errstate(all="ignore"):
+                got = pyattn.matmul(x, y, precision="bf16")
+                want = pyattn.matmul(rounded(np.ascontiguousarray(x)), rounded(np.ascontiguousarray(y)),
+                                     precision="bf16")
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (M, K, N)
+
+
 def test_precision_errors():
     a = np.ones((2, 3), np.float32)
     with pytest.raises(ValueError, match="precision"):

@@ -75,6 +75,37 @@ static inline uint32_t bf16_keep(uint32_t h)
     return (h & 0x7fffu) > 0x7f80u ? (h | 0x40u) : h;
 }
 
+/* The float32 bits of element i of a value row stored in float32, or in
+ * bfloat16 (bf: its bits << 16, the widening; pa_bf16_round of those gives
+ * the stored bits back, a NaN quieted -- what bf16_keep gives) */
+static inline uint32_t v_bits(const void *v, int bf, pa_ssize i)
+{
+    return bf ? (uint32_t)((const uint16_t *)v)[i] << 16 : bf16_bits(((const float *)v)[i]);
+}
+
+/* V's unit-stride rows [j0, j0 + nj) stored in float32 or bfloat16 (bf) as
+ * B pair panels: a 32-bit word per key pair and column */
+static inline __attribute__((always_inline)) void bf16_pack_v_rows(const pa_attn_args *a, pa_ssize j0, pa_ssize nj,
+                                                                   int NR, pa_ssize evp, const int bf, uint16_t *Vp)
+{
+    const pa_ssize Ev = a->Ev, nj2 = pa_round_up(nj, 2);
+    for (pa_ssize q2 = 0; q2 < nj2 / 2; q2++) {
+        const pa_ssize o0 = pa_attn_vrow(a, j0 + 2 * q2);
+        const pa_ssize o1 = 2 * q2 + 1 < nj ? pa_attn_vrow(a, j0 + 2 * q2 + 1) : -1;
+        for (pa_ssize c0 = 0; c0 < evp; c0 += NR) {
+            uint32_t *w = (uint32_t *)(Vp + c0 * nj2) + q2 * NR;
+            const pa_ssize nc = pa_min(NR, pa_max(Ev - c0, 0));
+            if (o1 >= 0)
+                for (pa_ssize j = 0; j < nc; j++)
+                    w[j] = (pa_bf16_round(v_bits(a->v, bf, o1 + c0 + j)) & 0xffff0000u) |
+                           (pa_bf16_round(v_bits(a->v, bf, o0 + c0 + j)) >> 16);
+            else
+                for (pa_ssize j = 0; j < nc; j++) w[j] = pa_bf16_round(v_bits(a->v, bf, o0 + c0 + j)) >> 16;
+            for (pa_ssize j = nc; j < NR; j++) w[j] = 0;
+        }
+    }
+}
+
 /* Keys [j0, j0 + nj) of K and V, rounded to bfloat16, as the pair panels
  * of gemm_bf16: K as A panels of MR keys (pairs along E: rup(BK, MR) x
  * rup(E, 2) elements), V as B panels of NR columns (pairs along the keys:
@@ -118,36 +149,12 @@ void pa_bf16_pack_kv(const pa_family *f, const pa_attn_args *a, pa_ssize j0, pa_
             }
             for (pa_ssize e = E; e < e2; e++) dst[(e >> 1) * MR * 2 + (e & 1)] = 0;   /* pad: E odd or 0 */
         }
-    if (vb && nj > 0) {                               /* stored bfloat16: the halves as they are */
-        for (pa_ssize q2 = 0; q2 < nj2 / 2; q2++) {
-            const uint16_t *v0 = (const uint16_t *)a->v + pa_attn_vrow(a, j0 + 2 * q2);
-            const uint16_t *v1 = 2 * q2 + 1 < nj ? (const uint16_t *)a->v + pa_attn_vrow(a, j0 + 2 * q2 + 1) : NULL;
-            for (pa_ssize c0 = 0; c0 < evp; c0 += NR) {
-                uint32_t *w = (uint32_t *)(Vp + c0 * nj2) + q2 * NR;
-                const pa_ssize nc = pa_min(NR, pa_max(Ev - c0, 0));
-                if (v1)
-                    for (pa_ssize j = 0; j < nc; j++) w[j] = bf16_keep(v0[c0 + j]) | bf16_keep(v1[c0 + j]) << 16;
-                else
-                    for (pa_ssize j = 0; j < nc; j++) w[j] = bf16_keep(v0[c0 + j]);
-                for (pa_ssize j = nc; j < NR; j++) w[j] = 0;
-            }
-        }
+    if (vb && nj > 0) {                              /* stored bfloat16 (bf a constant: two copies, */
+        bf16_pack_v_rows(a, j0, nj, NR, evp, 1, Vp);  /* no per-element select) */
         return;
     }
-    if (vf && nj > 0) {                               /* a 32-bit word per key pair and column */
-        for (pa_ssize q2 = 0; q2 < nj2 / 2; q2++) {
-            const float *v0 = (const float *)a->v + pa_attn_vrow(a, j0 + 2 * q2);
-            const float *v1 = 2 * q2 + 1 < nj ? (const float *)a->v + pa_attn_vrow(a, j0 + 2 * q2 + 1) : NULL;
-            for (pa_ssize c0 = 0; c0 < evp; c0 += NR) {
-                uint32_t *w = (uint32_t *)(Vp + c0 * nj2) + q2 * NR;
-                const pa_ssize nc = pa_min(NR, pa_max(Ev - c0, 0));
-                if (v1)
-                    for (pa_ssize j = 0; j < nc; j++) w[j] = bf16_pair(v0[c0 + j], v1[c0 + j]);
-                else
-                    for (pa_ssize j = 0; j < nc; j++) w[j] = pa_bf16_round(bf16_bits(v0[c0 + j])) >> 16;
-                for (pa_ssize j = nc; j < NR; j++) w[j] = 0;
-            }
-        }
+    if (vf && nj > 0) {
+        bf16_pack_v_rows(a, j0, nj, NR, evp, 0, Vp);
         return;
     }
     for (pa_ssize q2 = 0; q2 < nj2 / 2; q2++)

@@ -76,12 +76,34 @@ static void pack_b_w16(const void *B, pa_ssize rs, pa_ssize cs, pa_ssize kc, pa_
 /* Packing for bfloat16 products (precision "bf16"): pair panels
  * (family.h, gemm_bf16), each element rounded to bfloat16 (nearest even) as
  * it is copied; K is padded to even with zeros. */
+/* One pair word from two float32 elements: x (even K index) in the low
+ * half, y in the high half, each rounded by pa_bf16_round (branch-free
+ * selects: the loops below vectorise). */
+static inline uint32_t pair_word(const float *x, const float *y)
+{
+    uint32_t u, v;
+    memcpy(&u, x, sizeof u);
+    memcpy(&v, y, sizeof v);
+    return (pa_bf16_round(u) >> 16) | (pa_bf16_round(v) & 0xffff0000u);
+}
+
 static void pack_a_pairs(const void *A, pa_ssize rs, pa_ssize cs, pa_ssize mc, pa_ssize kc, int MR,
                          uint16_t *dst, int sd)
 {
     const pa_ssize nq = (kc + 1) / 2;
     for (pa_ssize i0 = 0; i0 < mc; i0 += MR) {
         const pa_ssize m = pa_min(mc - i0, MR);
+        if (sd == PA_F32 && m == MR) {            /* float32, a whole panel: the same words, branch-free */
+            const float *a = (const float *)A + i0 * rs;
+            uint32_t *w = (uint32_t *)(void *)dst;
+            const pa_ssize nf = kc / 2;          /* pairs with both elements */
+            for (pa_ssize q = 0; q < nf; q++)
+                for (int i = 0; i < MR; i++) w[q * MR + i] = pair_word(a + i * rs + 2 * q * cs, a + i * rs + (2 * q + 1) * cs);
+            if (nf < nq)
+                for (int i = 0; i < MR; i++) w[nf * MR + i] = pa_bf16_round(((const uint32_t *)(const void *)a)[i * rs + 2 * nf * cs]) >> 16;
+            dst += nq * MR * 2;
+            continue;
+        }
         for (pa_ssize q = 0; q < nq; q++)
             for (int i = 0; i < MR; i++)
                 for (int t = 0; t < 2; t++) {
@@ -91,12 +113,55 @@ static void pack_a_pairs(const void *A, pa_ssize rs, pa_ssize cs, pa_ssize mc, p
     }
 }
 
+/* Whole pair panels of C columns (C a constant where it is called) from
+ * unit-stride float32 rows: blocks of 8 pairs (16 rows), panel by panel, as
+ * pack_b_rows_ walks float32 rows -- reads walk 16 rows in step, writes
+ * fill 8 pair rows of a panel at a time (both stay on few pages; the
+ * panel-at-a-time walk down all kc rows missed the cache and the TLB). */
+static inline __attribute__((always_inline)) void pack_b_pair_rows(const float *B, pa_ssize rs, pa_ssize kc,
+                                                                   pa_ssize npan, const int C, uint32_t *dst)
+{
+    const pa_ssize nq = (kc + 1) / 2, nf = kc / 2;
+    for (pa_ssize q0 = 0; q0 < nq; q0 += 8) {
+        const pa_ssize qn = pa_min(nf - q0, 8);          /* whole pairs of this block (may be < 0: none) */
+        for (pa_ssize c = 0; c < npan; c++) {
+            uint32_t *d = dst + (c * nq + q0) * C;
+            const float *src = B + 2 * q0 * rs + c * C;
+            for (pa_ssize q = 0; q < qn; q++)
+                for (int j = 0; j < C; j++) d[q * C + j] = pair_word(src + 2 * q * rs + j, src + (2 * q + 1) * rs + j);
+            if (q0 + 8 >= nq && nf < nq)                  /* K odd: the last pair holds one element */
+                for (int j = 0; j < C; j++)
+                    d[(nf - q0) * C + j] = pa_bf16_round(((const uint32_t *)(const void *)src)[2 * (nf - q0) * rs + j]) >> 16;
+        }
+    }
+}
+
 static void pack_b_pairs(const void *B, pa_ssize rs, pa_ssize cs, pa_ssize kc, pa_ssize nc, int NR,
                          uint16_t *dst, int sd)
 {
     const pa_ssize nq = (kc + 1) / 2;
     for (pa_ssize j0 = 0; j0 < nc; j0 += NR) {
         const pa_ssize n = pa_min(nc - j0, NR);
+        if (sd == PA_F32 && cs == 1 && j0 == 0 && (NR == 32 || NR == 16 || NR == 8) && nc >= NR) {
+            const pa_ssize full = nc / NR;          /* the whole panels, as pack_b_rows_ (pack.inc) */
+            if (NR == 32) pack_b_pair_rows((const float *)B, rs, kc, full, 32, (uint32_t *)(void *)dst);
+            else if (NR == 16) pack_b_pair_rows((const float *)B, rs, kc, full, 16, (uint32_t *)(void *)dst);
+            else pack_b_pair_rows((const float *)B, rs, kc, full, 8, (uint32_t *)(void *)dst);
+            dst += full * nq * NR * 2;
+            j0 += (full - 1) * NR;
+            continue;
+        }
+        if (sd == PA_F32 && n == NR) {            /* float32, a whole panel: the same words, branch-free */
+            const float *b = (const float *)B + j0 * cs;
+            uint32_t *w = (uint32_t *)(void *)dst;
+            const pa_ssize nf = kc / 2;
+            for (pa_ssize q = 0; q < nf; q++)
+                for (int j = 0; j < NR; j++) w[q * NR + j] = pair_word(b + 2 * q * rs + j * cs, b + (2 * q + 1) * rs + j * cs);
+            if (nf < nq)
+                for (int j = 0; j < NR; j++) w[nf * NR + j] = pa_bf16_round(((const uint32_t *)(const void *)b)[2 * nf * rs + j * cs]) >> 16;
+            dst += nq * NR * 2;
+            continue;
+        }
         for (pa_ssize q = 0; q < nq; q++)
             for (int j = 0; j < NR; j++)
                 for (int t = 0; t < 2; t++) {
