@@ -1,7 +1,6 @@
 /* attn_flash.c -- the tiled (FlashAttention-2) forward and backward: frame
  * code around a family's GEMM micro-kernel and tile steps (attn_flash.inc,
  * attn_backward.inc, once per dtype). */
-#include <stdlib.h>
 #include <math.h>
 #include <string.h>
 #include "attention.h"
