@@ -66,6 +66,7 @@
 #define vwiden_i4 PA_V(widen_i4)
 #define vhsum16 PA_V(hsum16)
 #define vexp PA_CAT(vexp_, PA_DT)        /* exp_vec.inc */
+#define vexpn PA_CAT(vexpn_, PA_DT)      /* exp_vec.inc */
 #define VP PA_V(p)                       /* softmax piece sums (two-piece vectors only) */
 #define vpzero PA_V(pzero)
 #define vpadd PA_V(padd)
