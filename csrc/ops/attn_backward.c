@@ -63,6 +63,7 @@ typedef struct {
     pa_ssize cut[PA_BWD_SPLIT_TASKS + 1];   /* chunk c: keys [cut[c], cut[c + 1]) */
     char *part;                 /* dQ partials of chunks 1..nsplit-1: (c - 1, il, outer) -> (L, E) */
     pa_ssize rlo[PA_BWD_SPLIT_TASKS], rhi[PA_BWD_SPLIT_TASKS];   /* chunk c's dQ rows: its query blocks */
+    pa_ssize order[PA_BWD_SPLIT_TASKS];     /* the chunks as handed out: most keys seen first */
     char *qs;                   /* split: the packed query side of (outer, ig0 + il) at qs + (il * nouter + outer) * qsz */
     size_t qsz;
     pa_ssize nouter;
@@ -174,7 +175,10 @@ static void bwd_task(void *ctx_, pa_ssize task, int tid)
         memset(c->ws[tid], 0, c->wsb);
         c->wsz[tid] = 1;
     }
-    const pa_ssize outer = task / c->nsplit, ch = task % c->nsplit;
+    /* the heaviest chunks of every head first, the lightest last (a thread
+     * that ends early takes the light ones); the order of tasks never
+     * changes a sum, so neither the bits */
+    const pa_ssize outer = task % c->nouter, ch = c->order[task / c->nouter];
     const pa_ssize es = (pa_ssize)pa_elsize(c->call->dtype);
     pa_stop_flag *const stop = pa_stop_get();
     if (c->g->zero && (!c->qs || c->ig0 == 0)) {   /* this chunk's dK, dV rows (shared by the heads of outer) */
@@ -245,7 +249,7 @@ static int bwd_chunks(bwd_ctx *c, pa_ssize nouter)
 {
     const pa_attn_call *k = c->call;
     const pa_ssize S = k->S, L = k->L, BK = PA_FLASH_BK, ntile = (S + BK - 1) / BK;
-    c->nsplit = 1; c->cut[0] = 0; c->cut[1] = S;
+    c->nsplit = 1; c->cut[0] = 0; c->cut[1] = S; c->order[0] = 0;
     if (!PA_BWD_SPLIT_ON || nouter >= PA_BWD_SPLIT_TASKS || k->E == 0) return 0;
     pa_ssize n = pa_min((PA_BWD_SPLIT_TASKS + nouter - 1) / nouter, ntile / PA_BWD_SPLIT_MINTILES);
     size_t one, cap = PA_BWD_SPLIT_BYTES;     /* one chunk's partials */
@@ -306,6 +310,24 @@ static int bwd_chunks(bwd_ctx *c, pa_ssize nouter)
             c->rhi[h] = pa_max(c->rhi[h], pa_min(i0 + BQ, L));
         }
         if (c->rlo[h] >= c->rhi[h]) c->rlo[h] = c->rhi[h] = 0;
+    }
+    /* the order of the tasks: the chunks by the (row, key) pairs they hold
+     * (the first head's rule), most first, ties by index (an insertion
+     * sort of at most PA_BWD_SPLIT_TASKS) */
+    double w[PA_BWD_SPLIT_TASKS];
+    for (pa_ssize h = 0; h < ch; h++) w[h] = 0;
+    for (pa_ssize i = 0; i < L; i++) {
+        pa_ssize lo, hi;
+        pa_key_range(&a.rule, i, &lo, &hi);
+        for (pa_ssize h = 0; h < ch; h++) {
+            const pa_ssize x0 = pa_max(lo, c->cut[h]), x1 = pa_min(hi, c->cut[h + 1]);
+            if (x1 > x0) w[h] += (double)(x1 - x0);
+        }
+    }
+    for (pa_ssize h = 0; h < ch; h++) {
+        pa_ssize j = h;
+        for (; j > 0 && w[c->order[j - 1]] < w[h]; j--) c->order[j] = c->order[j - 1];
+        c->order[j] = h;
     }
     return 0;
 }

@@ -6,6 +6,7 @@
 #include "attention.h"
 #include "quant.h"
 #include "threads.h"
+#include "tpack.h"
 
 /* n rows x cols of a strided operand stored in 16 bits (sd: PA_F16 or
  * PA_BF16), widened into dst (row stride ld) by the family's kernel where
