@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 #include "registry.h"
 
 /* ptrdiff_t is Py_ssize_t on every platform CPython supports; the C layers
@@ -88,6 +89,20 @@ static inline uint16_t pa_f32_to_bf16(float f)
     union { float f; uint32_t u; } c;
     c.f = f;
     return (uint16_t)(pa_bf16_round(c.u) >> 16);
+}
+
+/* The bits of a float32. */
+static inline uint32_t pa_f32_bits(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);   /* a register move: loops over it vectorise */
+    return u;
+}
+/* Two float32 values rounded to bfloat16 (pa_bf16_round) as one pair word
+ * of the bfloat16 products' panels: lo (the even element) in the low half. */
+static inline uint32_t pa_bf16_pair(float lo, float hi)
+{
+    return (pa_bf16_round(pa_f32_bits(hi)) & 0xffff0000u) | (pa_bf16_round(pa_f32_bits(lo)) >> 16);
 }
 
 /* Element idx of an operand stored as sd, as float (sd: PA_F32, PA_F16, PA_BF16). */

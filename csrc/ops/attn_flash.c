@@ -57,18 +57,6 @@ static void qwiden_rows(const pa_family *f, int bits, const void *p, pa_ssize rs
  *   bfloat16 flash kernels round them (pyattn/_reference.py models it).
  * No decode split, no weights path: the caller sends bf16 calls here. */
 
-/* float32 bits; two float32 values rounded to bfloat16 as one pair word of
- * the panels (lo: the even element, in the low half), pa_bf16_round's bits */
-static inline uint32_t bf16_bits(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    return u;
-}
-static inline uint32_t bf16_pair(float lo, float hi)
-{
-    return (pa_bf16_round(bf16_bits(hi)) & 0xffff0000u) | (pa_bf16_round(bf16_bits(lo)) >> 16);
-}
 /* a stored bfloat16 as pa_f32_to_bf16(pa_load_f32(...)) gives it: itself,
  * a NaN quieted (integer operations, so loops over it vectorise) */
 static inline uint32_t bf16_keep(uint32_t h)
@@ -81,7 +69,7 @@ static inline uint32_t bf16_keep(uint32_t h)
  * the stored bits back, a NaN quieted -- what bf16_keep gives) */
 static inline uint32_t v_bits(const void *v, int bf, pa_ssize i)
 {
-    return bf ? (uint32_t)((const uint16_t *)v)[i] << 16 : bf16_bits(((const float *)v)[i]);
+    return bf ? (uint32_t)((const uint16_t *)v)[i] << 16 : pa_f32_bits(((const float *)v)[i]);
 }
 
 /* V's unit-stride rows [j0, j0 + nj) stored in float32 or bfloat16 (bf) as
@@ -139,8 +127,8 @@ void pa_bf16_pack_kv(const pa_family *f, const pa_attn_args *a, pa_ssize j0, pa_
             if (kf) {                                /* a 32-bit word per pair */
                 const float *src = (const float *)a->k + pa_attn_krow(a, j0 + r);
                 uint32_t *w = (uint32_t *)(Kp + r0 * e2) + i;
-                for (pa_ssize q2 = 0; q2 < E / 2; q2++) w[q2 * MR] = bf16_pair(src[2 * q2], src[2 * q2 + 1]);
-                if (E & 1) w[(E / 2) * MR] = pa_bf16_round(bf16_bits(src[E - 1])) >> 16;
+                for (pa_ssize q2 = 0; q2 < E / 2; q2++) w[q2 * MR] = pa_bf16_pair(src[2 * q2], src[2 * q2 + 1]);
+                if (E & 1) w[(E / 2) * MR] = pa_bf16_round(pa_f32_bits(src[E - 1])) >> 16;
                 if (E == 0) w[0] = 0;                /* the pad pair */
                 continue;
             } else {
@@ -254,8 +242,8 @@ static void bf16_init(const pa_family *f, const pa_attn_args *a, pa_ssize i0, pa
                 const void *src = bf ? (const void *)((const uint16_t *)a->q + off)
                                      : (const void *)((const float *)a->q + off);
                 for (pa_ssize q2 = 0; q2 < E / 2; q2++)
-                    w[q2 * NR] = bf16_pair(q_elem(src, bf, 2 * q2) * qs, q_elem(src, bf, 2 * q2 + 1) * qs);
-                if (E & 1) w[(E / 2) * NR] = pa_bf16_round(bf16_bits(q_elem(src, bf, E - 1) * qs)) >> 16;
+                    w[q2 * NR] = pa_bf16_pair(q_elem(src, bf, 2 * q2) * qs, q_elem(src, bf, 2 * q2 + 1) * qs);
+                if (E & 1) w[(E / 2) * NR] = pa_bf16_round(pa_f32_bits(q_elem(src, bf, E - 1) * qs)) >> 16;
             }
     } else
     for (pa_ssize c0 = 0; c0 < b->qc; c0 += NR)       /* Q as pair panels */

@@ -76,17 +76,6 @@ static void pack_b_w16(const void *B, pa_ssize rs, pa_ssize cs, pa_ssize kc, pa_
 /* Packing for bfloat16 products (precision "bf16"): pair panels
  * (family.h, gemm_bf16), each element rounded to bfloat16 (nearest even) as
  * it is copied; K is padded to even with zeros. */
-/* One pair word from two float32 elements: x (even K index) in the low
- * half, y in the high half, each rounded by pa_bf16_round (branch-free
- * selects: the loops below vectorise). */
-static inline uint32_t pair_word(const float *x, const float *y)
-{
-    uint32_t u, v;
-    memcpy(&u, x, sizeof u);
-    memcpy(&v, y, sizeof v);
-    return (pa_bf16_round(u) >> 16) | (pa_bf16_round(v) & 0xffff0000u);
-}
-
 static void pack_a_pairs(const void *A, pa_ssize rs, pa_ssize cs, pa_ssize mc, pa_ssize kc, int MR,
                          uint16_t *dst, int sd)
 {
@@ -98,9 +87,9 @@ static void pack_a_pairs(const void *A, pa_ssize rs, pa_ssize cs, pa_ssize mc, p
             uint32_t *w = (uint32_t *)(void *)dst;
             const pa_ssize nf = kc / 2;          /* pairs with both elements */
             for (pa_ssize q = 0; q < nf; q++)
-                for (int i = 0; i < MR; i++) w[q * MR + i] = pair_word(a + i * rs + 2 * q * cs, a + i * rs + (2 * q + 1) * cs);
+                for (int i = 0; i < MR; i++) w[q * MR + i] = pa_bf16_pair(a[i * rs + 2 * q * cs], a[i * rs + (2 * q + 1) * cs]);
             if (nf < nq)
-                for (int i = 0; i < MR; i++) w[nf * MR + i] = pa_bf16_round(((const uint32_t *)(const void *)a)[i * rs + 2 * nf * cs]) >> 16;
+                for (int i = 0; i < MR; i++) w[nf * MR + i] = pa_bf16_round(pa_f32_bits(a[i * rs + 2 * nf * cs])) >> 16;
             dst += nq * MR * 2;
             continue;
         }
@@ -128,10 +117,10 @@ static inline __attribute__((always_inline)) void pack_b_pair_rows(const float *
             uint32_t *d = dst + (c * nq + q0) * C;
             const float *src = B + 2 * q0 * rs + c * C;
             for (pa_ssize q = 0; q < qn; q++)
-                for (int j = 0; j < C; j++) d[q * C + j] = pair_word(src + 2 * q * rs + j, src + (2 * q + 1) * rs + j);
+                for (int j = 0; j < C; j++) d[q * C + j] = pa_bf16_pair(src[2 * q * rs + j], src[(2 * q + 1) * rs + j]);
             if (q0 + 8 >= nq && nf < nq)                  /* K odd: the last pair holds one element */
                 for (int j = 0; j < C; j++)
-                    d[(nf - q0) * C + j] = pa_bf16_round(((const uint32_t *)(const void *)src)[2 * (nf - q0) * rs + j]) >> 16;
+                    d[(nf - q0) * C + j] = pa_bf16_round(pa_f32_bits(src[2 * (nf - q0) * rs + j])) >> 16;
         }
     }
 }
@@ -156,9 +145,9 @@ static void pack_b_pairs(const void *B, pa_ssize rs, pa_ssize cs, pa_ssize kc, p
             uint32_t *w = (uint32_t *)(void *)dst;
             const pa_ssize nf = kc / 2;
             for (pa_ssize q = 0; q < nf; q++)
-                for (int j = 0; j < NR; j++) w[q * NR + j] = pair_word(b + 2 * q * rs + j * cs, b + (2 * q + 1) * rs + j * cs);
+                for (int j = 0; j < NR; j++) w[q * NR + j] = pa_bf16_pair(b[2 * q * rs + j * cs], b[(2 * q + 1) * rs + j * cs]);
             if (nf < nq)
-                for (int j = 0; j < NR; j++) w[nf * NR + j] = pa_bf16_round(((const uint32_t *)(const void *)b)[2 * nf * rs + j * cs]) >> 16;
+                for (int j = 0; j < NR; j++) w[nf * NR + j] = pa_bf16_round(pa_f32_bits(b[2 * nf * rs + j * cs])) >> 16;
             dst += nq * NR * 2;
             continue;
         }
