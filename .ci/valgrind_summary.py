@@ -7,10 +7,21 @@ Reports entirely inside CPython or NumPy (CPython's small-int cache and
 os.urandom seeding show up as uninitialised reads under valgrind) are
 counted separately and do not fail the check.
 """
+import os
 import re
 import sys
 
-MINE = re.compile(r"_C\.cpython|pyattn|pa_[a-z_]+\s*\(")
+# A frame is pyattn's when it names pyattn's own code: a function of the
+# extension (pa_*, pyattn_*), one of csrc/'s source files (frames of a build with
+# debug lines read "fn (file.c:123)"), or the extension's shared object itself
+# ("(in .../pyattn/_C.cpython-311-x86_64-linux-gnu.so)"). Never a bare "pyattn"
+# anywhere in a path: a clone named pyattn puts that in every frame of NumPy
+# and CPython's import machinery run from its .venv-ci/.
+_CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "csrc")
+_FILES = sorted({f for _, _, fs in os.walk(_CSRC) for f in fs if f.endswith((".c", ".h", ".inc"))})
+MINE = re.compile(r"(?<![A-Za-z0-9_])(?:pa|pyattn)_[A-Za-z0-9_]+\s*\("
+                  r"|[/ ]pyattn/_C\.[A-Za-z0-9_.-]+\.(?:so|pyd)\)"
+                  + "".join(r"|\(" + re.escape(f) + r":\d+\)" for f in _FILES))
 ERROR = re.compile(r"^(Invalid|Conditional jump|Use of uninitialised|Syscall param|Mismatched|"
                    r"Source and destination|Argument|Jump to)")
 LEAK = re.compile(r"are definitely lost")
