@@ -721,7 +721,10 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
         with new keys: the last sequence's rows are written last.
         With ``cache_leftpad`` or ``cache_batch_idx`` the call runs one
         sequence at a time on views of the caches (every per-sequence value
-        is checked before the first row is written).
+        is checked before the first row is written). Both index contiguous
+        caches: with ``block_table``, ``cu_seqlens_q`` or ``tree_mask`` they
+        raise ``NotImplementedError`` (FlashAttention refuses
+        ``cache_batch_idx`` with a paged cache too).
     block_table : (B, max_blocks) integer array, optional
         Paged caches: ``k_cache (num_blocks, Hkv, block_size, E)``, ``v_cache
         (num_blocks, Hkv, block_size, Ev)`` (any strides: FlashAttention's
@@ -799,6 +802,13 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
             x is not None for x in (cache_leftpad, cache_batch_idx, block_table, cu_seqlens_q, tree_mask)):
         raise NotImplementedError("block_mask with cache_leftpad, cache_batch_idx, block_table, cu_seqlens_q "
                                   "or tree_mask is not supported yet")
+    if (cache_leftpad is not None or cache_batch_idx is not None) and any(
+            x is not None for x in (block_table, cu_seqlens_q, tree_mask)):
+        raise NotImplementedError(
+            "cache_leftpad and cache_batch_idx index contiguous caches (B, Hkv, S_max, E): they are not "
+            "supported with block_table, cu_seqlens_q or tree_mask (as FlashAttention refuses "
+            "cache_batch_idx with a paged cache); with a block table, point each table row at the "
+            "sequence's own blocks instead")
     if cache_leftpad is not None or cache_batch_idx is not None:
         return _kvextra.per_sequence(
             attention_with_kvcache, query, k_cache, v_cache, key, value, cache_seqlens, cache_batch_idx,

@@ -48,15 +48,26 @@ def tables(rotary_cos, rotary_sin, k, E, need, what, cd):
     if need is not None and need >= R:
         raise ValueError(f"rotary_cos/rotary_sin have {R} rows, but positions up to {need} are "
                          f"needed ({what})")
-    return cos.astype(cd, copy=False), sin.astype(cd, copy=False)
+    return _native(cos.astype(cd, copy=False)), _native(sin.astype(cd, copy=False))
+
+
+def _native(a):
+    """a itself when aligned and in native byte order, else one copy in its own
+    dtype (native order, aligned): the values and the dtype the rotation rounds
+    in stay those of ``a``; only the bytes' layout changes."""
+    if a.dtype.isnative and a.flags.aligned:
+        return a
+    return a.astype(a.dtype.newbyteorder("="))
 
 
 def rotate_rows(x, pos, cos, sin, interleaved, cd):
     """Rows of ``x (A, H, T, E)`` rotated at ``pos (A, T)`` in C
     (``_C.rotary``, csrc/ops/rotary.h) into a new array: x's own dtype when
     it is 16-bit and cd float32 (rounded once from the exact float32 value),
-    else cd. Float32 arithmetic is exactly rounded (products exact in
+    else cd; a big-endian or unaligned ``x`` is first copied once into native
+    order (its own dtype, so its rounding rule is unchanged). Float32 arithmetic is exactly rounded (products exact in
     double); float64 rounds as NumPy's ``x1 * c - x2 * s`` does."""
+    x = _native(x)                  # a big-endian float16 rounds as float16; unaligned rows are read
     f32 = cd == np.float32
     odt = x.dtype if is16(x.dtype) and f32 else np.dtype(cd)
     src = x if x.dtype == odt or x.dtype == cd else x.astype(cd)

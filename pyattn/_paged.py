@@ -190,7 +190,7 @@ def kvcache_paged(query, k_cache, v_cache, key, value, cache_seqlens, block_tabl
                          f"(k_cache shape {kc.shape})")
     if not isinstance(is_causal, (bool, np.bool_)):
         raise TypeError(f"is_causal must be a bool here, got {is_causal!r}")
-    T = int(Ts.max()) if B else 0
+    T = q.shape[2] if not packed else int(Ts.max()) if B else 0     # (B, Hq, T, E): T even when B = 0
     Tn, cun = Ts, cu                            # the new rows per sequence, their offsets
     if new:
         kn, vn = as_array(key, "key"), as_array(value, "value")

@@ -79,12 +79,14 @@ static inline __attribute__((always_inline)) void bf16_pack_v_rows(const pa_attn
 {
     const pa_ssize Ev = a->Ev, nj2 = pa_round_up(nj, 2);
     for (pa_ssize q2 = 0; q2 < nj2 / 2; q2++) {
+        /* an offset is any sign (a negative row stride): "no second key" is a flag */
+        const int two = 2 * q2 + 1 < nj;
         const pa_ssize o0 = pa_attn_vrow(a, j0 + 2 * q2);
-        const pa_ssize o1 = 2 * q2 + 1 < nj ? pa_attn_vrow(a, j0 + 2 * q2 + 1) : -1;
+        const pa_ssize o1 = two ? pa_attn_vrow(a, j0 + 2 * q2 + 1) : 0;
         for (pa_ssize c0 = 0; c0 < evp; c0 += NR) {
             uint32_t *w = (uint32_t *)(Vp + c0 * nj2) + q2 * NR;
             const pa_ssize nc = pa_min(NR, pa_max(Ev - c0, 0));
-            if (o1 >= 0)
+            if (two)
                 for (pa_ssize j = 0; j < nc; j++)
                     w[j] = (pa_bf16_round(v_bits(a->v, bf, o1 + c0 + j)) & 0xffff0000u) |
                            (pa_bf16_round(v_bits(a->v, bf, o0 + c0 + j)) >> 16);
