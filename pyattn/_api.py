@@ -661,6 +661,11 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
     then query row ``t`` sits at position ``n_b + Tk - T + t`` and sees keys
     ``[0, n_b + Tk)``; without them, keys ``[0, n_b)`` with query ``t`` at
     ``n_b - T + t``. ``is_causal`` is bottom-right causal on those positions.
+    The caches may have any strides (views, reversed or strided axes: read
+    and written in place); a cache the kernels cannot address in place -- big-
+    endian, unaligned, or an int8 / int4 cache or scale array whose last axis
+    is not unit-stride -- is copied once for the call (C order, its own dtype)
+    and, when rows are written, copied back after the call succeeds.
     Only those cache rows are written; ``cache_seqlens`` is not modified (see
     :class:`pyattn.KVCache`, which advances its lengths). Everything is
     checked and every array the call needs is allocated before the new rows
@@ -723,7 +728,7 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
         sequence at a time on views of the caches (every per-sequence value
         is checked before the first row is written). Both index contiguous
         caches: with ``block_table``, ``cu_seqlens_q`` or ``tree_mask`` they
-        raise ``NotImplementedError`` (FlashAttention refuses
+        raise ``ValueError`` (FlashAttention refuses
         ``cache_batch_idx`` with a paged cache too).
     block_table : (B, max_blocks) integer array, optional
         Paged caches: ``k_cache (num_blocks, Hkv, block_size, E)``, ``v_cache
@@ -792,8 +797,16 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
     >>> bool(np.allclose(o, pyattn.scaled_dot_product_attention(q, k, v, is_causal=True), atol=1e-6))
     True
     """
+    args = dict(locals())
     if (key is None) != (value is None):
         raise ValueError("give both key and value to append, or neither")
+    laid = _kvextra.cache_layouts((k_cache, v_cache, k_scale, v_scale), ("k_cache", "v_cache", "k_scale", "v_scale"),
+                                  key is not None)
+    if laid is not None:                        # one copy of a cache the kernels cannot take in place
+        (args["k_cache"], args["v_cache"], args["k_scale"], args["v_scale"]), write_back = laid
+        res = attention_with_kvcache(**args)
+        write_back()
+        return res
     if (k_scale is not None or v_scale is not None) and any(
             x is not None for x in (cache_leftpad, cache_batch_idx)):
         raise NotImplementedError("quantized caches (k_scale, v_scale) with cache_leftpad or cache_batch_idx "
@@ -804,7 +817,7 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
                                   "or tree_mask is not supported yet")
     if (cache_leftpad is not None or cache_batch_idx is not None) and any(
             x is not None for x in (block_table, cu_seqlens_q, tree_mask)):
-        raise NotImplementedError(
+        raise ValueError(
             "cache_leftpad and cache_batch_idx index contiguous caches (B, Hkv, S_max, E): they are not "
             "supported with block_table, cu_seqlens_q or tree_mask (as FlashAttention refuses "
             "cache_batch_idx with a paged cache); with a block table, point each table row at the "

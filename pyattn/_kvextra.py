@@ -114,6 +114,39 @@ def rotary(q, k, n, rotary_cos, rotary_sin, interleaved, q_steps, cd, cu=None):
     return qr, (cos, sin, bool(interleaved))
 
 
+def cache_layouts(arrays, names, written):
+    """The caches and scales of an ``attention_with_kvcache`` call in layouts
+    the kernels read and write in place: native byte order, aligned, and (int8
+    / int4 caches and their scales) unit stride along the last axis. Any other
+    ndarray is copied once, C-contiguous in its own dtype; when the call
+    writes the caches (``written``), the copy is written back into the
+    caller's array after the call succeeds (a call that raises writes
+    nothing). Returns None when nothing needs a copy, else ``(arrays,
+    write_back)``. A read-only array that is to be written is left as it is:
+    the entry point refuses it, naming it."""
+    out, copies = list(arrays), []
+    for i, (a, name) in enumerate(zip(arrays, names)):
+        if not isinstance(a, np.ndarray) or a.ndim == 0:
+            continue
+        rows = a.dtype in (np.int8, np.uint8) or name.endswith("_scale")
+        if (a.dtype.isnative and a.flags.aligned and
+                not (rows and a.shape[-1] > 1 and a.strides[-1] != a.itemsize)):
+            continue
+        if written and not a.flags.writeable:
+            continue
+        c = np.array(a, dtype=a.dtype.newbyteorder("="), order="C", copy=True)
+        out[i] = c
+        copies.append((a, c))
+    if not copies:
+        return None
+
+    def write_back():
+        if written:
+            for a, c in copies:
+                a[...] = c
+    return out, write_back
+
+
 def _indices(x, name, B, lo, hi, what):
     """(B,) int64 from an int array; every entry in [lo, hi] (hi: an int or (B,))."""
     a = as_array(x, name)

@@ -63,7 +63,7 @@ def test_leftpad_and_batch_idx_refuse_paged_packed_tree(opt, nblk, other):
     else:
         kw["tree_mask"] = np.ones((1, 1, 1, 1), bool)
     before = pool.copy()
-    with pytest.raises(NotImplementedError, match=f"{opt.split('_', 1)[1]}.*{other}|{other}.*{opt}|"
+    with pytest.raises(ValueError, match=f"{opt.split('_', 1)[1]}.*{other}|{other}.*{opt}|"
                                                   "cache_leftpad and cache_batch_idx"):
         pyattn.attention_with_kvcache(q, pool[:2] if other != "block_table" else pool,
                                       pool[:2] if other != "block_table" else pool,
