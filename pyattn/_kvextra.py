@@ -217,21 +217,34 @@ def per_sequence(fn, query, k_cache, v_cache, key, value, cache_seqlens, cache_b
         raise ValueError(f"out must be an ndarray (B, Hq, T, Ev) = {q.shape[:3]} + (Ev,), got "
                          f"{getattr(out, 'shape', type(out).__name__)}")
     outs, lses = [], []
-    for b in range(B):
-        i, p = int(idx[b]), int(pad[b])
-        sl = None if slopes is None else (slopes[b] if slopes.ndim == 2 else slopes)
-        rot = {} if tabs is None else dict(rotary_cos=tabs[0][p:], rotary_sin=tabs[1][p:])
-        res = fn(q[b:b + 1], kc[i:i + 1, :, p:], vc[i:i + 1, :, p:],
-                 kn[b:b + 1] if new else None, vn[b:b + 1] if new else None,
-                 cache_seqlens=int(n[b]) - p, alibi_slopes=sl, return_lse=return_lse,
-                 out=None if out is None else out[b:b + 1], **rot, **kw)
-        if return_lse:
-            outs.append(res[0])
-            lses.append(res[1])
-        else:
-            outs.append(res)
-    o = out if out is not None else np.concatenate(outs) if B else \
-        fn(q, kc[:0], vc[:0], cache_seqlens=0, **kw)
+    # the rows each sequence writes, to put back (last first) if a later sequence's
+    # call fails: a call that raises -- MemoryError, Ctrl-C -- leaves the caches as they were
+    saved = [(c, int(idx[b]), int(n[b]), c[int(idx[b]), :, int(n[b]):int(n[b]) + Tk].copy())
+             for b in range(B) for c in (kc, vc)] if new and B > 1 else []
+    try:
+        for b in range(B):
+            i, p = int(idx[b]), int(pad[b])
+            sl = None if slopes is None else (slopes[b] if slopes.ndim == 2 else slopes)
+            rot = {} if tabs is None else dict(rotary_cos=tabs[0][p:], rotary_sin=tabs[1][p:])
+            res = fn(q[b:b + 1], kc[i:i + 1, :, p:], vc[i:i + 1, :, p:],
+                     kn[b:b + 1] if new else None, vn[b:b + 1] if new else None,
+                     cache_seqlens=int(n[b]) - p, alibi_slopes=sl, return_lse=return_lse,
+                     **rot, **kw)
+            if return_lse:
+                outs.append(res[0])
+                lses.append(res[1])
+            else:
+                outs.append(res)
+    except BaseException:
+        for c, i, r, rows in reversed(saved):
+            c[i, :, r:r + Tk] = rows
+        raise
+    o = np.concatenate(outs) if B else fn(q, kc[:0], vc[:0], cache_seqlens=0, **kw)
+    if out is not None:                 # written once every sequence has succeeded
+        if out.shape != o.shape:
+            raise ValueError(f"out has shape {out.shape}; expected {o.shape}")
+        out[...] = o
+        o = out
     if not return_lse:
         return o
     return o, (np.concatenate(lses) if B else np.zeros(q.shape[:3], o.dtype))
