@@ -21,6 +21,9 @@ from pyattn import _reference as R
 from pyattn import masks as M
 from conftest import check, mag_attention
 
+# CI (.ci/run): a frame path / entry-point grid -- whole on the CPU's own family, a generated subset elsewhere
+pytestmark = [pytest.mark.frame]
+
 BM = pyattn.BlockMask
 
 

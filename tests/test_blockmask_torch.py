@@ -11,6 +11,9 @@ from pyattn import _reference as R
 from pyattn import masks as M
 from conftest import check, mag_attention
 
+# CI (.ci/run): does not depend on the kernel family, and runs outside the sanitizers
+pytestmark = [pytest.mark.nofamily, pytest.mark.nosan]
+
 BM = pyattn.BlockMask
 
 

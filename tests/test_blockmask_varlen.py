@@ -14,6 +14,9 @@ from conftest import DTYPES, check
 import varlen_util as vu
 from varlen_util import seq
 
+# CI (.ci/run): a frame path / entry-point grid -- whole on the CPU's own family, a generated subset elsewhere
+pytestmark = [pytest.mark.frame]
+
 BM = pyattn.BlockMask
 # empty, one row, a long one crossing tile rows and columns (96 x 60), keys
 # without queries, queries without keys, a decode-shaped one (the key-split path)

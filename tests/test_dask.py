@@ -16,6 +16,9 @@ da = pytest.importorskip("dask.array")
 dask = pytest.importorskip("dask")
 import pyattn.dask as pdask  # noqa: E402
 
+# CI (.ci/run): does not depend on the kernel family, and runs outside the sanitizers
+pytestmark = [pytest.mark.nofamily, pytest.mark.nosan]
+
 
 def _parts(x, chunks):
     return da.from_array(x, chunks=chunks)

@@ -15,6 +15,9 @@ from pyattn.flash import flash_attn_func, flash_attn_kvpacked_func, flash_attn_q
 
 from conftest import DTYPES, check, mag_attention
 
+# CI (.ci/run): does not depend on the kernel family, and runs outside the sanitizers
+pytestmark = [pytest.mark.nofamily, pytest.mark.nosan]
+
 torch = pytest.importorskip("torch")
 
 

@@ -11,6 +11,9 @@ import pyattn
 import pyattn._C as C
 from pyattn import _reference as R
 
+# CI (.ci/run): does not depend on the kernel family (or switches the families itself)
+pytestmark = [pytest.mark.nofamily]
+
 CODES = pyattn._ISA_CODES
 MACHINE = C.config()["isa_machine"]
 SIMD = [w for w in ("avx2", "avx512", "avx512emu", "neon")

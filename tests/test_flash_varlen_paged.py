@@ -9,6 +9,9 @@ from pyattn.flash import (_flash_attn_varlen_forward, flash_attn_func, flash_att
                           flash_attn_with_kvcache)
 import varlen_util as vu
 
+# CI (.ci/run): does not depend on the kernel family, and runs outside the sanitizers
+pytestmark = [pytest.mark.nofamily, pytest.mark.nosan]
+
 LQ, LK = [3, 6, 1, 4], [7, 2, 5, 4]
 H, HKV, E = 4, 2, 16
 

@@ -19,6 +19,9 @@ transformers = pytest.importorskip("transformers")
 import pyattn.transformers as pht  # noqa: E402
 from pyattn import torch as pt  # noqa: E402
 
+# CI (.ci/run): does not depend on the kernel family, and runs outside the sanitizers
+pytestmark = [pytest.mark.nofamily, pytest.mark.nosan]
+
 EPS = {torch.float32: np.finfo(np.float32).eps, torch.float64: np.finfo(np.float64).eps}
 
 

@@ -15,6 +15,9 @@ import pytest
 
 import pyattn
 
+# CI (.ci/run): does not depend on the kernel family, and runs outside the sanitizers
+pytestmark = [pytest.mark.nofamily, pytest.mark.nosan]
+
 PKG = os.path.dirname(pyattn.__file__)
 ROOT = os.path.dirname(PKG)
 IN_CLONE = os.path.isfile(os.path.join(ROOT, "setup.py")) and os.path.isdir(os.path.join(ROOT, "csrc"))

@@ -9,6 +9,9 @@ from pyattn import _reference as R
 from pyattn.nn import CausalAttention, MultiHeadAttention, SelfAttention
 from conftest import check, mag_attention, mag_matmul
 
+# CI (.ci/run): does not depend on the kernel family, and runs outside the sanitizers
+pytestmark = [pytest.mark.nofamily, pytest.mark.nosan]
+
 torch = pytest.importorskip("torch")
 nn = torch.nn
 

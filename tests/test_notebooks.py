@@ -5,6 +5,9 @@ import os
 
 import pytest
 
+# CI (.ci/run): does not depend on the kernel family, and runs outside the sanitizers
+pytestmark = [pytest.mark.nofamily, pytest.mark.nosan]
+
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 

@@ -10,6 +10,9 @@ import pyattn
 from pyattn import _reference as R
 from conftest import fail_allocations_in_turn
 
+# CI (.ci/run): a frame path / entry-point grid -- whole on the CPU's own family, a generated subset elsewhere
+pytestmark = [pytest.mark.frame]
+
 
 def to_pool(kc, bs, rng, extra=3):
     """A contiguous cache (B, H, S, D) as a pool of blocks in random order

@@ -10,6 +10,9 @@ import pyattn
 from pyattn import _C, _paged
 from conftest import fail_allocations_in_turn
 
+# CI (.ci/run): a frame path / entry-point grid -- whole on the CPU's own family, a generated subset elsewhere
+pytestmark = [pytest.mark.frame]
+
 
 def rand(rng, shape, dt=np.float32):
     return rng.standard_normal(shape).astype(dt)

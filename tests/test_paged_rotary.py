@@ -7,6 +7,9 @@ import pytest
 
 import pyattn
 
+# CI (.ci/run): a frame path / entry-point grid -- whole on the CPU's own family, a generated subset elsewhere
+pytestmark = [pytest.mark.frame]
+
 B, HQ, HKV, E, S, BS = 3, 4, 2, 16, 40, 8
 N = np.array([5, 0, 17])
 

@@ -30,6 +30,9 @@ from test_properties_v3 import (  # noqa: E402
     profile, seeds, sizes, storage)
 from test_reliability_binding import _sweep  # noqa: E402
 
+# CI (.ci/run): a frame path / entry-point grid -- whole on the CPU's own family, a generated subset elsewhere
+pytestmark = [pytest.mark.frame]
+
 precisions = st.sampled_from(["highest", "bf16"])
 
 

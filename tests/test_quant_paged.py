@@ -11,6 +11,9 @@ import pytest
 import pyattn
 from pyattn import _C
 
+# CI (.ci/run): a frame path / entry-point grid -- whole on the CPU's own family, a generated subset elsewhere
+pytestmark = [pytest.mark.frame]
+
 
 def same_bits(a, b):
     a, b = np.asarray(a), np.asarray(b)

@@ -28,6 +28,9 @@ from pyattn import _reference as R  # noqa: E402
 from conftest import check, mag_attention  # noqa: E402
 from test_quant_paged import rows_of, to_pools  # noqa: E402
 
+# CI (.ci/run): a frame path / entry-point grid -- whole on the CPU's own family, a generated subset elsewhere
+pytestmark = [pytest.mark.frame]
+
 
 def profile(n):
     return settings(max_examples=n, deadline=None, derandomize=True, database=None,

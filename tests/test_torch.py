@@ -8,6 +8,9 @@ import pyattn
 from pyattn.nn import MultiHeadAttention, SelfAttention
 from conftest import DTYPES, check, mag_attention, mag_matmul, mag_softmax
 
+# CI (.ci/run): PyTorch's comparisons run per family, outside the sanitizers
+pytestmark = [pytest.mark.nosan]
+
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 TDT = {np.float32: torch.float32, np.float64: torch.float64}

@@ -9,6 +9,9 @@ from conftest import check
 from test_backward import grad_mags
 from test_torch import SeedMultiHeadAttention          # the seeds' class, verbatim in behaviour
 
+# CI (.ci/run): PyTorch's comparisons run per family, outside the sanitizers
+pytestmark = [pytest.mark.nosan]
+
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 

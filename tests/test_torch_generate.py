@@ -10,6 +10,9 @@ import pyattn
 from pyattn import _reference as R
 from conftest import DTYPES, check, mag_attention
 
+# CI (.ci/run): PyTorch's comparisons run per family, outside the sanitizers
+pytestmark = [pytest.mark.nosan]
+
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 

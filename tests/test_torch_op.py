@@ -19,6 +19,9 @@ F = torch.nn.functional
 import pyattn  # noqa: E402
 import pyattn.torch as pt  # noqa: E402
 
+# CI (.ci/run): does not depend on the kernel family, and runs outside the sanitizers
+pytestmark = [pytest.mark.nofamily, pytest.mark.nosan]
+
 TOL = {torch.float32: 2e-5, torch.float64: 1e-12}
 
 

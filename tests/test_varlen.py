@@ -10,6 +10,9 @@ from conftest import DTYPES, check, mag_attention
 import varlen_util as vu
 from varlen_util import seq
 
+# CI (.ci/run): a frame path / entry-point grid -- whole on the CPU's own family, a generated subset elsewhere
+pytestmark = [pytest.mark.frame]
+
 # 0, 1, odd, one long among short, a decode-shaped one (L = 1, S >= 4096: the
 # dense op's key-split path), an empty query against keys, queries without keys
 LQ = [0, 1, 7, 130, 3, 1, 2, 5]

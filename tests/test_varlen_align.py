@@ -10,6 +10,9 @@ from pyattn import _reference as ref
 import varlen_util as vu
 from varlen_util import seq
 
+# CI (.ci/run): a frame path / entry-point grid -- whole on the CPU's own family, a generated subset elsewhere
+pytestmark = [pytest.mark.frame]
+
 # L < S, L > S (rows before the first key), L == S, empty ones, a decode-shaped
 # one (L = 1, S >= 4096: the dense op's key-split path)
 LQ = [3, 9, 5, 0, 1, 2, 4]
