@@ -1,0 +1,125 @@
+"""The documentation's plots, drawn from data (never by hand).
+
+``python docs/plots.py [OUTDIR]`` (default ``docs/_generated``); ``docs/conf.py``
+runs it on every build. Sources:
+
+- ``benchmarks/results.json``: the saved benchmark run that ``benchmarks/RESULTS.md``
+  tabulates (its header names the CPU and date): attention GFLOP/s against sequence
+  length per implementation, and decode time per cache dtype;
+- ``pyattn.BlockMask``: the tile map of a block mask, computed when the plot is drawn.
+"""
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _results():
+    data = json.loads((ROOT / "benchmarks" / "results.json").read_text())
+    head = [h for h in data["head"] if h.startswith(("date", "machine"))]
+    return data["rows"], "; ".join(head)
+
+
+def sdpa_gflops(out, rows, head):
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+    for ax, causal in zip(axes, (False, True)):
+        for impl in ("pyattn", "torch", "numpy"):
+            pts = []
+            for r in rows:
+                if r.get("op") != "sdpa" or r.get("kind") or r.get("impl") != impl or r["threads"] != 1:
+                    continue
+                m = re.fullmatch(r"B=1 H=8 L=S=(\d+) E=64( causal)?", r["shape"])
+                if m and bool(m.group(2)) == causal:
+                    pts.append((int(m.group(1)), r["flops"] / r["min_ms"] / 1e6))
+            if pts:
+                pts.sort()
+                ax.plot(*zip(*pts), marker="o", label={"torch": "PyTorch", "numpy": "NumPy (seeds' way)"}.get(impl, impl))
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("sequence length L = S")
+        ax.set_title(("causal" if causal else "full") + " attention, B=1 H=8 E=64, 1 thread")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("GFLOP/s (best of runs)")
+    axes[0].legend()
+    fig.suptitle(head, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "sdpa_gflops.png", dpi=90)
+    plt.close(fig)
+
+
+def decode_ms(out, rows, head):
+    impls = ["torch", "pyattn", "pyattn float16 cache", "pyattn bfloat16 cache"]
+    shapes = sorted({r["shape"] for r in rows if r.get("op") == "decode" and "impl" in r
+                     and "Hkv=8" in r["shape"]}, key=lambda s: int(re.search(r"S=(\d+)", s).group(1)))
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    width = 0.8 / len(impls)
+    for i, impl in enumerate(impls):
+        ys = []
+        for s in shapes:
+            t = [r["min_ms"] for r in rows if r.get("op") == "decode" and r.get("impl") == impl
+                 and r["shape"] == s and r["threads"] == 1 and "kind" not in r]
+            ys.append(t[0] if t else np.nan)
+        ax.bar(np.arange(len(shapes)) + i * width, ys, width,
+               label={"torch": "PyTorch, float32 cache", "pyattn": "pyattn, float32 cache"}.get(impl, impl))
+    ax.set_xticks(np.arange(len(shapes)) + 0.4 - width / 2)
+    ax.set_xticklabels(["S=" + re.search(r"S=(\d+)", s).group(1) for s in shapes])
+    ax.set_yscale("log")
+    ax.set_ylabel("ms per decode step (best)")
+    ax.set_title("decode, GQA 32/8 heads, E=128, 1 thread", fontsize=10)
+    ax.legend(fontsize=8)
+    fig.suptitle(head, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "decode_ms.png", dpi=90)
+    plt.close(fig)
+
+
+def block_mask_map(out):
+    import pyattn
+    from pyattn import BlockMask, masks
+    L = 2048
+    ids = np.repeat(np.arange(4), L // 4)
+    cases = [("causal", masks.causal),
+             ("causal + 4 documents", masks.and_masks(masks.causal, masks.document(ids))),
+             ("sliding window 256", masks.sliding_window(256))]
+    fig, axes = plt.subplots(1, len(cases), figsize=(11, 3.8))
+    for ax, (name, mod) in zip(axes, cases):
+        bm = BlockMask.from_mask_mod(mod, None, None, L, L)
+        dense = bm.to_dense().reshape(L, L)
+        tq, tk = BlockMask.TILE if isinstance(BlockMask.TILE, tuple) else (96, 60)
+        nq, nk = -(-L // tq), -(-L // tk)
+        cls = np.zeros((nq, nk))
+        for i in range(nq):
+            for j in range(nk):
+                t = dense[i * tq:(i + 1) * tq, j * tk:(j + 1) * tk]
+                cls[i, j] = 2 if t.all() else (1 if t.any() else 0)
+        ax.imshow(cls, cmap=matplotlib.colors.ListedColormap(["white", "#9ecae1", "#08519c"]),
+                  vmin=0, vmax=2, aspect="auto", interpolation="nearest")
+        ax.set_title(f"{name}\n{100 * (cls > 0).mean():.0f} % of tiles computed", fontsize=9)
+        ax.set_xlabel(f"key tiles ({tk} keys)")
+        ax.set_ylabel(f"query tiles ({tq} queries)")
+    fig.suptitle("BlockMask tiles at L = S = 2048: empty (white), partial (light), full (dark)",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out / "blockmask_tiles.png", dpi=90)
+    plt.close(fig)
+    del pyattn
+
+
+def main(out=None):
+    out = Path(out) if out else Path(__file__).resolve().parent / "_generated"
+    out.mkdir(parents=True, exist_ok=True)
+    rows, head = _results()
+    sdpa_gflops(out, rows, head)
+    decode_ms(out, rows, head)
+    block_mask_map(out)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else None)
