@@ -286,10 +286,6 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         to the batch axes (heads last): empty tiles are never computed, full
         ones take no mask test. Intersects with every other mask and option.
 
-    Scores follow API.md's order: ``scale * q.k``, softcap, a float mask is
-    added, ALiBi is added, then the bool mask, causal rule and window decide
-    which keys are admissible; softmax over them (and the sink).
-
     Returns
     -------
     ndarray, or a tuple ``(output[, weights][, lse])`` when ``return_weights``
@@ -323,6 +319,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     (L <= 8, decoding) run a row kernel (and split long key sequences into
     fixed chunks over threads), so the same row can differ in the last bits
     from a call with more queries.
+
+    Notes
+    -----
+    Scores follow API.md's order: ``scale * q.k``, softcap, a float mask is
+    added, ALiBi is added, then the bool mask, causal rule and window decide
+    which keys are admissible; softmax over them (and the sink).
 
     Examples
     --------

@@ -89,8 +89,8 @@ class BlockMask:
     travels to dask workers); its ``repr`` draws the tile map of batch 0, head 0
     (``' '`` empty, ``'░'`` partial, ``'█'`` full).
 
-    Example
-    -------
+    Examples
+    --------
     >>> import pyattn
     >>> bm = pyattn.BlockMask.from_mask_mod(pyattn.masks.causal, None, None, 300, 300)
     >>> bm.sparsity()   # 4 of the 4 x 5 tiles are empty
@@ -133,8 +133,8 @@ class BlockMask:
             A result that does not broadcast to the indices' shape; negative
             sizes. An exception ``mask_mod`` raises otherwise propagates.
 
-        Example
-        -------
+        Examples
+        --------
         >>> import pyattn
         >>> bm = pyattn.BlockMask.from_mask_mod(lambda b, h, q, k: (q - k) % 7 == 0, 2, None, 128, 128)
         >>> bm.shape

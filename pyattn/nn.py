@@ -139,7 +139,7 @@ class _Attention:
         return {k: getattr(self, attr) for k, (attr, _) in self._expected().items()}
 
     def zero_grad(self):
-        """Set every entry of :attr:`grads` to zeros of its parameter's shape and dtype."""
+        """Set every entry of ``grads`` to zeros of its parameter's shape and dtype."""
         self.grads = {k: np.zeros_like(p) for k, p in self.parameters().items()}
 
     def state_dict(self):
@@ -541,7 +541,7 @@ class _Attention:
 
         ``grad_y``: the gradient of a loss with respect to that call's output
         (its shape). Returns the gradient with respect to that call's input
-        ``x`` and adds each parameter's gradient into :attr:`grads` (keys of
+        ``x`` and adds each parameter's gradient into ``grads`` (keys of
         :meth:`state_dict`; accumulated until :meth:`zero_grad`, as PyTorch's
         ``.grad``). Dropout is part of the gradient (the call's pattern is
         regenerated). The attention part runs
