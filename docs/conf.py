@@ -22,6 +22,16 @@ sys.path.insert(0, str(DOCS))
 
 import pyattn  # noqa: E402  (the checkout's pyattn, built in place or installed editable)
 
+# pyattn.torch / .transformers / .flash / .dask import their frameworks; the docs extra does not
+# install them (PyTorch's default wheel is the CUDA build). Where one is missing, autodoc mocks it
+# and still reads those modules' docstrings.
+autodoc_mock_imports = []
+for _name in ("torch", "transformers", "dask", "ml_dtypes"):
+    try:
+        __import__(_name)
+    except ImportError:
+        autodoc_mock_imports.append(_name)
+
 project = "pyattn"
 author = "the pyattn developers"
 copyright = "2026, the pyattn developers"
