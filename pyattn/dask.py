@@ -69,7 +69,26 @@ _TASK_THREADS = None
 def set_task_threads(n=None):
     """Threads each pyattn call inside a Dask task uses: an int >= 1, or None
     (the default) for the worker's per-task share of its CPUs. Recorded in the
-    graphs built afterwards (so it reaches remote workers)."""
+    graphs built afterwards (so it reaches remote workers).
+
+    Parameters
+    ----------
+    n : int or None, optional
+        Threads per task, at least 1; ``None`` restores the default.
+
+    Raises
+    ------
+    TypeError
+        ``n`` is not an integer or None.
+    ValueError
+        ``n < 1``.
+
+    Examples
+    --------
+    >>> import pyattn.dask
+    >>> pyattn.dask.set_task_threads(1)
+    >>> pyattn.dask.set_task_threads(None)
+    """
     global _TASK_THREADS
     if n is not None:
         n = index_value(n, "n")
