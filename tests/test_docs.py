@@ -16,6 +16,8 @@ NOT_PAGES = {"nn", "masks", "__version__"}     # modules (their own sections) an
 
 def listed():
     """{module: names} from the autosummary blocks of the API page."""
+    if not API.exists():
+        pytest.skip("docs/ is not in this tree (an sdist)")
     out, module = {}, None
     lines = API.read_text(encoding="utf-8").splitlines()
     in_summary = False

@@ -68,14 +68,19 @@ for line, src in blocks:
 """
 
 
-def run_file(path):
+def run_file(path, cwd=None):
+    """Run a file's blocks in a fresh interpreter that imports the pyattn this
+    process imports (the checkout's or an installed one), from ``cwd``."""
+    import pyattn
     blocks = python_blocks(path)
     env = dict(os.environ)
     env.setdefault("PYATTN_NUM_THREADS", "2")
     env["MPLBACKEND"] = "Agg"
+    site = str(Path(pyattn.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join([site] + [p for p in [env.get("PYTHONPATH")] if p])
     proc = subprocess.run(
         [sys.executable, "-c", RUNNER], input=json.dumps([blocks, missing_optional()]),
-        capture_output=True, text=True, cwd=str(ROOT), env=env, timeout=900)
+        capture_output=True, text=True, cwd=str(cwd or ROOT), env=env, timeout=900)
     results = [json.loads(s) for s in proc.stdout.splitlines() if s.startswith("[")]
     return blocks, results, proc
 
@@ -84,8 +89,8 @@ FILES = [p for p in markdown_files() if python_blocks(p)]
 
 
 @pytest.mark.parametrize("path", FILES, ids=[str(p.relative_to(ROOT)) for p in FILES])
-def test_code_blocks_run_in_order(path):
-    blocks, results, proc = run_file(path)
+def test_code_blocks_run_in_order(path, tmp_path):
+    blocks, results, proc = run_file(path, cwd=tmp_path)
     rel = path.relative_to(ROOT)
     assert results, f"{rel}: the runner reported nothing\n{proc.stderr[-4000:]}"
     for line, status, detail in results:
