@@ -6,7 +6,9 @@ runs it on every build. Sources:
 - ``benchmarks/results.json``: the saved benchmark run that ``benchmarks/RESULTS.md``
   tabulates (its header names the CPU and date): attention GFLOP/s against sequence
   length per implementation, and decode time per cache dtype;
-- ``pyattn.BlockMask``: the tile map of a block mask, computed when the plot is drawn.
+- ``pyattn.BlockMask``: the tile map of a block mask, computed when the plot is drawn;
+- ``pyattn.attention_with_kvcache`` with a block table: which pool rows two sequences'
+  keys were written to, read back from the pool after the calls.
 """
 import json
 import re
@@ -112,6 +114,36 @@ def block_mask_map(out):
     del pyattn
 
 
+def block_table_map(out):
+    import pyattn
+    bs, nb = 16, 8
+    kp = np.zeros((nb, 1, bs, 4), np.float32)
+    vp = np.zeros_like(kp)
+    table = np.array([[3, 7, -1], [5, -1, -1]])         # the serving guide's block table
+    for seq, n in ((0, 21), (1, 4)):                       # write n keys of each sequence
+        mark = np.full((1, 1, n, 4), seq + 1, np.float32)
+        q = np.zeros((1, 1, n, 4), np.float32)
+        pyattn.attention_with_kvcache(q, kp, vp, mark, mark, cache_seqlens=[0],
+                                      block_table=table[seq:seq + 1])
+    owner = kp[:, 0, :, 0]                                 # (num_blocks, block_size): 0 free
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(10, 3.2), gridspec_kw={"width_ratios": [1, 3]})
+    ax0.axis("off")
+    ax0.table(cellText=[[str(x) for x in row] for row in table], rowLabels=["seq 0", "seq 1"],
+              colLabels=[f"rows {16 * i}-{16 * i + 15}" for i in range(table.shape[1])],
+              loc="center", cellLoc="center")
+    ax0.set_title("block_table", fontsize=10)
+    ax1.imshow(owner, cmap=matplotlib.colors.ListedColormap(["#f0f0f0", "#3182bd", "#e6550d"]),
+               vmin=0, vmax=2, aspect="auto", interpolation="nearest")
+    ax1.set_yticks(range(nb))
+    ax1.set_yticklabels([f"block {i}" for i in range(nb)], fontsize=8)
+    ax1.set_xlabel(f"row within the block (block_size = {bs})")
+    ax1.set_title("the pool after writing 21 keys of seq 0 (blue) and 4 of seq 1 (orange)",
+                  fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out / "block_table.png", dpi=90)
+    plt.close(fig)
+
+
 def main(out=None):
     out = Path(out) if out else Path(__file__).resolve().parent / "_generated"
     out.mkdir(parents=True, exist_ok=True)
@@ -119,6 +151,7 @@ def main(out=None):
     sdpa_gflops(out, rows, head)
     decode_ms(out, rows, head)
     block_mask_map(out)
+    block_table_map(out)
 
 
 if __name__ == "__main__":
