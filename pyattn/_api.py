@@ -462,6 +462,26 @@ def multi_head_attention(query, key, value, num_heads, w_q, w_k, w_v, w_o=None,
     ``return_weights``. Masks broadcast against ``(B, H, L, S)``; ``scale``
     defaults to ``1/sqrt(d_out / num_heads)``.
 
+    Parameters
+    ----------
+    query, key, value : array_like
+        ``(B, L, d_q)``, ``(B, S, d_k)``, ``(B, S, d_v)``.
+    num_heads : int
+        Heads; ``d_out`` and ``d_vo`` must be multiples of it.
+    w_q, w_k, w_v, w_o : array_like
+        Projection weights, ``torch.nn.Linear`` layout (``w_o`` optional).
+    b_q, b_k, b_v, b_o : array_like, optional
+        Projection biases.
+    attn_mask, is_causal, dropout_p, scale, rng : option
+        As :func:`scaled_dot_product_attention`, per head.
+    return_weights : bool, default False
+        Also return the attention weights ``(B, H, L, S)``.
+
+    Returns
+    -------
+    ndarray, or a tuple ``(output, weights)``
+        ``(B, L, d_model)`` (``(B, L, d_vo)`` without ``w_o``).
+
     Examples
     --------
     >>> import numpy as np, pyattn
