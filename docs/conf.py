@@ -9,7 +9,6 @@ that cannot be fetched is a warning, which ``-W`` turns into an error);
 references to NumPy, PyTorch and Dask names are rendered as code instead.
 The notebooks are rendered from their stored outputs, never executed here.
 """
-import os
 import re
 import shutil
 import sys
