@@ -5,7 +5,7 @@ runs it on every build. Sources:
 
 - ``benchmarks/results.json``: the saved benchmark run that ``benchmarks/RESULTS.md``
   tabulates (its header names the CPU and date): attention GFLOP/s against sequence
-  length per implementation, and decode time per cache dtype;
+  length per implementation, and decode GB/s per cache dtype;
 - ``pyattn.BlockMask``: the tile map of a block mask, computed when the plot is drawn;
 - ``pyattn.attention_with_kvcache`` with a block table: which pool rows two sequences'
   keys were written to, read back from the pool after the calls.
@@ -56,29 +56,31 @@ def sdpa_gflops(out, rows, head):
     plt.close(fig)
 
 
-def decode_ms(out, rows, head):
+def decode_gbs(out, rows, head):
     impls = ["torch", "pyattn", "pyattn float16 cache", "pyattn bfloat16 cache"]
     shapes = sorted({r["shape"] for r in rows if r.get("op") == "decode" and "impl" in r
                      and "Hkv=8" in r["shape"]}, key=lambda s: int(re.search(r"S=(\d+)", s).group(1)))
-    fig, ax = plt.subplots(figsize=(8, 3.8))
+    fig, ax = plt.subplots(figsize=(9.5, 3.8))
     width = 0.8 / len(impls)
     for i, impl in enumerate(impls):
         ys = []
         for s in shapes:
             t = [r["min_ms"] for r in rows if r.get("op") == "decode" and r.get("impl") == impl
                  and r["shape"] == s and r["threads"] == 1 and "kind" not in r]
-            ys.append(t[0] if t else np.nan)
+            dims = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", s)}
+            size = 2 if ("float16" in impl or "bfloat16" in impl) else 4
+            cache_bytes = 2 * dims["B"] * dims["Hkv"] * dims["S"] * dims["E"] * size   # K and V
+            ys.append(cache_bytes / (t[0] * 1e6) if t else np.nan)                     # GB/s
         ax.bar(np.arange(len(shapes)) + i * width, ys, width,
                label={"torch": "PyTorch, float32 cache", "pyattn": "pyattn, float32 cache"}.get(impl, impl))
     ax.set_xticks(np.arange(len(shapes)) + 0.4 - width / 2)
     ax.set_xticklabels(["S=" + re.search(r"S=(\d+)", s).group(1) for s in shapes])
-    ax.set_yscale("log")
-    ax.set_ylabel("ms per decode step (best)")
+    ax.set_ylabel("cache GB/s read per decode step (best)")
     ax.set_title("decode, GQA 32/8 heads, E=128, 1 thread", fontsize=10)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.suptitle(head, fontsize=8)
     fig.tight_layout()
-    fig.savefig(out / "decode_ms.png", dpi=90)
+    fig.savefig(out / "decode_gbs.png", dpi=90)
     plt.close(fig)
 
 
@@ -149,7 +151,7 @@ def main(out=None):
     out.mkdir(parents=True, exist_ok=True)
     rows, head = _results()
     sdpa_gflops(out, rows, head)
-    decode_ms(out, rows, head)
+    decode_gbs(out, rows, head)
     block_mask_map(out)
     block_table_map(out)
 
