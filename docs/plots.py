@@ -75,7 +75,7 @@ def decode_gbs(out, rows, head):
                label={"torch": "PyTorch, float32 cache", "pyattn": "pyattn, float32 cache"}.get(impl, impl))
     ax.set_xticks(np.arange(len(shapes)) + 0.4 - width / 2)
     ax.set_xticklabels(["S=" + re.search(r"S=(\d+)", s).group(1) for s in shapes])
-    ax.set_ylabel("cache GB/s read per decode step (best)")
+    ax.set_ylabel("GB/s: K and V bytes / best time")
     ax.set_title("decode, GQA 32/8 heads, E=128, 1 thread", fontsize=10)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.suptitle(head, fontsize=8)
