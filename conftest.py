@@ -19,14 +19,11 @@ for _mod, _needs in (("pyattn/torch.py", "torch"), ("pyattn/flash.py", "torch"),
 
 @pytest.fixture(autouse=True)
 def _doctest_print_options(request):
+    """For doctests only: NumPy's print options fixed, ``np`` in the namespace."""
     if type(request.node).__name__ != "DoctestItem":
         yield
         return
+    request.getfixturevalue("doctest_namespace")["np"] = np
     with np.printoptions(precision=8, threshold=1000, edgeitems=3, linewidth=75,
                          suppress=False, sign="-", floatmode="maxprec", legacy=False):
         yield
-
-
-@pytest.fixture(autouse=True)
-def _doctest_namespace(doctest_namespace):
-    doctest_namespace["np"] = np
