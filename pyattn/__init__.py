@@ -64,6 +64,25 @@ def set_num_threads(n: int) -> None:
     Results are bit-identical whatever the count. Safe to call while other
     Python threads run pyattn: the change takes effect between calls.
 
+    Parameters
+    ----------
+    n : int
+        Threads, 1 to 1024 (the environment variable ``PYATTN_NUM_THREADS``
+        sets the count at import; the default is the CPUs this process may use).
+
+    Raises
+    ------
+    TypeError
+        ``n`` is not an integer.
+    ValueError
+        ``n`` is outside 1 to 1024.
+
+    See Also
+    --------
+    get_num_threads
+
+    Examples
+    --------
     >>> import pyattn
     >>> pyattn.set_num_threads(1); pyattn.get_num_threads()
     1
@@ -77,7 +96,19 @@ def set_num_threads(n: int) -> None:
 
 
 def get_num_threads() -> int:
-    """Number of threads the kernels use (see :func:`set_num_threads`)."""
+    """Number of threads the kernels use (see :func:`set_num_threads`).
+
+    Returns
+    -------
+    int
+        The size of pyattn's thread pool.
+
+    Examples
+    --------
+    >>> import pyattn
+    >>> pyattn.get_num_threads() >= 1
+    True
+    """
     return _C.get_num_threads()
 
 
@@ -115,6 +146,8 @@ def show_config() -> None:
     ``flash`` line: query block x key tile) is portable C around the family's
     GEMM micro-kernels and online-softmax tile steps.
 
+    Examples
+    --------
     >>> import pyattn
     >>> pyattn.show_config()  # doctest: +SKIP
     """

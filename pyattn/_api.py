@@ -286,10 +286,6 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         to the batch axes (heads last): empty tiles are never computed, full
         ones take no mask test. Intersects with every other mask and option.
 
-    Scores follow API.md's order: ``scale * q.k``, softcap, a float mask is
-    added, ALiBi is added, then the bool mask, causal rule and window decide
-    which keys are admissible; softmax over them (and the sink).
-
     Returns
     -------
     ndarray, or a tuple ``(output[, weights][, lse])`` when ``return_weights``
@@ -323,6 +319,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     (L <= 8, decoding) run a row kernel (and split long key sequences into
     fixed chunks over threads), so the same row can differ in the last bits
     from a call with more queries.
+
+    Notes
+    -----
+    Scores follow API.md's order: ``scale * q.k``, softcap, a float mask is
+    added, ALiBi is added, then the bool mask, causal rule and window decide
+    which keys are admissible; softmax over them (and the sink).
 
     Examples
     --------
@@ -459,6 +461,26 @@ def multi_head_attention(query, key, value, num_heads, w_q, w_k, w_v, w_o=None,
     (``(B, L, d_vo)`` without ``w_o``); weights ``(B, H, L, S)`` when
     ``return_weights``. Masks broadcast against ``(B, H, L, S)``; ``scale``
     defaults to ``1/sqrt(d_out / num_heads)``.
+
+    Parameters
+    ----------
+    query, key, value : array_like
+        ``(B, L, d_q)``, ``(B, S, d_k)``, ``(B, S, d_v)``.
+    num_heads : int
+        Heads; ``d_out`` and ``d_vo`` must be multiples of it.
+    w_q, w_k, w_v, w_o : array_like
+        Projection weights, ``torch.nn.Linear`` layout (``w_o`` optional).
+    b_q, b_k, b_v, b_o : array_like, optional
+        Projection biases.
+    attn_mask, is_causal, dropout_p, scale, rng : option
+        As :func:`scaled_dot_product_attention`, per head.
+    return_weights : bool, default False
+        Also return the attention weights ``(B, H, L, S)``.
+
+    Returns
+    -------
+    ndarray, or a tuple ``(output, weights)``
+        ``(B, L, d_model)`` (``(B, L, d_vo)`` without ``w_o``).
 
     Examples
     --------

@@ -89,8 +89,8 @@ class BlockMask:
     travels to dask workers); its ``repr`` draws the tile map of batch 0, head 0
     (``' '`` empty, ``'░'`` partial, ``'█'`` full).
 
-    Example
-    -------
+    Examples
+    --------
     >>> import pyattn
     >>> bm = pyattn.BlockMask.from_mask_mod(pyattn.masks.causal, None, None, 300, 300)
     >>> bm.sparsity()   # 4 of the 4 x 5 tiles are empty
@@ -123,6 +123,21 @@ class BlockMask:
         Shapes: ``B``, ``H``: ints, or ``None`` (the same mask for every
         batch row / head: stored once); ``L`` query positions, ``S`` keys.
 
+        Parameters
+        ----------
+        mask_mod : callable
+            ``mask_mod(b, h, q_idx, kv_idx) -> bool array``, vectorised.
+        B, H : int or None
+            Batch rows and heads the mask differs over (``None``: one mask
+            for all).
+        L, S : int
+            Query positions and keys.
+
+        Returns
+        -------
+        BlockMask
+            The classified tiles and the bits of the partial ones.
+
         Raises
         ------
         TypeError
@@ -133,8 +148,8 @@ class BlockMask:
             A result that does not broadcast to the indices' shape; negative
             sizes. An exception ``mask_mod`` raises otherwise propagates.
 
-        Example
-        -------
+        Examples
+        --------
         >>> import pyattn
         >>> bm = pyattn.BlockMask.from_mask_mod(lambda b, h, q, k: (q - k) % 7 == 0, 2, None, 128, 128)
         >>> bm.shape
@@ -181,12 +196,39 @@ class BlockMask:
         return self._shape
 
     def sparsity(self):
-        """The share of empty tiles (over every batch row and head), in [0, 1]."""
+        """The share of empty tiles (over every batch row and head), in [0, 1].
+
+        Returns
+        -------
+        float
+            Empty tiles / all tiles.
+
+        Examples
+        --------
+        >>> import pyattn
+        >>> pyattn.BlockMask.from_mask_mod(pyattn.masks.causal, None, None, 300, 300).sparsity()
+        0.2
+        """
         n = self._state.size
         return float(np.count_nonzero(self._state == 0)) / n if n else 0.0
 
     def to_dense(self):
-        """The element mask, bool ``(B or 1, H or 1, L, S)`` (True: may attend)."""
+        """The element mask, bool ``(B or 1, H or 1, L, S)`` (True: may attend).
+
+        Returns
+        -------
+        ndarray of bool
+            The dense mask: ``attn_mask=bm.to_dense()`` gives the bits of
+            ``block_mask=bm``.
+
+        Examples
+        --------
+        >>> import pyattn
+        >>> pyattn.BlockMask.from_mask_mod(pyattn.masks.causal, None, None, 3, 3).to_dense()[0, 0]
+        array([[ True, False, False],
+               [ True,  True, False],
+               [ True,  True,  True]])
+        """
         Bm, Hm, L, S = self._shape
         ns, nqt, nkt = self._state.shape
         d = np.zeros((ns, nqt, QB, nkt, KB), np.bool_)

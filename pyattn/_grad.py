@@ -178,9 +178,19 @@ def scaled_dot_product_attention_vjp(query, key, value, attn_mask=None, dropout_
     dropout the pattern is drawn once (from ``rng``, advanced as the forward
     alone would) and every backward call reuses it.
 
+    Parameters
+    ----------
+    query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa : array_like or option
+        As :func:`scaled_dot_product_attention`.
+    rng, window, alibi_slopes, softcap, sinks, align, block_mask : option
+        As :func:`scaled_dot_product_attention`.
+
     Returns
     -------
-    ``(out, backward)``; ``out`` as the forward's (dtype rules, shapes).
+    out : ndarray
+        As the forward's (dtype rules, shapes).
+    backward : callable
+        ``backward(grad_out)`` returns the gradients.
 
     Raises
     ------

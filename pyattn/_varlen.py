@@ -197,9 +197,22 @@ def scaled_dot_product_attention_varlen_backward(grad_out, query, key, value, ou
     the key/value heads of a GQA group are summed in a fixed order, so the
     results do not depend on the thread count.
 
+    Parameters
+    ----------
+    grad_out : array_like, shape (total_q, Hq, Ev)
+        The gradient of the loss with respect to the forward's output.
+    query, key, value, cu_seqlens_q, cu_seqlens_k : array_like
+        The forward's inputs.
+    out, lse : ndarray
+        The forward's output and log-sum-exp (``return_lse=True``).
+    is_causal, scale, enable_gqa, dropout_p, rng, window, alibi_slopes, softcap, sinks, block_mask, align
+        The forward's options, as it got them (``rng``: the same seed, or a
+        Generator in the state it had then).
+
     Returns
     -------
-    ``(grad_query, grad_key, grad_value)`` of the packed shapes, in the
+    tuple of ndarray
+        ``(grad_query, grad_key, grad_value)`` of the packed shapes, in the
     compute dtype; ``grad_sinks`` of ``sinks``' shape is added when ``sinks``
     is given (summed over the sequences in order).
 
@@ -245,6 +258,20 @@ def scaled_dot_product_attention_varlen_vjp(query, key, value, cu_seqlens_q, cu_
     callable any number of times; it keeps references to the inputs, the
     output and the ``(total_q, Hq)`` log-sum-exp. With dropout the pattern is
     drawn once (from ``rng``, advanced as the forward alone would).
+
+    Parameters
+    ----------
+    query, key, value, cu_seqlens_q, cu_seqlens_k : array_like
+        As :func:`scaled_dot_product_attention_varlen`.
+    is_causal, scale, enable_gqa, dropout_p, rng, window, alibi_slopes, softcap, sinks, block_mask, align
+        As :func:`scaled_dot_product_attention_varlen`.
+
+    Returns
+    -------
+    out : ndarray
+        The forward's output.
+    backward : callable
+        ``backward(grad_out)`` returns the gradients.
 
     Raises
     ------

@@ -69,7 +69,26 @@ _TASK_THREADS = None
 def set_task_threads(n=None):
     """Threads each pyattn call inside a Dask task uses: an int >= 1, or None
     (the default) for the worker's per-task share of its CPUs. Recorded in the
-    graphs built afterwards (so it reaches remote workers)."""
+    graphs built afterwards (so it reaches remote workers).
+
+    Parameters
+    ----------
+    n : int or None, optional
+        Threads per task, at least 1; ``None`` restores the default.
+
+    Raises
+    ------
+    TypeError
+        ``n`` is not an integer or None.
+    ValueError
+        ``n < 1``.
+
+    Examples
+    --------
+    >>> import pyattn.dask
+    >>> pyattn.dask.set_task_threads(1)
+    >>> pyattn.dask.set_task_threads(None)
+    """
     global _TASK_THREADS
     if n is not None:
         n = index_value(n, "n")
@@ -197,6 +216,20 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     ``block_mask`` (a :class:`pyattn.BlockMask`, pickled into the graph)
     decides likewise: a key chunk whose tiles are all empty for a query chunk
     gets no task.
+
+    Parameters
+    ----------
+    query, key, value : dask.array.Array or array_like
+        As the local function's.
+    attn_mask, dropout_p, is_causal, scale, enable_gqa : option
+        As the local function's (``dropout_p`` must be 0).
+    window, alibi_slopes, softcap, sinks, return_lse, block_mask : option
+        As the local function's.
+
+    Returns
+    -------
+    dask.array.Array, or a tuple ``(out, lse)`` with ``return_lse``
+        Lazy; ``.compute()`` runs it on any scheduler.
 
     Raises
     ------
@@ -358,6 +391,24 @@ def multi_head_attention(query, key, value, num_heads, w_q, w_k, w_v, w_o=None, 
     matmul, the heads through :func:`scaled_dot_product_attention` above
     (chunks along B, L and S as the inputs'). Returns ``(B, L, d_model)``.
 
+    Parameters
+    ----------
+    query, key, value : dask.array.Array or array_like
+        ``(B, L, d_q)``, ``(B, S, d_k)``, ``(B, S, d_v)``.
+    num_heads : int
+        Heads.
+    w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o : array_like
+        As :func:`pyattn.multi_head_attention`.
+    attn_mask, is_causal, scale : option
+        As :func:`pyattn.multi_head_attention`.
+
+    Returns
+    -------
+    dask.array.Array
+        ``(B, L, d_model)``, lazy.
+
+    Examples
+    --------
     >>> import numpy as np, dask.array as da, pyattn.dask
     >>> x = da.ones((4, 64, 32), chunks=(2, 32, 32)); w = np.eye(32)
     >>> pyattn.dask.multi_head_attention(x, x, x, 4, w, w, w, w, is_causal=True).shape

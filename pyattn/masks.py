@@ -10,8 +10,8 @@ classifies the tiles in closed form and calls the mask only on the tiles
 that are neither empty nor full (a few calls on batches of tiles, never one
 per tile).
 
-Example
--------
+Examples
+--------
 >>> import pyattn
 >>> m = pyattn.masks.and_masks(pyattn.masks.causal, pyattn.masks.document([0] * 100 + [1] * 156))
 >>> bm = pyattn.BlockMask.from_mask_mod(m, None, None, 256, 256)
@@ -81,7 +81,29 @@ class _Causal(_MaskMod):
 
 
 causal = _Causal()
-causal.__doc__ = """Top-left causal: ``kv_idx <= q_idx`` (as ``is_causal=True``)."""
+causal.__doc__ = """Top-left causal: ``kv_idx <= q_idx`` (as ``is_causal=True``).
+
+A ready-made ``mask_mod``: pass it itself (not a call of it) to
+:meth:`pyattn.BlockMask.from_mask_mod` or to :func:`and_masks`.
+
+Parameters
+----------
+b, h : int or ndarray
+    Batch and head indices (unused).
+q_idx, kv_idx : ndarray
+    Broadcastable query and key positions.
+
+Returns
+-------
+ndarray of bool
+    True where ``kv_idx <= q_idx``.
+
+Examples
+--------
+>>> import numpy as np, pyattn
+>>> pyattn.masks.causal(0, 0, np.arange(3)[:, None], np.arange(3)).astype(int).tolist()
+[[1, 0, 0], [1, 1, 0], [1, 1, 1]]
+"""
 
 
 class _Window(_MaskMod):
@@ -107,9 +129,28 @@ def sliding_window(left, right=0):
     (``window=(left, right)`` of :func:`pyattn.scaled_dot_product_attention`;
     ``right=0``: causal within the window). ``None`` on a side: unbounded.
 
-    Raises ``TypeError`` for a side that is not an integer, ``ValueError`` for
-    a negative one.
+    Parameters
+    ----------
+    left : int or None
+        Keys before the query that it sees (``None``: all of them).
+    right : int or None, default 0
+        Keys after the query that it sees (``None``: all of them).
 
+    Returns
+    -------
+    mask_mod
+        A callable ``mask_mod(b, h, q_idx, kv_idx)`` with a closed form for
+        :meth:`pyattn.BlockMask.from_mask_mod`.
+
+    Raises
+    ------
+    TypeError
+        A side that is not an integer.
+    ValueError
+        A negative side.
+
+    Examples
+    --------
     >>> import numpy as np, pyattn
     >>> pyattn.masks.sliding_window(1)(0, 0, np.arange(3)[:, None], np.arange(3)).astype(int).tolist()
     [[1, 0, 0], [1, 1, 0], [0, 1, 1]]
@@ -171,10 +212,28 @@ def document(doc_ids_q, doc_ids_k=None):
     row; ``doc_ids_k`` defaults to ``doc_ids_q``). Not causal by itself:
     ``and_masks(causal, document(ids))`` for packed causal training.
 
-    Raises ``TypeError`` for ids that are not integers, ``ValueError`` for
-    ids of another rank (and, when the BlockMask is built, of another length
-    than its L / S).
+    Parameters
+    ----------
+    doc_ids_q : array_like of int, shape (L,) or (B, L)
+        The document of each query position.
+    doc_ids_k : array_like of int, shape (S,) or (B, S), optional
+        The document of each key position; defaults to ``doc_ids_q``.
 
+    Returns
+    -------
+    mask_mod
+        A callable ``mask_mod(b, h, q_idx, kv_idx)`` with a closed form.
+
+    Raises
+    ------
+    TypeError
+        Ids that are not integers.
+    ValueError
+        Ids of another rank (and, when the BlockMask is built, of another
+        length than its L / S).
+
+    Examples
+    --------
     >>> import numpy as np, pyattn
     >>> m = pyattn.masks.document([0, 0, 1])
     >>> m(0, 0, np.arange(3)[:, None], np.arange(3)).astype(int).tolist()
@@ -204,11 +263,26 @@ class _PrefixLM(_MaskMod):
 def prefix_lm(prefix_len):
     """Prefix-LM: every query sees the first ``prefix_len`` keys (the
     bidirectional prompt) and is causal after them: ``kv < n or kv <= q``.
-    ``prefix_len``: an int, or ``(B,)`` ints (one per batch row).
 
-    Raises ``TypeError`` for non-integers, ``ValueError`` for negative lengths
-    or another shape.
+    Parameters
+    ----------
+    prefix_len : int or array_like of int, shape (B,)
+        The prefix length, or one per batch row.
 
+    Returns
+    -------
+    mask_mod
+        A callable ``mask_mod(b, h, q_idx, kv_idx)`` with a closed form.
+
+    Raises
+    ------
+    TypeError
+        Non-integers.
+    ValueError
+        Negative lengths or another shape.
+
+    Examples
+    --------
     >>> import numpy as np, pyattn
     >>> pyattn.masks.prefix_lm(2)(0, 0, np.arange(3)[:, None], np.arange(3)).astype(int).tolist()
     [[1, 1, 0], [1, 1, 0], [1, 1, 1]]
@@ -244,8 +318,25 @@ def chunked_causal(chunk):
     """Chunked causal attention (Llama 4's local layers): causal within
     chunks of ``chunk`` positions, ``kv <= q`` and ``kv // chunk == q // chunk``.
 
-    Raises ``TypeError`` for a non-integer, ``ValueError`` for ``chunk < 1``.
+    Parameters
+    ----------
+    chunk : int
+        Positions per chunk (at least 1).
 
+    Returns
+    -------
+    mask_mod
+        A callable ``mask_mod(b, h, q_idx, kv_idx)`` with a closed form.
+
+    Raises
+    ------
+    TypeError
+        A non-integer.
+    ValueError
+        ``chunk < 1``.
+
+    Examples
+    --------
     >>> import numpy as np, pyattn
     >>> pyattn.masks.chunked_causal(2)(0, 0, np.arange(3)[:, None], np.arange(3)).astype(int).tolist()
     [[1, 0, 0], [1, 1, 0], [0, 0, 1]]
@@ -303,8 +394,25 @@ def and_masks(*mask_mods):
     """The intersection of mask_mods (True where all are True); the builder
     combines their tile states in closed form where they have one.
 
-    Raises ``ValueError`` with no mask, ``TypeError`` for a non-callable.
+    Parameters
+    ----------
+    *mask_mods : callable
+        One or more ``mask_mod(b, h, q_idx, kv_idx)`` functions.
 
+    Returns
+    -------
+    mask_mod
+        Their intersection.
+
+    Raises
+    ------
+    ValueError
+        No mask given.
+    TypeError
+        A mask that is not callable.
+
+    Examples
+    --------
     >>> import numpy as np, pyattn
     >>> m = pyattn.masks.and_masks(pyattn.masks.causal, pyattn.masks.document([0, 1, 1]))
     >>> m(0, 0, np.arange(3)[:, None], np.arange(3)).astype(int).tolist()
@@ -316,6 +424,25 @@ def and_masks(*mask_mods):
 def or_masks(*mask_mods):
     """The union of mask_mods (True where any is True); as :func:`and_masks`.
 
+    Parameters
+    ----------
+    *mask_mods : callable
+        One or more ``mask_mod(b, h, q_idx, kv_idx)`` functions.
+
+    Returns
+    -------
+    mask_mod
+        Their union.
+
+    Raises
+    ------
+    ValueError
+        No mask given.
+    TypeError
+        A mask that is not callable.
+
+    Examples
+    --------
     >>> import numpy as np, pyattn
     >>> m = pyattn.masks.or_masks(pyattn.masks.causal, pyattn.masks.prefix_lm(2))
     >>> m(0, 0, np.arange(3)[:, None], np.arange(3)).astype(int).tolist()

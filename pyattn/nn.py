@@ -111,12 +111,44 @@ class _Attention:
 
     # -- modes --------------------------------------------------------------
     def train(self, mode=True):
-        """Dropout on (``mode=True``) or off; returns the layer."""
+        """Dropout on (``mode=True``) or off; returns the layer.
+
+        Parameters
+        ----------
+        mode : bool, default True
+            Training mode (dropout on, the forward keeps what
+            :meth:`backward` needs) or eval mode.
+
+        Returns
+        -------
+        layer
+            The layer itself.
+
+        Examples
+        --------
+        >>> from pyattn.nn import MultiHeadAttention
+        >>> layer = MultiHeadAttention(8, 8, 2, rng=0)
+        >>> layer.train().training, layer.train(False).training
+        (True, False)
+        """
         self.training = bool(mode)
         return self
 
     def eval(self):
-        """Dropout off (inference); returns the layer."""
+        """Dropout off (inference); returns the layer.
+
+        Returns
+        -------
+        layer
+            The layer itself, in eval mode (``train(False)``).
+
+        Examples
+        --------
+        >>> from pyattn.nn import MultiHeadAttention
+        >>> layer = MultiHeadAttention(8, 8, 2, rng=0)
+        >>> layer.eval().training
+        False
+        """
         return self.train(False)
 
     # -- state ----------------------------------------------------------------
@@ -135,15 +167,52 @@ class _Attention:
 
     def parameters(self):
         """The live parameter arrays, keyed as :meth:`state_dict` (not copies:
-        ``p -= lr * g`` updates the layer in place)."""
+        ``p -= lr * g`` updates the layer in place).
+
+        Returns
+        -------
+        dict of str to ndarray
+            The layer's own arrays.
+
+        Examples
+        --------
+        >>> from pyattn.nn import MultiHeadAttention
+        >>> layer = MultiHeadAttention(8, 8, 2, rng=0)
+        >>> sorted(layer.parameters())[:2]
+        ['W_key.weight', 'W_query.weight']
+        """
         return {k: getattr(self, attr) for k, (attr, _) in self._expected().items()}
 
     def zero_grad(self):
-        """Set every entry of :attr:`grads` to zeros of its parameter's shape and dtype."""
+        """Set every entry of ``grads`` to zeros of its parameter's shape and dtype.
+
+        Examples
+        --------
+        >>> from pyattn.nn import MultiHeadAttention
+        >>> layer = MultiHeadAttention(8, 8, 2, rng=0)
+        >>> layer.zero_grad()
+        >>> float(abs(layer.grads["W_query.weight"]).sum())
+        0.0
+        """
         self.grads = {k: np.zeros_like(p) for k, p in self.parameters().items()}
 
     def state_dict(self):
-        """Copies of the parameters as NumPy arrays, under the seed classes' keys."""
+        """Copies of the parameters as NumPy arrays, under the seed classes' keys.
+
+        Returns
+        -------
+        dict of str to ndarray
+            ``W_query.weight``, ``W_key.weight``, ``W_value.weight`` (and their
+            ``.bias`` with ``qkv_bias``), ``out_proj.weight`` / ``.bias`` where
+            the layer has them.
+
+        Examples
+        --------
+        >>> from pyattn.nn import MultiHeadAttention
+        >>> layer = MultiHeadAttention(8, 8, 2, rng=0)
+        >>> layer.state_dict()["out_proj.weight"].shape
+        (8, 8)
+        """
         return {k: getattr(self, attr).copy() for k, (attr, _) in self._expected().items()}
 
     def load_state_dict(self, state_dict):
@@ -160,7 +229,30 @@ class _Attention:
         ``d_in``/``d_out``). A state dict holds no causality: a
         ``torch.nn.MultiheadAttention`` attends to every key unless called with
         a mask, so its weights match a layer built with ``causal=False``, which
-        is what :meth:`from_torch` builds. Returns the layer.
+        is what :meth:`from_torch` builds.
+
+        Parameters
+        ----------
+        state_dict : mapping of str to array_like or torch.Tensor
+            The parameters, under either family of keys above.
+
+        Returns
+        -------
+        layer
+            The layer itself.
+
+        Raises
+        ------
+        ValueError
+            A missing, unexpected or misshapen key.
+
+        Examples
+        --------
+        >>> from pyattn.nn import MultiHeadAttention
+        >>> layer = MultiHeadAttention(8, 8, 2, rng=0)
+        >>> other = MultiHeadAttention(8, 8, 2, rng=1).load_state_dict(layer.state_dict())
+        >>> bool((other.W_query == layer.W_query).all())
+        True
         """
         d = {str(k): v for k, v in dict(state_dict).items()}
         d.pop("mask", None)
@@ -341,7 +433,31 @@ class _Attention:
         """A :class:`pyattn.KVCache` for this layer: ``batch`` sequences of up to
         ``max_len`` tokens, one cache head per attention head (``d_out / num_heads``
         features), float32 (default), float64, float16, bfloat16, or quantized
-        ``"int8"`` / ``"int4"`` with a float32 scale per ``group_size`` values."""
+        ``"int8"`` / ``"int4"`` with a float32 scale per ``group_size`` values.
+
+        Parameters
+        ----------
+        batch : int
+            Sequences.
+        max_len : int
+            Tokens per sequence.
+        dtype : dtype or {"int8", "int4"}, default numpy.float32
+            The cache's storage.
+        group_size : int, default 32
+            Values per scale of a quantized cache.
+
+        Returns
+        -------
+        KVCache
+            An empty cache to pass as ``layer(x, cache=...)``.
+
+        Examples
+        --------
+        >>> from pyattn.nn import MultiHeadAttention
+        >>> layer = MultiHeadAttention(8, 8, 2, rng=0)
+        >>> layer.new_cache(batch=2, max_len=16).k.shape
+        (2, 2, 16, 4)
+        """
         hd = self.d_out // self.num_heads
         return KVCache(batch, self.num_heads, max_len, hd, hd, dtype, group_size)
 
@@ -541,16 +657,39 @@ class _Attention:
 
         ``grad_y``: the gradient of a loss with respect to that call's output
         (its shape). Returns the gradient with respect to that call's input
-        ``x`` and adds each parameter's gradient into :attr:`grads` (keys of
+        ``x`` and adds each parameter's gradient into ``grads`` (keys of
         :meth:`state_dict`; accumulated until :meth:`zero_grad`, as PyTorch's
         ``.grad``). Dropout is part of the gradient (the call's pattern is
         regenerated). The attention part runs
         :func:`pyattn.scaled_dot_product_attention_backward`; the projections
         are matrix products.
 
-        Raises ``RuntimeError`` when there is no training-mode call to go back
-        through (none yet, an eval-mode call since, or its backward already
-        ran); ``ValueError`` when ``grad_y``'s shape is not the output's.
+        Parameters
+        ----------
+        grad_y : array_like
+            The gradient of the loss with respect to the last call's output.
+
+        Returns
+        -------
+        ndarray
+            The gradient with respect to that call's input ``x``.
+
+        Raises
+        ------
+        RuntimeError
+            There is no training-mode call to go back through (none yet, an
+            eval-mode call since, or its backward already ran).
+        ValueError
+            ``grad_y``'s shape is not the output's.
+
+        Examples
+        --------
+        >>> from pyattn.nn import MultiHeadAttention
+        >>> layer = MultiHeadAttention(8, 8, 2, rng=0)
+        >>> import numpy as np
+        >>> y = layer(np.ones((1, 3, 8), np.float32))
+        >>> layer.backward(np.ones_like(y)).shape
+        (1, 3, 8)
         """
         t = self._tape
         if t is None:
@@ -616,6 +755,26 @@ class SelfAttention(_Attention):
     output ``(B, T, d_out)``; with ``return_weights=True`` also the weights
     ``(B, T, T)``.
 
+    Parameters
+    ----------
+    d_in : int
+        Input features.
+    d_out : int
+        Output features (the query/key/value width).
+    qkv_bias : bool, default False
+        Biases in the query, key and value projections.
+    rng : int, numpy.random.Generator or None, optional
+        Seeds the weights' uniform initialisation (PyTorch's ``nn.Linear``
+        bounds) and the dropout draws.
+
+    Raises
+    ------
+    ValueError
+        Non-positive sizes, ``d_out`` not divisible by ``num_heads``, dropout
+        outside ``[0, 1)``.
+
+    Examples
+    --------
     >>> import numpy as np
     >>> from pyattn.nn import SelfAttention
     >>> SelfAttention(3, 2, rng=0)(np.ones((6, 3))).shape
@@ -634,6 +793,31 @@ class CausalAttention(_Attention):
     mode. ``T > context_length`` is a ``ValueError``. Input ``(B, T, d_in)``
     or ``(T, d_in)``, output ``(B, T, d_out)`` [, weights ``(B, T, T)``].
 
+    Parameters
+    ----------
+    d_in : int
+        Input features.
+    d_out : int
+        Output features (the query/key/value width).
+    context_length : int
+        The longest sequence a call takes (``T > context_length`` is a
+        ``ValueError``).
+    dropout : float, default 0.0
+        Dropout on the attention weights in training mode, in ``[0, 1)``.
+    qkv_bias : bool, default False
+        Biases in the query, key and value projections.
+    rng : int, numpy.random.Generator or None, optional
+        Seeds the weights' uniform initialisation (PyTorch's ``nn.Linear``
+        bounds) and the dropout draws.
+
+    Raises
+    ------
+    ValueError
+        Non-positive sizes, ``d_out`` not divisible by ``num_heads``, dropout
+        outside ``[0, 1)``.
+
+    Examples
+    --------
     >>> import numpy as np
     >>> from pyattn.nn import CausalAttention
     >>> CausalAttention(512, 768, context_length=100, rng=0)(np.zeros((2, 100, 512))).shape
@@ -658,6 +842,40 @@ class MultiHeadAttention(_Attention):
     the layer matching a ``torch.nn.MultiheadAttention`` (``causal=False``,
     its biases, dropout, ``batch_first``) with its weights.
 
+    Parameters
+    ----------
+    d_in : int
+        Input features.
+    d_out : int
+        Output features (the query/key/value width).
+    num_heads : int
+        Heads; ``d_out`` must be divisible by it.
+    context_length : int or None, optional
+        The longest sequence a call takes (``T > context_length`` is a
+        ``ValueError``); ``None``: no limit.
+    dropout : float, default 0.0
+        Dropout on the attention weights in training mode, in ``[0, 1)``.
+    qkv_bias : bool, default False
+        Biases in the query, key and value projections.
+    causal : bool, default True
+        Causal attention (the seeds' layer); ``False`` as
+        ``torch.nn.MultiheadAttention`` without a mask.
+    out_bias : bool, default True
+        A bias in the output projection.
+    batch_first : bool, default True
+        3-d inputs and outputs are ``(B, T, ...)``; ``False``: ``(T, B, ...)``.
+    rng : int, numpy.random.Generator or None, optional
+        Seeds the weights' uniform initialisation (PyTorch's ``nn.Linear``
+        bounds) and the dropout draws.
+
+    Raises
+    ------
+    ValueError
+        Non-positive sizes, ``d_out`` not divisible by ``num_heads``, dropout
+        outside ``[0, 1)``.
+
+    Examples
+    --------
     >>> import numpy as np
     >>> from pyattn.nn import MultiHeadAttention
     >>> MultiHeadAttention(32, 32, 4, context_length=8, dropout=0.1, rng=0)(np.zeros((4, 8, 32))).shape

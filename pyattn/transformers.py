@@ -163,6 +163,8 @@ def register() -> None:
     builder, transformers' boolean SDPA masks, to ``AttentionMaskInterface``);
     then ``attn_implementation="pyattn"`` selects it. Idempotent.
 
+    Examples
+    --------
     >>> import pyattn.transformers as pht                 # doctest: +SKIP
     >>> pht.register()                                     # doctest: +SKIP
     """
