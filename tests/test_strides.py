@@ -1,5 +1,5 @@
 """Strides and byte order of every array argument of every entry point
-(Reliability v4, item 2), generated from one table.
+(the serving paths included), generated from one table.
 
 Each row of ``ROWS`` builds one call: its array arguments (by name), the
 ones the call writes in place, and the call itself. For every array argument

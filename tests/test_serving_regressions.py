@@ -1,4 +1,4 @@
-"""Reliability v4: the bugs found from outside in the cache paths, strides and
+"""The serving entry points' regressions: the bugs found from outside in the cache paths, strides and
 dtypes of the wave-3 entry points, each reproduced by a few lines of NumPy.
 (The generated stride / byte-order grid over every entry point is
 tests/test_strides.py; PagedKVCache's stateful test tests/test_paged_state.py.)"""

@@ -1,4 +1,4 @@
-"""Reliability v4, item 4: the property grid of "Reliability v3"
+"""The property grid of the dense entry points
 (test_properties_v3.py) extended to every wave-3 entry point: varlen
 (forward, backward, vjp), paged caches, packed mixed batches, tree masks,
 quantized caches, block masks, rotary / cache_leftpad / cache_batch_idx,
