@@ -65,9 +65,10 @@ def bits_equal(a, b):
     return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a.view(np.uint8), b.view(np.uint8))
 
 
-def oracle(q, kd, vd, n, causal, scale, u):
+def oracle(q, kd, vd, n, causal, window, scale, u):
     """float64 attention of q (Hq, T, E) over kd, vd (Hkv, n + T, .) with
-    query t at position n + t; returns (out, lse, out_bound, lse_bound)."""
+    query t at position n + t (window: (left, right), None unbounded);
+    returns (out, lse, out_bound, lse_bound)."""
     Hq, T, E = q.shape
     G = Hq // kd.shape[0]
     k, v = np.repeat(kd, G, 0), np.repeat(vd, G, 0)
@@ -77,6 +78,8 @@ def oracle(q, kd, vd, n, causal, scale, u):
     vis = np.ones((T, S), bool)
     if causal:
         vis = np.arange(S)[None, :] <= n + np.arange(T)[:, None]
+    if window is not None:
+        vis = vis & R.window_mask(T, S, window, qoff=n)
     s = np.where(vis, s, -np.inf)
     m = s.max(-1, keepdims=True)
     p = np.exp(s - m)
@@ -96,14 +99,14 @@ def oracle(q, kd, vd, n, causal, scale, u):
 class PagedCacheMachine(RuleBasedStateMachine):
     dtype = np.float32
 
-    @initialize(bs=st.integers(1, 4), N=st.integers(2, 9), hkv=st.sampled_from([1, 2]),
-                G=st.sampled_from([1, 2]), E=st.sampled_from([2, 4, 6, 8]), Ev=st.sampled_from([2, 4, 6]),
-                data=st.data())
+    @initialize(bs=st.sampled_from([1, 2, 3, 4, 16]), N=st.integers(0, 10), hkv=st.sampled_from([1, 2]),
+                G=st.sampled_from([1, 2, 3]), E=st.sampled_from([2, 4, 6, 8, 64]),
+                Ev=st.sampled_from([2, 4, 6, 32]), data=st.data())
     def setup(self, bs, N, hkv, G, E, Ev, data):
         self.quant = self.dtype if isinstance(self.dtype, str) else None
         gs = 32
         if self.quant:
-            gs = data.draw(st.sampled_from([g for g in (1, 2, 3, 4, 6, 8) if E % g == 0 and Ev % g == 0]),
+            gs = data.draw(st.sampled_from([g for g in (1, 2, 3, 4, 6, 8, 32) if E % g == 0 and Ev % g == 0]),
                            label="group_size")
         self.cache = pyattn.PagedKVCache(N, bs, hkv, E, value_dim=Ev, dtype=self.dtype, group_size=gs)
         self.N, self.bs, self.hkv, self.hq, self.E, self.Ev, self.gs = N, bs, hkv, hkv * G, E, Ev, gs
@@ -140,9 +143,9 @@ class PagedCacheMachine(RuleBasedStateMachine):
         assert sid not in self.seqs and self.cache.length(sid) == 0
         z = lambda D: np.zeros((self.hkv, 0, D))   # noqa: E731
         self.seqs[sid] = {"n": 0, "blocks": [], "kd": z(self.E), "vd": z(self.Ev),
-                          "k": self.cache.k[0, :, :0].copy(), "v": self.cache.v[0, :, :0].copy(),
-                          "ks": None if not self.quant else self.cache.k_scale[0, :, :0].copy(),
-                          "vs": None if not self.quant else self.cache.v_scale[0, :, :0].copy()}
+                          **{name: None if pool is None else np.empty((self.hkv, 0, pool.shape[3]), pool.dtype)
+                             for name, pool in (("k", self.cache.k), ("v", self.cache.v),
+                                                ("ks", self.cache.k_scale), ("vs", self.cache.v_scale))}}
 
     @precondition(lambda self: 0 < len(self.seqs) < MAX_SEQS)
     @rule(data=st.data())
@@ -164,8 +167,9 @@ class PagedCacheMachine(RuleBasedStateMachine):
             self.cache.length(sid)
 
     @precondition(lambda self: self.seqs)
-    @rule(data=st.data(), causal=st.booleans(), want_lse=st.booleans(), seed=st.integers(0, 2 ** 32 - 1))
-    def attend(self, data, causal, want_lse, seed):
+    @rule(data=st.data(), causal=st.booleans(), want_lse=st.booleans(), seed=st.integers(0, 2 ** 32 - 1),
+          window=st.none() | st.tuples(st.integers(0, 6), st.none() | st.integers(0, 3)))
+    def attend(self, data, causal, want_lse, seed, window):
         ids = data.draw(st.permutations(sorted(self.seqs)), label="order")
         ids = ids[:data.draw(st.integers(1, len(ids)), label="count")]
         big = data.draw(st.booleans(), label="long")           # now and then past the free blocks
@@ -209,7 +213,7 @@ class PagedCacheMachine(RuleBasedStateMachine):
         pools = [x.copy() for x in (self.cache.k, self.cache.v, self.cache.k_scale, self.cache.v_scale)
                  if x is not None]
         lengths = {s: self.cache.length(s) for s in self.seqs}
-        kw = dict(is_causal=causal, return_lse=want_lse)
+        kw = dict(is_causal=causal, return_lse=want_lse, window=window)
         if packed:
             kw["cu_seqlens_q"] = cu
         if need > before_free:
@@ -254,7 +258,7 @@ class PagedCacheMachine(RuleBasedStateMachine):
                 new["blocks"].append(b)
             if t:
                 want, wlse, ob, lb = oracle(q[sl].transpose(1, 0, 2).astype(np.float64), new["kd"], new["vd"],
-                                            n, causal, 1.0 / math.sqrt(self.E), self.u)
+                                            n, causal, window, 1.0 / math.sqrt(self.E), self.u)
                 got = out[sl].transpose(1, 0, 2).astype(np.float64)
                 err = np.abs(got - want)
                 assert (err <= ob[..., None]).all(), (

@@ -354,3 +354,20 @@ def test_int4_width_one_rows_with_any_stride():
     want = pyattn.attention_with_kvcache(q, kq, vq, k_scale=ks, v_scale=vs, cache_seqlens=n)
     same_bits(pyattn.attention_with_kvcache(q, wide[..., 1::2], vq, k_scale=ks, v_scale=vs, cache_seqlens=n),
               want)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+def test_a_pool_of_no_blocks(dtype):
+    """PagedKVCache(num_blocks=0) int8 / int4 (found by test_paged_state):
+    an attend with no new token ran for the float dtypes and was refused
+    here ("the k_scale pool must be ... contiguous groups": NumPy gives an
+    empty array zero strides); one new token is CacheFullError."""
+    cache = pyattn.PagedKVCache(0, 2, 1, 4, dtype=dtype, group_size=2)
+    a = cache.add_sequence()
+    x = np.ones((1, 1, 0, 4), np.float32)
+    out, lse = cache.attend([a], x, x, x, return_lse=True)
+    assert out.shape == (1, 1, 0, 4) and lse.shape == (1, 1, 0)
+    y = np.ones((1, 1, 1, 4), np.float32)
+    with pytest.raises(pyattn.CacheFullError):
+        cache.attend([a], y, y, y)
+    assert cache.length(a) == 0 and cache.blocks_free == 0
