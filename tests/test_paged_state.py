@@ -65,9 +65,10 @@ def bits_equal(a, b):
     return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a.view(np.uint8), b.view(np.uint8))
 
 
-def oracle(q, kd, vd, n, causal, window, scale, u):
+def oracle(q, kd, vd, n, causal, window, slopes, sinks, scale, u):
     """float64 attention of q (Hq, T, E) over kd, vd (Hkv, n + T, .) with
-    query t at position n + t (window: (left, right), None unbounded);
+    query t at position n + t (window: (left, right), None unbounded;
+    slopes (Hq,): ALiBi; sinks (Hq,): a logit in each denominator);
     returns (out, lse, out_bound, lse_bound)."""
     Hq, T, E = q.shape
     G = Hq // kd.shape[0]
@@ -75,6 +76,10 @@ def oracle(q, kd, vd, n, causal, window, scale, u):
     S = n + T
     s = np.einsum("hte,hse->hts", q, k) * scale
     d = np.einsum("hte,hse->hts", np.abs(q), np.abs(k)) * scale * (E + 2) * u
+    if slopes is not None:              # the bias and its sum with the score, each rounded once more
+        bias = -slopes[:, None, None] * np.abs(n + np.arange(T)[:, None] - np.arange(S)[None, :])
+        d = d + u * (2 * np.abs(bias) + np.abs(s + bias))
+        s = s + bias
     vis = np.ones((T, S), bool)
     if causal:
         vis = np.arange(S)[None, :] <= n + np.arange(T)[:, None]
@@ -82,14 +87,24 @@ def oracle(q, kd, vd, n, causal, window, scale, u):
         vis = vis & R.window_mask(T, S, window, qoff=n)
     s = np.where(vis, s, -np.inf)
     m = s.max(-1, keepdims=True)
+    if sinks is not None:
+        m = np.maximum(m, sinks[:, None, None])
     p = np.exp(s - m)
-    w = p / p.sum(-1, keepdims=True)
+    z = p.sum(-1, keepdims=True)
+    if sinks is not None:
+        ps = np.exp(sinks[:, None, None] - m)
+        z = z + ps
+    w = p / z
     out = w @ v
-    lse = (m[..., 0] + np.log(p.sum(-1)))
+    lse = m[..., 0] + np.log(z[..., 0])
     diff = np.where(vis, np.abs(s - m), 0.0)
     e = np.where(vis, d + u * diff + 2 * u, 0.0)
     we = (w * e).sum(-1)                                       # (Hq, T)
     nvis = vis.sum(-1)                                         # (T,)
+    if sinks is not None:               # the sink: one more weight (rounded to float32, u|sink|)
+        we = we + (ps / z)[..., 0] * (u * np.abs(sinks)[:, None] + u * np.abs(sinks[:, None, None] - m)[..., 0]
+                                      + 2 * u)
+        nvis = nvis + 1
     vmax = np.array([[np.abs(v[h][vis[t]]).max(initial=0.0) for t in range(T)] for h in range(Hq)])
     out_b = 2 * vmax * we + (3 * nvis + 4) * u * vmax
     lse_b = we + (nvis + 2) * u + 2 * u * np.abs(lse)
@@ -168,8 +183,9 @@ class PagedCacheMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.seqs)
     @rule(data=st.data(), causal=st.booleans(), want_lse=st.booleans(), seed=st.integers(0, 2 ** 32 - 1),
-          window=st.none() | st.tuples(st.integers(0, 6), st.none() | st.integers(0, 3)))
-    def attend(self, data, causal, want_lse, seed, window):
+          window=st.none() | st.tuples(st.integers(0, 6), st.none() | st.integers(0, 3)),
+          alibi=st.sampled_from([None, "heads", "sequences"]), sinks=st.booleans())
+    def attend(self, data, causal, want_lse, seed, window, alibi, sinks):
         ids = data.draw(st.permutations(sorted(self.seqs)), label="order")
         ids = ids[:data.draw(st.integers(1, len(ids)), label="count")]
         big = data.draw(st.booleans(), label="long")           # now and then past the free blocks
@@ -214,6 +230,15 @@ class PagedCacheMachine(RuleBasedStateMachine):
                  if x is not None]
         lengths = {s: self.cache.length(s) for s in self.seqs}
         kw = dict(is_causal=causal, return_lse=want_lse, window=window)
+        slopes = None
+        if alibi:                           # powers of two, as ALiBi's, (Hq,) or one row per sequence
+            slopes = 2.0 ** -rng.integers(0, 6, (len(ids), self.hq) if alibi == "sequences" else self.hq)
+            kw["alibi_slopes"] = slopes
+        if sinks:
+            sinks = rng.standard_normal(self.hq) * 2
+            kw["sinks"] = sinks
+        else:
+            sinks = None
         if packed:
             kw["cu_seqlens_q"] = cu
         if need > before_free:
@@ -258,7 +283,9 @@ class PagedCacheMachine(RuleBasedStateMachine):
                 new["blocks"].append(b)
             if t:
                 want, wlse, ob, lb = oracle(q[sl].transpose(1, 0, 2).astype(np.float64), new["kd"], new["vd"],
-                                            n, causal, window, 1.0 / math.sqrt(self.E), self.u)
+                                            n, causal, window,
+                                            None if slopes is None else slopes[i] if slopes.ndim == 2 else slopes,
+                                            sinks, 1.0 / math.sqrt(self.E), self.u)
                 got = out[sl].transpose(1, 0, 2).astype(np.float64)
                 err = np.abs(got - want)
                 assert (err <= ob[..., None]).all(), (
