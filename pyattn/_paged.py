@@ -496,7 +496,9 @@ class PagedKVCache:
 
     def fork(self, seq) -> int:
         """A new sequence sharing ``seq``'s blocks and length (nothing copied;
-        a shared block is copied on its first write, by either sequence)."""
+        a shared block is copied on its first write, by either sequence; when
+        every sequence holding it writes it in one :meth:`attend`, all but
+        the last of them copy it and the last writes it in place)."""
         blocks, length = self._seqs[self._get(seq)]
         sid = self.add_sequence()
         self._seqs[sid] = [list(blocks), length]
@@ -572,7 +574,8 @@ class PagedKVCache:
         blocks do not suffice, ``ValueError`` for unknown or repeated
         sequence ids and the errors of :func:`pyattn.attention_with_kvcache`;
         any error leaves the cache's sequences as they were (blocks it took
-        go back to the free list).
+        go back to the free list) and its pools bit for bit (the blocks a
+        copy-on-write had copied into are put back).
         """
         if isinstance(seqs, (int, np.integer)):
             raise TypeError("seqs must be a sequence of sequence ids (a list), got an int")
