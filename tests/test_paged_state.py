@@ -65,11 +65,12 @@ def bits_equal(a, b):
     return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a.view(np.uint8), b.view(np.uint8))
 
 
-def oracle(q, kd, vd, n, causal, window, slopes, sinks, scale, u):
+def oracle(q, kd, vd, n, causal, window, slopes, sinks, tree, scale, u):
     """float64 attention of q (Hq, T, E) over kd, vd (Hkv, n + T, .) with
     query t at position n + t (window: (left, right), None unbounded;
-    slopes (Hq,): ALiBi; sinks (Hq,): a logit in each denominator);
-    returns (out, lse, out_bound, lse_bound)."""
+    slopes (Hq,): ALiBi; sinks (Hq,): a logit in each denominator; tree
+    (Hq or 1, T, T) bool: which new tokens see which, the cached rows all
+    visible); returns (out, lse, out_bound, lse_bound)."""
     Hq, T, E = q.shape
     G = Hq // kd.shape[0]
     k, v = np.repeat(kd, G, 0), np.repeat(vd, G, 0)
@@ -80,11 +81,14 @@ def oracle(q, kd, vd, n, causal, window, slopes, sinks, scale, u):
         bias = -slopes[:, None, None] * np.abs(n + np.arange(T)[:, None] - np.arange(S)[None, :])
         d = d + u * (2 * np.abs(bias) + np.abs(s + bias))
         s = s + bias
-    vis = np.ones((T, S), bool)
+    vis = np.ones((1, T, S), bool)
     if causal:
-        vis = np.arange(S)[None, :] <= n + np.arange(T)[:, None]
+        vis = vis & (np.arange(S)[None, :] <= n + np.arange(T)[:, None])
     if window is not None:
         vis = vis & R.window_mask(T, S, window, qoff=n)
+    if tree is not None:
+        vis = vis & np.concatenate([np.ones(tree.shape[:2] + (n,), bool), tree], axis=-1)
+    vis = np.broadcast_to(vis, (Hq, T, S))
     s = np.where(vis, s, -np.inf)
     m = s.max(-1, keepdims=True)
     if sinks is not None:
@@ -100,12 +104,12 @@ def oracle(q, kd, vd, n, causal, window, slopes, sinks, scale, u):
     diff = np.where(vis, np.abs(s - m), 0.0)
     e = np.where(vis, d + u * diff + 2 * u, 0.0)
     we = (w * e).sum(-1)                                       # (Hq, T)
-    nvis = vis.sum(-1)                                         # (T,)
+    nvis = vis.sum(-1)                                         # (Hq, T)
     if sinks is not None:               # the sink: one more weight (rounded to float32, u|sink|)
         we = we + (ps / z)[..., 0] * (u * np.abs(sinks)[:, None] + u * np.abs(sinks[:, None, None] - m)[..., 0]
                                       + 2 * u)
         nvis = nvis + 1
-    vmax = np.array([[np.abs(v[h][vis[t]]).max(initial=0.0) for t in range(T)] for h in range(Hq)])
+    vmax = np.array([[np.abs(v[h][vis[h, t]]).max(initial=0.0) for t in range(T)] for h in range(Hq)])
     out_b = 2 * vmax * we + (3 * nvis + 4) * u * vmax
     lse_b = we + (nvis + 2) * u + 2 * u * np.abs(lse)
     return out, lse, out_b, lse_b
@@ -184,8 +188,9 @@ class PagedCacheMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.seqs)
     @rule(data=st.data(), causal=st.booleans(), want_lse=st.booleans(), seed=st.integers(0, 2 ** 32 - 1),
           window=st.none() | st.tuples(st.integers(0, 6), st.none() | st.integers(0, 3)),
-          alibi=st.sampled_from([None, "heads", "sequences"]), sinks=st.booleans())
-    def attend(self, data, causal, want_lse, seed, window, alibi, sinks):
+          alibi=st.sampled_from([None, "heads", "sequences"]), sinks=st.booleans(),
+          tree=st.sampled_from([None, (1, 1), (1, "h"), ("b", 1), ("b", "h")]))
+    def attend(self, data, causal, want_lse, seed, window, alibi, sinks, tree):
         ids = data.draw(st.permutations(sorted(self.seqs)), label="order")
         ids = ids[:data.draw(st.integers(1, len(ids)), label="count")]
         big = data.draw(st.booleans(), label="long")           # now and then past the free blocks
@@ -239,6 +244,11 @@ class PagedCacheMachine(RuleBasedStateMachine):
             kw["sinks"] = sinks
         else:
             sinks = None
+        if tree is not None:                # a token tree (its diagonal set: every row sees itself)
+            Tm = max(Ts)
+            tree = rng.random((len(ids) if tree[0] == "b" else 1, self.hq if tree[1] == "h" else 1, Tm, Tm)) < 0.5
+            tree[..., np.arange(Tm), np.arange(Tm)] = True
+            kw["tree_mask"] = tree
         if packed:
             kw["cu_seqlens_q"] = cu
         if need > before_free:
@@ -285,7 +295,8 @@ class PagedCacheMachine(RuleBasedStateMachine):
                 want, wlse, ob, lb = oracle(q[sl].transpose(1, 0, 2).astype(np.float64), new["kd"], new["vd"],
                                             n, causal, window,
                                             None if slopes is None else slopes[i] if slopes.ndim == 2 else slopes,
-                                            sinks, 1.0 / math.sqrt(self.E), self.u)
+                                            sinks, None if tree is None else tree[i if tree.shape[0] > 1 else 0, :, :t, :t],
+                                            1.0 / math.sqrt(self.E), self.u)
                 got = out[sl].transpose(1, 0, 2).astype(np.float64)
                 err = np.abs(got - want)
                 assert (err <= ob[..., None]).all(), (
