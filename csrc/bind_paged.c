@@ -258,8 +258,11 @@ static int bind_scale_pools(PyObject *paged, int writeable, const parr *pool, pa
         parr sp;
         if (get_arr(o, sn[x], 4, PA_F32, writeable, &sp) < 0) return -1;
         const pa_ssize vals = pool[x].shape[3] * (pool[x].dtype == PA_I4 ? 2 : 1);
+        /* an empty pool (no block) is never read: NumPy gives it any strides */
+        const int empty = sp.shape[0] == 0 || sp.shape[1] == 0 || sp.shape[2] == 0;
         if (sp.shape[0] != pool[x].shape[0] || sp.shape[1] != pool[x].shape[1] ||
-            sp.shape[2] != pool[x].shape[2] || sp.shape[3] * G[x] != vals || (sp.shape[3] > 1 && sp.st[3] != 1)) {
+            sp.shape[2] != pool[x].shape[2] || sp.shape[3] * G[x] != vals ||
+            (sp.shape[3] > 1 && sp.st[3] != 1 && !empty)) {
             PyErr_Format(PyExc_ValueError, "the %s pool must be (num_blocks, Hkv, block_size, groups) as its "
                          "cache pool, with contiguous groups", sn[x]);
             return -1;

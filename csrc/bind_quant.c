@@ -247,6 +247,13 @@ static int call_scales(PyObject *o, const char *name, const char *what, int dt, 
 int pa_bind_kv_scales(PyObject *ks, PyObject *vs, pa_attn_call *c, int want_w, pa_kv_scales *qs)
 {
     memset(qs, 0, sizeof *qs);
+    /* a row of one stored element (int4 with head dim 2, int8 with 1): the
+     * stride of a length-1 axis is no layout (NumPy broadcasts it as 0) */
+    pa_operand *kv[2] = {&c->k, &c->v};
+    const int dts[2] = {c->k_dt, c->v_dt};
+    const pa_ssize Ds[2] = {c->E, c->Ev};
+    for (int x = 0; x < 2; x++)
+        if (pa_qbits(dts[x]) && (pa_qbits(dts[x]) == 4 ? (Ds[x] + 1) / 2 : Ds[x]) == 1) kv[x]->cs = 1;
     if (call_scales(ks, "k_scale", "key", c->k_dt, c, c->E, c->k.cs, &qs->ks, &qs->kG) < 0 ||
         call_scales(vs, "v_scale", "value", c->v_dt, c, c->Ev, c->v.cs, &qs->vs, &qs->vG) < 0)
         return -1;

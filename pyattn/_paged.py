@@ -496,7 +496,9 @@ class PagedKVCache:
 
     def fork(self, seq) -> int:
         """A new sequence sharing ``seq``'s blocks and length (nothing copied;
-        a shared block is copied on its first write, by either sequence)."""
+        a shared block is copied on its first write, by either sequence; when
+        every sequence holding it writes it in one :meth:`attend`, all but
+        the last of them copy it and the last writes it in place)."""
         blocks, length = self._seqs[self._get(seq)]
         sid = self.add_sequence()
         self._seqs[sid] = [list(blocks), length]
@@ -519,26 +521,37 @@ class PagedKVCache:
     def _plan(self, ids, Ts):
         """Block lists after writing Ts[i] rows to sequence ids[i]: new blocks
         from the free list and copy-on-write copies of shared blocks. Returns
-        (lists, taken, copies); nothing changes here."""
+        (lists, taken, copies); nothing changes here.
+
+        A shared block that every sequence holding it writes in this call is
+        copied for all of them but the last, which writes it in place (else
+        the block would be left with no holder and off the free list)."""
         bs = self.block_size
+        left = {}                                    # holders of a shared block not yet moved off it
         need = 0
         for s, t in zip(ids, Ts):
             blocks, n = self._seqs[s]
             if t:
                 need += -(-(n + t) // bs) - len(blocks)
-                first = n // bs                      # blocks written: first .. end
-                need += sum(1 for b in blocks[first:] if self._refs[b] > 1)
+                for b in blocks[n // bs:]:           # blocks written: n // bs .. end
+                    left.setdefault(b, int(self._refs[b]))
+                    if left[b] > 1:
+                        need += 1
+                        left[b] -= 1
         if need > len(self._free):
             raise CacheFullError(f"PagedKVCache: the call needs {need} free blocks, {len(self._free)} "
                                  f"are free (of {self.k.shape[0]}); nothing was written")
         free = list(self._free)
+        left = {}
         lists, copies = [], []
         for s, t in zip(ids, Ts):
             blocks, n = self._seqs[s]
             blocks = list(blocks)
             if t:
                 for j in range(n // bs, len(blocks)):
-                    if self._refs[blocks[j]] > 1:    # shared: copied before the write
+                    left.setdefault(blocks[j], int(self._refs[blocks[j]]))
+                    if left[blocks[j]] > 1:          # shared: copied before the write
+                        left[blocks[j]] -= 1
                         nb = free.pop()
                         copies.append((blocks[j], nb))
                         blocks[j] = nb
@@ -561,7 +574,8 @@ class PagedKVCache:
         blocks do not suffice, ``ValueError`` for unknown or repeated
         sequence ids and the errors of :func:`pyattn.attention_with_kvcache`;
         any error leaves the cache's sequences as they were (blocks it took
-        go back to the free list).
+        go back to the free list) and its pools bit for bit (the blocks a
+        copy-on-write had copied into are put back).
         """
         if isinstance(seqs, (int, np.integer)):
             raise TypeError("seqs must be a sequence of sequence ids (a list), got an int")
@@ -596,13 +610,21 @@ class PagedKVCache:
             if name in kw:
                 raise TypeError(f"PagedKVCache.attend takes no {name} (the cache holds them)")
         pools = [x for x in (self.k, self.v, self.k_scale, self.v_scale) if x is not None]
-        for src, dst in copies:                      # into free blocks: no live row changes
-            for p in pools:                          # (the scales of a quantized block with it)
-                p[dst] = p[src]
+        dst = [d for _, d in copies]
+        before = [p[dst] for p in pools] if copies else None    # the free blocks, put back on an error
         from ._api import attention_with_kvcache
-        res = attention_with_kvcache(query, self.k, self.v, key, value, cache_seqlens=lengths,
-                                     block_table=table, cu_seqlens_q=cu_seqlens_q, k_scale=self.k_scale,
-                                     v_scale=self.v_scale, **kw)
+        try:
+            for src, d in copies:                    # into free blocks: no live row changes
+                for p in pools:                      # (the scales of a quantized block with it)
+                    p[d] = p[src]
+            res = attention_with_kvcache(query, self.k, self.v, key, value, cache_seqlens=lengths,
+                                         block_table=table, cu_seqlens_q=cu_seqlens_q, k_scale=self.k_scale,
+                                         v_scale=self.v_scale, **kw)
+        except BaseException:
+            if copies:
+                for p, old in zip(pools, before):
+                    p[dst] = old
+            raise
         for src, _ in copies:                        # the writer leaves the shared block
             self._refs[src] -= 1
         for s, b, t in zip(ids, lists, Ts):

@@ -417,3 +417,49 @@ def test_private_entry_checks_the_table():
         _C.sdpa(q, kv, kv, None, None, 2, 1.0, kv_len=np.array([20, 20, 5, 5]),
                 paged=(kp, kp.copy(), np.array([[0, 1], [1, 2]])),
                 append=(np.zeros((2, 2, 2, 8), np.float32), np.zeros((2, 2, 2, 8), np.float32), np.array([31, 3])))
+
+
+def test_fork_and_parent_write_their_shared_block_in_one_call(rng):
+    """Issue 40, bug 2: a sequence and its fork both writing into their
+    shared, half-filled block in one attend: one of them copies it, the other
+    writes it in place (no block leaks; every block returns after free)."""
+    E, H, bs, N = 8, 2, 4, 6
+    pc = pyattn.PagedKVCache(N, bs, H, E)
+    a = pc.add_sequence()
+    q, k, v = rand(rng, (1, 2, 6, E)), rand(rng, (1, H, 6, E)), rand(rng, (1, H, 6, E))
+    pc.attend([a], q, k, v)
+    b = pc.fork(a)
+    assert pc.blocks_free == N - 2
+    kv = pyattn.KVCache(2, H, 16, E)
+    kv.attend(np.concatenate([q, q]), np.concatenate([k, k]), np.concatenate([v, v]))
+    for T in (1, 3):
+        q2, k2, v2 = rand(rng, (2, 2, T, E)), rand(rng, (2, H, T, E)), rand(rng, (2, H, T, E))
+        np.testing.assert_array_equal(pc.attend([a, b], q2, k2, v2), kv.attend(q2, k2, v2))
+    # 10 rows each: block 0 shared, a's and b's blocks 1 and 2 their own
+    assert pc._seqs[a][0][0] == pc._seqs[b][0][0]
+    assert len({*pc._seqs[a][0], *pc._seqs[b][0]}) == 5
+    assert pc.blocks_free == N - 5
+    pc.free(a)
+    assert pc.blocks_free == N - 3
+    pc.free(b)
+    assert pc.blocks_free == N
+    assert sorted(pc._free) == list(range(N)) and not pc._refs.any()
+
+
+def test_a_failing_copy_on_write_call_leaves_the_pools_bit_for_bit(rng):
+    """An attend that copies a shared block and then fails (a bad keyword)
+    leaves every pool as it was, the free blocks it copied into included."""
+    E, H, bs = 8, 2, 4
+    for dt in (np.float32, "int8"):
+        pc = pyattn.PagedKVCache(6, bs, H, E, dtype=dt, group_size=4)
+        a = pc.add_sequence()
+        pc.attend([a], rand(rng, (1, 2, 6, E)), rand(rng, (1, H, 6, E)), rand(rng, (1, H, 6, E)))
+        b = pc.fork(a)
+        pools = [x.copy() for x in (pc.k, pc.v, pc.k_scale, pc.v_scale) if x is not None]
+        st = repr(pc)
+        with pytest.raises(TypeError, match="window"):
+            pc.attend([b], rand(rng, (1, 2, 1, E)), rand(rng, (1, H, 1, E)), rand(rng, (1, H, 1, E)),
+                      window=(1, 2, 3))
+        for x, y in zip((pc.k, pc.v, pc.k_scale, pc.v_scale), pools):
+            assert np.array_equal(x.view(np.uint8), y.view(np.uint8))
+        assert repr(pc) == st and pc.length(b) == 6

@@ -10,6 +10,7 @@ import pytest
 
 import pyattn
 from pyattn import _C
+from pyattn import _reference as R
 
 # CI (.ci/run): a frame path / entry-point grid -- whole on the CPU's own family, a generated subset elsewhere
 pytestmark = [pytest.mark.frame]
@@ -308,3 +309,68 @@ def test_tree_mask_over_quantized_pools_matches_the_dequantized_pools():
     o = pyattn.attention_with_kvcache(q, kp, vp, k_scale=ksp, v_scale=vsp, **kw)
     want = pyattn.attention_with_kvcache(q, kd, vd, **kw)
     assert np.max(np.abs(o - want)) <= 3e-6 * (1 + np.max(np.abs(want)))
+
+
+@pytest.mark.parametrize("G", [1, 2])
+def test_int4_head_dim_2(G):
+    """Issue 40, bug 8: an int4 pool with head_dim 2 (one byte per row) was
+    accepted by the constructor and refused by every attend ("a quantized
+    key must be contiguous along its rows": the stand-ins' width-1 axis has
+    stride 0). Now it attends, equal to attention over the dequantized rows."""
+    rng = np.random.default_rng(8)
+    H, Hq, bs = 2, 4, 4
+    cache = pyattn.PagedKVCache(num_blocks=6, block_size=bs, num_kv_heads=H, head_dim=2, dtype="int4",
+                                group_size=G)
+    assert cache.k.shape == (6, H, bs, 1)
+    flat = pyattn.KVCache(1, H, 16, 2, dtype="int4", group_size=G)
+    a = cache.add_sequence()
+    for T in (5, 1, 2):
+        q = rng.standard_normal((1, Hq, T, 2)).astype(np.float32)
+        k, v = rng.standard_normal((2, 1, H, T, 2)).astype(np.float32)
+        got = cache.attend([a], q, k, v, is_causal=True)
+        same_bits(got, flat.attend(q, k, v, is_causal=True))
+        n = cache.length(a)
+        kd, vd = (pyattn.dequantize(rows_of(p, cache._seqs[a][0], n), rows_of(s, cache._seqs[a][0], n),
+                                    dtype="int4", group_size=G).astype(np.float64)
+                  for p, s in ((cache.k, cache.k_scale), (cache.v, cache.v_scale)))
+        want = R.scaled_dot_product_attention(q.astype(np.float64), np.repeat(kd, 2, 0)[None],
+                                              np.repeat(vd, 2, 0)[None], None, 0.0, "bottom_right")
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    # packed, two sequences
+    b = cache.fork(a)
+    out = cache.attend([a, b], rng.standard_normal((3, Hq, 2)).astype(np.float32),
+                       *rng.standard_normal((2, 3, H, 2)).astype(np.float32), cu_seqlens_q=[0, 1, 3])
+    assert out.shape == (3, Hq, 2) and np.isfinite(out).all()
+
+
+def test_int4_width_one_rows_with_any_stride():
+    """A contiguous int4 cache of head_dim 2 (one byte per row) read through a
+    view whose last axis has another stride: the stride of a length-1 axis
+    is no layout; the same result as the contiguous copy."""
+    rng = np.random.default_rng(9)
+    kq, ks = qcache(rng, 1, 2, 8, 2, "int4", 2)
+    vq, vs = qcache(rng, 1, 2, 8, 2, "int4", 1)
+    wide = np.zeros((1, 2, 8, 3), np.uint8)
+    wide[..., 1:2] = kq
+    q = rng.standard_normal((1, 2, 1, 2)).astype(np.float32)
+    n = np.array([8])
+    want = pyattn.attention_with_kvcache(q, kq, vq, k_scale=ks, v_scale=vs, cache_seqlens=n)
+    same_bits(pyattn.attention_with_kvcache(q, wide[..., 1::2], vq, k_scale=ks, v_scale=vs, cache_seqlens=n),
+              want)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+def test_a_pool_of_no_blocks(dtype):
+    """PagedKVCache(num_blocks=0) int8 / int4 (found by test_paged_state):
+    an attend with no new token ran for the float dtypes and was refused
+    here ("the k_scale pool must be ... contiguous groups": NumPy gives an
+    empty array zero strides); one new token is CacheFullError."""
+    cache = pyattn.PagedKVCache(0, 2, 1, 4, dtype=dtype, group_size=2)
+    a = cache.add_sequence()
+    x = np.ones((1, 1, 0, 4), np.float32)
+    out, lse = cache.attend([a], x, x, x, return_lse=True)
+    assert out.shape == (1, 1, 0, 4) and lse.shape == (1, 1, 0)
+    y = np.ones((1, 1, 1, 4), np.float32)
+    with pytest.raises(pyattn.CacheFullError):
+        cache.attend([a], y, y, y)
+    assert cache.length(a) == 0 and cache.blocks_free == 0
