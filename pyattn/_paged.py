@@ -23,7 +23,7 @@ import numpy as np
 
 from ._api import _cache_array, _qcache, _sdpa, _seqlens
 from . import _C
-from ._checks import (as_array, bcast, cache_dtype, check_numeric, check_out, is16, number, per_head,
+from ._checks import (as_array, not_flag_mask, bcast, cache_dtype, check_numeric, check_out, is16, number, per_head,
                       precision_value, real_scalar, split_axis, store16, to_dtype)
 from ._spec import attn_spec
 
@@ -95,6 +95,7 @@ def _written_rows(table, n, Ts, cu, bs):
 
 
 def _tree(tree_mask, B, Hq, T):
+    not_flag_mask(tree_mask, "tree_mask")
     m = as_array(tree_mask, "tree_mask")
     if m.dtype.kind != "b":
         raise TypeError(f"tree_mask must be bool (True = may attend), got dtype {m.dtype}")

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from . import _api, _grad
-from ._checks import causal_code, dropout_p_value, real_scalar, softcap_value, window_value
+from ._checks import causal_code, dropout_p_value, not_flag_mask, real_scalar, softcap_value, window_value
 
 __all__ = ["scaled_dot_product_attention"]
 
@@ -218,6 +218,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if not (query.dtype == key.dtype == value.dtype):
         raise TypeError(f"query, key and value must have one dtype (as PyTorch's SDPA), got "
                         f"{query.dtype}, {key.dtype} and {value.dtype}")
+    not_flag_mask(attn_mask, "attn_mask")
     for t, name in ((attn_mask, "attn_mask"), (alibi_slopes, "alibi_slopes"), (sinks, "sinks")):
         if t is None:
             continue
