@@ -31,8 +31,9 @@ __all__ = ["PagedKVCache", "CacheFullError"]
 
 
 class CacheFullError(MemoryError):
-    """A :class:`PagedKVCache` has too few free blocks for a call; raised
-    before anything is written (the cache is unchanged)."""
+    """A :class:`PagedKVCache` has too few free blocks for a call, or a
+    :class:`KVCache` too few rows left (``lengths + T > max_len``); raised
+    before anything is written (the cache is unchanged). A ``MemoryError``."""
 
 
 def _int_array(x, name, ndim):

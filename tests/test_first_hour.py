@@ -61,3 +61,41 @@ def test_array_masks_still_accepted():
     np.testing.assert_array_equal(pyattn.scaled_dot_product_attention(q, k, v, m), ref)
     np.testing.assert_array_equal(pyattn.scaled_dot_product_attention(q, k, v, np.array(True)),
                                   pyattn.scaled_dot_product_attention(q, k, v))
+
+
+# --- item 6: a full KVCache is a CacheFullError in the cache's terms ---
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, "int8", "int4"])
+def test_full_kvcache_is_cache_full_error_and_writes_nothing(dtype):
+    c = pyattn.KVCache(2, 1, 6, 8, dtype=dtype, group_size=4)
+    x = RNG.standard_normal((2, 1, 4, 8)).astype(np.float32)
+    c.attend(x, x, x)
+    before = [a.copy() for a in (c.k, c.v, c.k_scale, c.v_scale) if a is not None]
+    with pytest.raises(pyattn.CacheFullError) as ei:
+        c.attend(x[:, :, :3], x[:, :, :3], x[:, :, :3])
+    assert isinstance(ei.value, MemoryError)
+    msg = str(ei.value)
+    assert "hold [4, 4]" in msg and "max_len=6" in msg and "adds 3" in msg, msg
+    assert "cache_seqlens" not in msg and "S_max" not in msg, msg      # arguments the user never passed
+    after = [a for a in (c.k, c.v, c.k_scale, c.v_scale) if a is not None]
+    assert all(np.array_equal(a, b) for a, b in zip(after, before))
+    assert c.lengths.tolist() == [4, 4]
+    c.attend(x[:, :, :2], x[:, :, :2], x[:, :, :2])                    # what still fits is accepted
+    assert c.lengths.tolist() == [6, 6]
+
+
+def test_full_kvcache_names_the_one_full_sequence():
+    c = pyattn.KVCache(1, 1, 3, 4)
+    x = np.ones((1, 1, 4, 4), np.float32)
+    with pytest.raises(pyattn.CacheFullError, match="sequence 0 holds 0 of its max_len=3 rows"):
+        c.attend(x, x, x)
+
+
+def test_full_kvcache_through_a_layer():
+    m = pyattn.nn.MultiHeadAttention(8, 8, 2, rng=0).eval()
+    cache = m.new_cache(1, 4)
+    x = RNG.standard_normal((1, 3, 8)).astype(np.float32)
+    m(x, cache=cache)
+    with pytest.raises(pyattn.CacheFullError, match="holds 3 of its max_len=4"):
+        m(x, cache=cache)
+    assert cache.lengths.tolist() == [3]
