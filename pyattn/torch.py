@@ -157,6 +157,36 @@ def _backward(ctx, grad_out, _grad_lse):
 _sdpa_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+# Autocast, as PyTorch's SDPA (a "lower precision" op on the CPU): inside
+# torch.autocast("cpu", dtype=d), floating query, key, value and a float
+# attn_mask that are not float64 are cast to d, then the op runs with autocast
+# off (the casts are ordinary differentiable ops: gradients reach the
+# original dtypes). pyattn's own tensors (alibi_slopes, sinks) are read as given.
+_AUTOCAST_LIB = torch.library.Library("pyattn", "IMPL")
+
+
+def _autocast_dtype(t: Optional[_Tensor]) -> Optional[torch.dtype]:
+    """The dtype t has inside the op: the CPU autocast dtype for a floating,
+    non-float64 tensor while CPU autocast is on, else its own."""
+    if t is None:
+        return None
+    if torch.is_autocast_enabled("cpu") and t.is_floating_point() and t.dtype != torch.float64:
+        return torch.get_autocast_dtype("cpu")
+    return t.dtype
+
+
+def _sdpa_autocast(keyset, query, key, value, attn_mask, *rest):
+    dt = torch.get_autocast_dtype("cpu")
+
+    def cast(t):
+        return t.to(dt) if t is not None and t.is_floating_point() and t.dtype != torch.float64 else t
+    with torch.autocast("cpu", enabled=False):
+        return torch.ops.pyattn.sdpa.default(cast(query), cast(key), cast(value), cast(attn_mask), *rest)
+
+
+_AUTOCAST_LIB.impl("sdpa", _sdpa_autocast, "AutocastCPU", with_keyset=True)
+
+
 def _check_tensor(t, name, device=None):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__} "
@@ -178,7 +208,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     CPU tensors of one dtype: float32, float64, float16 or bfloat16, read in
     place (no copy). The result has the query's dtype; 16-bit inputs are
     computed in float32 and the result rounded from it, as PyTorch's SDPA
-    does. Differentiable with respect to query, key, value (and ``sinks``)
+    does. Inside ``torch.autocast("cpu", dtype=d)`` floating query, key,
+    value and a float ``attn_mask`` (not float64) are cast to ``d`` first and
+    the result has dtype ``d``, as PyTorch's SDPA (its autocast rule).
+    Differentiable with respect to query, key, value (and ``sinks``)
     through pyattn's fused backward; a custom op ``pyattn::sdpa`` that
     ``torch.compile(fullgraph=True)`` and ``torch.export`` accept.
 
@@ -215,9 +248,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         if t.dtype not in _FLOATS:
             raise TypeError(f"{name} has dtype {t.dtype}; pyattn.torch takes float32, float64, "
                             "float16 or bfloat16 tensors")
-    if not (query.dtype == key.dtype == value.dtype):
+    dts = [_autocast_dtype(t) for t in (query, key, value)]       # torch.autocast("cpu") casts
+    if not (dts[0] == dts[1] == dts[2]):
         raise TypeError(f"query, key and value must have one dtype (as PyTorch's SDPA), got "
-                        f"{query.dtype}, {key.dtype} and {value.dtype}")
+                        f"{query.dtype}, {key.dtype} and {value.dtype}"
+                        + (f" (under torch.autocast: {dts[0]}, {dts[1]} and {dts[2]})"
+                           if dts != [query.dtype, key.dtype, value.dtype] else ""))
     not_flag_mask(attn_mask, "attn_mask")
     for t, name in ((attn_mask, "attn_mask"), (alibi_slopes, "alibi_slopes"), (sinks, "sinks")):
         if t is None:
@@ -239,6 +275,6 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     out, lse = torch.ops.pyattn.sdpa(
         query, key, value, attn_mask, p, code, scale, bool(enable_gqa), seed, wl, wr, alibi_slopes,
         softcap, sinks, precision)
-    if out.dtype != query.dtype:
-        out = out.to(query.dtype)
+    if out.dtype != dts[0]:
+        out = out.to(dts[0])
     return (out, lse) if return_lse else out
