@@ -99,3 +99,23 @@ def test_full_kvcache_through_a_layer():
     with pytest.raises(pyattn.CacheFullError, match="holds 3 of its max_len=4"):
         m(x, cache=cache)
     assert cache.lengths.tolist() == [3]
+
+
+# --- item 11: `python -m pyattn --config | head -3` ends quietly ---
+
+@pytest.mark.parametrize("args", [["--config"], []])
+def test_main_into_a_closed_pipe_prints_no_traceback(args):
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(pyattn.__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    r, w = os.pipe()
+    os.close(r)                          # the reader is gone before the first line (head -0)
+    try:
+        p = subprocess.run([sys.executable, "-m", "pyattn"] + args, stdout=w, stderr=subprocess.PIPE,
+                           env=env, cwd=root, timeout=120, text=True)
+    finally:
+        os.close(w)
+    assert "Traceback" not in p.stderr and "BrokenPipeError" not in p.stderr, p.stderr
+    assert p.returncode == 1             # Python's documented status for EPIPE
