@@ -280,3 +280,58 @@ def test_notebooks_extra_installs_what_the_notebooks_import():
             assert name in provides, f"{os.path.basename(path)} imports {name}: which distribution provides it?"
             assert provides[name] in dists, (f"{os.path.basename(path)} imports {name}, but the notebooks "
                                              f"extra does not install {provides[name]}")
+
+
+_FAKE_CC = r'''#!/bin/sh
+# a stand-in compiler and linker: logs when it starts and ends, writes the -o file
+out=""
+prev=""
+for a in "$@"; do
+  if [ "$prev" = "-o" ]; then out="$a"; fi
+  prev="$a"
+done
+echo "start $(date +%s.%N)" >> "$FAKE_CC_LOG"
+sleep 0.4
+mkdir -p "$(dirname "$out")" && : > "$out"
+echo "end $(date +%s.%N)" >> "$FAKE_CC_LOG"
+'''
+
+
+def _compiles_at_once(tmp_path, jobs):
+    """The most compiler processes running at one time while `setup.py
+    build_ext` (-j jobs, or the default) builds a copy of the sources with
+    a stand-in compiler (no real compile; nothing lands in the clone's build cache)."""
+    src = tmp_path / "src"
+    src.mkdir(parents=True)
+    for f in ("pyproject.toml", "setup.py", "README.md", "LICENSE", "MANIFEST.in"):
+        shutil.copy(os.path.join(ROOT, f), src)
+    shutil.copytree(os.path.join(ROOT, "csrc"), src / "csrc")
+    _copy_package(src / "pyattn")
+    cc = tmp_path / "fakecc"
+    cc.write_text(_FAKE_CC)
+    cc.chmod(0o755)
+    log = tmp_path / "cc.log"
+    args = [sys.executable, "setup.py", "-q", "build_ext", "--force", "--build-lib", str(tmp_path / "lib"),
+            "--build-temp", str(tmp_path / "tmp")] + ([] if jobs is None else ["-j", str(jobs)])
+    r = run(args, cwd=str(src), env={"CC": str(cc), "LDSHARED": f"{cc} -shared", "FAKE_CC_LOG": str(log),
+                                     "CFLAGS": ""})
+    assert r.returncode == 0, r.stdout + r.stderr
+    events = sorted((float(t), 1 if kind == "start" else -1)
+                    for kind, t in (line.split() for line in log.read_text().splitlines()))
+    n = sum(1 for _, d in events if d == 1)
+    assert n > 10, n                                   # every C file, and the link
+    running = most = 0
+    for _, d in events:
+        running += d
+        most = max(most, running)
+    return most
+
+
+@needs_clone
+@needs_setuptools_77
+@pytest.mark.skipif(sys.platform == "win32", reason="a POSIX shell stand-in compiler")
+def test_build_compiles_the_c_files_in_parallel(tmp_path):
+    # issue 43 item 4: setuptools' -j alone runs several extensions at once, and
+    # pyattn is one extension of many C files; BuildExt compiles the files jobs at a time
+    assert _compiles_at_once(tmp_path / "j1", 1) == 1
+    assert _compiles_at_once(tmp_path / "j3", 3) == 3
