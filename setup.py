@@ -11,6 +11,7 @@ import os
 import shutil
 import sys
 import sysconfig
+from concurrent.futures import ThreadPoolExecutor
 from glob import glob
 
 if sys.version_info < (3, 10):    # pip says so from requires-python; setup.py run directly too
@@ -49,6 +50,42 @@ def _no_compiler_message(what):
             "Windows the \"Desktop development with C++\" workload of Visual Studio Build "
             "Tools; conda users: `conda install -c conda-forge c-compiler`. Then run the "
             "install again.")
+
+
+def _cpus():
+    """The CPUs this process may use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _parallel_compile(compiler, jobs):
+    """Make compiler.compile build its sources `jobs` at a time (setuptools'
+    own parallel option only runs several *extensions* at once, and pyattn is
+    one extension of many C files). The same commands and objects as the
+    serial compile, one compiler process per file; the first error stops the
+    build with the compiler's own message. Compilers without the Unix
+    compiler's per-file _compile (MSVC) stay serial."""
+    if jobs <= 1 or not all(hasattr(compiler, a) for a in ("_setup_compile", "_get_cc_args", "_compile")):
+        return
+
+    def compile(sources, output_dir=None, macros=None, include_dirs=None, debug=0,
+                extra_preargs=None, extra_postargs=None, depends=None):
+        macros, objects, extra_postargs, pp_opts, build = compiler._setup_compile(
+            output_dir, macros, include_dirs, sources, depends, extra_postargs)
+        cc_args = compiler._get_cc_args(pp_opts, debug, extra_preargs)
+
+        def one(obj):
+            if obj in build:
+                src, ext = build[obj]
+                compiler._compile(obj, src, ext, cc_args, extra_postargs, pp_opts)
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            for f in [pool.submit(one, obj) for obj in objects]:
+                f.result()              # the first failure, re-raised here
+        return objects
+
+    compiler.compile = compile
 
 
 class BuildExt(build_ext):
@@ -112,6 +149,9 @@ class BuildExt(build_ext):
                 ]
                 ext.extra_link_args = ["-pthread"]
         self._check_toolchain()
+        # all the CPUs this process may use, unless `build_ext -j N` says otherwise
+        jobs = self.parallel if isinstance(self.parallel, int) and self.parallel > 0 else _cpus()
+        _parallel_compile(self.compiler, jobs)
         super().build_extensions()
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The oldest and the newest supported Python (requires-python = ">=3.10";
 # 3.13 the newest tested): for each, a fresh venv inside the clone
-# (.venv-py<ver>), `pip install -e ".[test]"` from the project's own files (NumPy
+# (.venv-py<ver>, pip and setuptools as that Python ships them: nothing upgraded),
+# `pip install -e ".[test]"` from the project's own files (NumPy
 # and the test extras as wheels from the index; the C extension compiled for
 # that interpreter), then a representative subset of the tests: the reference
 # and error tests, the layers, the ISA families, generation, the install
@@ -42,7 +43,8 @@ for py in "$OLDEST" "$NEWEST"; do
   echo "== Python $ver ($py)"
   rm -rf "$venv"
   "$py" -m venv "$venv"
-  "$venv/bin/python" -m pip install -q --upgrade pip "setuptools>=77"
+  # the pip and setuptools that Python ships (3.10: setuptools 65; 3.13: none), as
+  # a new user has them: pip builds in isolation, the test extra brings setuptools>=77
   "$venv/bin/python" -m pip install -q -e ".[test]"
   "$venv/bin/python" -c "import sys, numpy, pyattn; print('  ', sys.version.split()[0], 'numpy', numpy.__version__, pyattn.__file__)"
   (cd /tmp && "$venv/bin/python" -m pyattn --config > /dev/null)

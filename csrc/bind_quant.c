@@ -18,8 +18,9 @@ const char pa_quantize_doc[] =
     "(..., E/2) (bits 4), scale float32 (..., E/group_size), written in place. Private: see\n"
     "pyattn.quantize. ValueError when x holds NaN or infinity.";
 const char pa_dequantize_doc[] =
-    "dequantize(q, scale, x, bits, group_size): the inverse, x = q * scale (float32), written\n"
-    "in place. Private: see pyattn.dequantize.";
+    "dequantize(q, scale, x, bits, group_size): the inverse, x = q * scale, written in place:\n"
+    "x float32 (the product rounded once) or float64 (the exact product). Private: see\n"
+    "pyattn.dequantize.";
 
 /* arr (ndarray of npy type tn, aligned, native, nd dims), its element strides */
 static int qview(PyObject *o, const char *name, int tn, int writeable, PyArrayObject **arr)
@@ -122,11 +123,14 @@ static PyObject *quant_call(PyObject *args, int dq)
         PyErr_Format(PyExc_ValueError, "bits must be 8 or 4, got %d", bits);
         return NULL;
     }
-    if (qview(xo, "x", NPY_FLOAT32, dq, &x) < 0 ||
+    /* dequantize writes float32 or float64 */
+    const int x64 = dq && PyArray_Check(xo) && PyArray_TYPE((PyArrayObject *)xo) == NPY_FLOAT64;
+    if (qview(xo, "x", x64 ? NPY_FLOAT64 : NPY_FLOAT32, dq, &x) < 0 ||
         qview(qo, "q", bits == 8 ? NPY_INT8 : NPY_UINT8, !dq, &q) < 0 ||
         qview(so, "scale", NPY_FLOAT32, !dq, &s) < 0 ||
         quant_shape(x, q, s, bits, G, &c) < 0)
         return NULL;
+    c.x64 = x64;
     pa_ssize bad = -1;
     int rc;
     const int nt = pa_get_num_threads();

@@ -244,5 +244,6 @@ def scaled_dot_product_attention_varlen_vjp(
 _QDtype = Literal["int8", "int4"]
 def quantize(x: ArrayLike, /, dtype: _QDtype = ..., *, group_size: int = ...,
              axis: int = ...) -> Tuple[NDArray[Any], NDArray[np.float32]]: ...
-def dequantize(q: ArrayLike, scale: ArrayLike, /, *, dtype: _QDtype = ..., group_size: int = ...,
+def dequantize(q: ArrayLike, scale: ArrayLike, /, *, dtype: Optional[_QDtype] = ...,
+               group_size: Optional[int] = ...,
                axis: int = ..., out_dtype: DTypeLike = ...) -> NDArray[Any]: ...

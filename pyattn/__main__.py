@@ -59,5 +59,20 @@ def main(argv=None):
     pyattn.show_config()
 
 
+def _run(argv=None):
+    """main(), quiet when the reader goes away: `python -m pyattn --config |
+    head -3` closes the pipe early, which is no error of pyattn's (Python's
+    documented handling of EPIPE: stdout to devnull, exit status 1)."""
+    import os
+    import sys
+    try:
+        main(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())   # the interpreter's final flush writes nowhere
+        sys.exit(1)
+
+
 if __name__ == "__main__":
-    main()
+    _run()

@@ -307,8 +307,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         slopes or sinks whose shape does not match the query heads.
     TypeError
         An operand that is not array-like, or complex, object, string or
-        datetime; a mask that is neither bool nor numeric; a bad ``rng``;
-        a scalar that is not a real number (window sides: not an integer).
+        datetime; a mask that is neither bool nor numeric; a Python bool
+        as ``attn_mask`` (PyTorch's ``sdpa(q, k, v, True)`` habit: pass
+        ``is_causal=True``); a bad ``rng``; a scalar that is not a real
+        number (window sides: not an integer).
 
     A query row with no admissible key gives weights 0 and an output row of 0.
     NaN in query/key (or a float mask) spreads to the rows it touches; a key

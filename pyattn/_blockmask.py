@@ -11,6 +11,7 @@ tile, runs a full one without a mask test and tests a partial one's bits.
 from __future__ import annotations
 
 import operator
+import sys
 
 import numpy as np
 
@@ -51,12 +52,17 @@ def _evaluate(mask_mod, b, h, tq, tk, L, S):
     shape = (len(tq), QB, KB)
     try:
         r = mask_mod(np.asarray(b, dtype=np.int64), np.asarray(h, dtype=np.int64), qi, ki)
-    except (ValueError, TypeError, IndexError) as exc:
-        if any(s in str(exc) for s in _NOT_VECTORISED):
+    except (ValueError, TypeError, IndexError, AttributeError) as exc:
+        r = _torch_call(mask_mod, b, h, qi, ki, exc)    # a FlexAttention mask_mod: torch tensors in it
+        if r is not None:
+            pass
+        elif any(s in str(exc) for s in _NOT_VECTORISED):
             raise TypeError(f"mask_mod {_mask_name(mask_mod)} is not vectorised: it is called with NumPy "
                             f"int64 arrays q_idx {qi.shape} and kv_idx {ki.shape} and must return a bool "
                             f"array (use &, |, ~ and np.where, not and / or / if) ({exc})") from exc
-        raise
+        else:
+            raise
+    r = _from_torch(r)
     if not isinstance(r, (np.ndarray, np.bool_, bool)):
         raise TypeError(f"mask_mod {_mask_name(mask_mod)} returned {type(r).__name__}; it must return "
                         "a bool NumPy array")
@@ -70,6 +76,50 @@ def _evaluate(mask_mod, b, h, tq, tk, L, S):
         raise ValueError(f"mask_mod {_mask_name(mask_mod)} returned shape {r.shape}, which does not "
                          f"broadcast to its indices' shape {shape}") from None
     return np.ascontiguousarray(r).view(np.uint8)
+
+
+def _from_torch(r):
+    """A CPU torch.Tensor result as a NumPy array (a mask_mod written for
+    FlexAttention returns tensors); anything else unchanged."""
+    if type(r).__module__.split(".")[0] == "torch" and hasattr(r, "detach") and hasattr(r, "numpy"):
+        return r.detach().cpu().numpy()
+    return r
+
+
+def _torch_call(mask_mod, b, h, qi, ki, exc):
+    """mask_mod called with torch int64 index tensors, when NumPy indices
+    failed and torch is in use (a mask_mod that closes over torch tensors
+    -- documents, lengths -- and uses torch ops, as FlexAttention's take
+    them); None where that does not apply or fails too (the NumPy error is
+    then the one reported)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(exc, (TypeError, IndexError, ValueError, AttributeError)):
+        return None
+    try:
+        return mask_mod(torch.tensor(int(b)), torch.tensor(int(h)), torch.from_numpy(np.ascontiguousarray(qi)),
+                        torch.from_numpy(np.ascontiguousarray(ki)))
+    except Exception:
+        return None
+
+
+def as_block_mask(block_mask, name="block_mask"):
+    """block_mask as a pyattn BlockMask: itself, or PyTorch FlexAttention's
+    BlockMask rebuilt from its mask_mod and shape (TypeError with the fix
+    where it has none to rebuild from, or for anything else)."""
+    if isinstance(block_mask, BlockMask):
+        return block_mask
+    t = type(block_mask)
+    if t.__module__.startswith("torch.") and t.__name__ == "BlockMask":
+        mm = getattr(block_mask, "mask_mod", None)
+        if mm is None or getattr(mm, "__name__", "") == "noop_mask":
+            raise TypeError(f"{name} is a PyTorch BlockMask without a mask_mod (made from blocks, e.g. "
+                            "BlockMask.from_kv_blocks): pyattn rebuilds a PyTorch BlockMask from its "
+                            "mask_mod; build it with pyattn.BlockMask.from_mask_mod(mask_mod, B, H, L, S) "
+                            "or torch's create_block_mask(mask_mod, ...)")
+        B, H, L, S = (int(x) for x in block_mask.shape)
+        return BlockMask.from_mask_mod(mm, None if B == 1 else B, None if H == 1 else H, L, S)
+    raise TypeError(f"{name} must be a pyattn.BlockMask (BlockMask.from_mask_mod) or PyTorch's "
+                    f"FlexAttention BlockMask (create_block_mask), got {t.__name__}")
 
 
 class BlockMask:
@@ -300,9 +350,7 @@ def check_block_mask(block_mask, L, S, full_batch, kv_len=None, q_extra=0, k_ext
     """attn_spec's check of block_mask= for a call of L queries over S keys
     (with kv_len, a cache's: its rows are the keys, the queries sit at
     positions kv_len - L + i): the tuple the binding takes."""
-    if not isinstance(block_mask, BlockMask):
-        raise TypeError(f"block_mask must be a pyattn.BlockMask (BlockMask.from_mask_mod), got "
-                        f"{type(block_mask).__name__}")
+    block_mask = as_block_mask(block_mask)
     bL, bS = block_mask.shape[2:]
     if kv_len is not None:
         top = int(kv_len.max()) if kv_len.size else 0
@@ -320,9 +368,7 @@ def check_block_mask_varlen(block_mask, cu_q, cu_k, hq):
     per (sequence, head). mask_mod's b is the sequence number and its
     q_idx / kv_idx count from each sequence's start, so the block mask must
     cover the longest sequence's queries and keys."""
-    if not isinstance(block_mask, BlockMask):
-        raise TypeError(f"block_mask must be a pyattn.BlockMask (BlockMask.from_mask_mod), got "
-                        f"{type(block_mask).__name__}")
+    block_mask = as_block_mask(block_mask)
     n = len(cu_q) - 1
     lq = int(np.diff(cu_q).max()) if n else 0
     lk = int(np.diff(cu_k).max()) if n else 0

@@ -246,9 +246,23 @@ def dropout_key(rng):
     return int(gen.integers(0, 2**64, dtype=np.uint64))
 
 
+def not_flag_mask(mask, name):
+    """TypeError when a mask slot holds a Python (or NumPy scalar) bool: the
+    PyTorch habit sdpa(q, k, v, True) meant is_causal=True; NumPy would read
+    it as a 0-d mask that keeps every key (PyTorch refuses it too)."""
+    if isinstance(mask, (bool, np.bool_)):
+        kind = ("bool (True = may attend) or float (added to the scores)" if name == "attn_mask"
+                else "bool (True = may attend)")
+        raise TypeError(f"{name} is {bool(mask)!r}, a bool where a mask array belongs ({kind}); for a "
+                        "causal mask pass is_causal=True (by keyword: in scaled_dot_product_attention "
+                        "the fourth positional argument is attn_mask)")
+
+
 def prep_mask(mask, shape, dt, name="attn_mask"):
     """Mask as a stride-0 broadcast view of `shape`: bool (True = may attend)
-    stays bool, floats are cast to the compute dtype dt (additive)."""
+    stays bool, floats are cast to the compute dtype dt (additive). A bool
+    scalar is a TypeError naming is_causal (not_flag_mask)."""
+    not_flag_mask(mask, name)
     m = as_array(mask, name)
     k = m.dtype.kind
     if k == "b":

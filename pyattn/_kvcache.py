@@ -5,6 +5,7 @@ import numpy as np
 
 from ._api import attention_with_kvcache
 from ._checks import cache_dtype, number
+from ._paged import CacheFullError
 
 __all__ = ["KVCache"]
 
@@ -104,15 +105,20 @@ class KVCache:
         The keyword arguments are :func:`pyattn.attention_with_kvcache`'s
         (the lengths come from the cache: no ``cache_seqlens``). Returns
         ``out (B, Hq, T, Ev)``, or ``(out, lse)`` with ``return_lse=True``.
-        Raises ``ValueError`` when the new rows do not fit, ``TypeError`` when
-        ``key`` or ``value`` is None; any error (``MemoryError`` included)
-        writes nothing and leaves ``lengths`` unchanged.
+        Raises :class:`pyattn.CacheFullError` (a ``MemoryError``) when the
+        new rows do not fit (``lengths + T > max_len``: the message names the
+        sequences, the rows they hold and the rows asked for), ``TypeError``
+        when ``key`` or ``value`` is None; any error (``MemoryError``
+        included) writes nothing and leaves ``lengths`` unchanged.
         """
         for x, name in ((key, "key"), (value, "value")):
             if x is None:
                 raise TypeError(f"KVCache.attend writes new rows: {name} is None (to attend without "
                                 "writing, call pyattn.attention_with_kvcache(query, cache.k, cache.v, "
                                 "cache_seqlens=cache.lengths))")
+        shape = np.shape(key)
+        if len(shape) == 4:            # other shapes: attention_with_kvcache names the problem
+            self._check_room(shape[2])
         res = attention_with_kvcache(query, self.k, self.v, key, value, cache_seqlens=self.lengths,
                                      is_causal=is_causal, scale=scale, window=window,
                                      alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks,
@@ -120,6 +126,19 @@ class KVCache:
                                      k_scale=self.k_scale, v_scale=self.v_scale)
         self.lengths += np.shape(key)[2]
         return res
+
+    def _check_room(self, T):
+        """CacheFullError, in the cache's terms, when T new rows do not fit."""
+        full = np.flatnonzero(self.lengths + T > self.max_len)
+        if full.size:
+            b = int(full[0])
+            who = (f"sequence {b} holds {int(self.lengths[b])}" if full.size == 1 else
+                   f"sequences {full.tolist()[:8]}{' ...' if full.size > 8 else ''} hold "
+                   f"{self.lengths[full].tolist()[:8]}{' ...' if full.size > 8 else ''}")
+            raise CacheFullError(
+                f"KVCache is full: {who} of its max_len={self.max_len} rows and this call adds {T} "
+                f"(key has {T} rows along axis 2); nothing was written. Make a cache with a larger "
+                "max_len, or reset() it")
 
     def reset(self) -> None:
         """Forget every sequence (lengths to 0; the rows are overwritten later)."""

@@ -126,8 +126,8 @@ def cache_layouts(arrays, names, written):
     the entry point refuses it, naming it."""
     out, copies = list(arrays), []
     for i, (a, name) in enumerate(zip(arrays, names)):
-        if not isinstance(a, np.ndarray) or a.ndim == 0:
-            continue
+        if not isinstance(a, np.ndarray) or a.ndim == 0 or a.size == 0:
+            continue                    # an empty pool is never read (NumPy may give it any strides)
         rows = a.dtype in (np.int8, np.uint8) or name.endswith("_scale")
         if (a.dtype.isnative and a.flags.aligned and
                 not (rows and a.shape[-1] > 1 and a.strides[-1] != a.itemsize)):

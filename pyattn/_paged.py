@@ -23,7 +23,7 @@ import numpy as np
 
 from ._api import _cache_array, _qcache, _sdpa, _seqlens
 from . import _C
-from ._checks import (as_array, bcast, cache_dtype, check_numeric, check_out, is16, number, per_head,
+from ._checks import (as_array, not_flag_mask, bcast, cache_dtype, check_numeric, check_out, is16, number, per_head,
                       precision_value, real_scalar, split_axis, store16, to_dtype)
 from ._spec import attn_spec
 
@@ -31,8 +31,9 @@ __all__ = ["PagedKVCache", "CacheFullError"]
 
 
 class CacheFullError(MemoryError):
-    """A :class:`PagedKVCache` has too few free blocks for a call; raised
-    before anything is written (the cache is unchanged)."""
+    """A :class:`PagedKVCache` has too few free blocks for a call, or a
+    :class:`KVCache` too few rows left (``lengths + T > max_len``); raised
+    before anything is written (the cache is unchanged). A ``MemoryError``."""
 
 
 def _int_array(x, name, ndim):
@@ -95,6 +96,7 @@ def _written_rows(table, n, Ts, cu, bs):
 
 
 def _tree(tree_mask, B, Hq, T):
+    not_flag_mask(tree_mask, "tree_mask")
     m = as_array(tree_mask, "tree_mask")
     if m.dtype.kind != "b":
         raise TypeError(f"tree_mask must be bool (True = may attend), got dtype {m.dtype}")

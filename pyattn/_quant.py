@@ -8,6 +8,7 @@ import operator
 import numpy as np
 
 from . import _C
+from ._checks import as_array, is16
 
 __all__ = ["quantize", "dequantize"]
 
@@ -43,8 +44,8 @@ def _axis(axis, nd: int, name: str = "x") -> int:
 def quantize(x, /, dtype="int8", *, group_size=32, axis=-1):
     """Quantize ``x`` symmetrically per group of ``group_size`` values along ``axis``.
 
-    For each group ``x_g`` (float32 values; other float dtypes are rounded to
-    float32 first):
+    For each group ``x_g`` (float32 values; other float dtypes -- float64,
+    float16, ``ml_dtypes.bfloat16`` -- are rounded to float32 first):
 
     - ``scale = max|x_g| / 127`` (int8) or ``/ 7`` (int4): one float32
       division, rounded to nearest;
@@ -65,7 +66,8 @@ def quantize(x, /, dtype="int8", *, group_size=32, axis=-1):
 
     Raises ValueError for NaN or +-inf in ``x`` (a scale cannot hold them),
     a ``group_size`` that does not divide ``E``, a ``dtype`` other than
-    ``"int8"``/``"int4"``; TypeError for a non-float ``x``.
+    ``"int8"``/``"int4"``; TypeError for a non-float ``x`` (integers, bool,
+    complex).
 
     Unlike llama.cpp's q8_0 (``d = amax / 127`` stored as float16,
     ``q = roundf(x * (1 / d))``: ties away from zero, a multiply by the
@@ -80,9 +82,10 @@ def quantize(x, /, dtype="int8", *, group_size=32, axis=-1):
     """
     bits = _bits(dtype)
     g = _group(group_size)
-    x = np.asarray(x)
-    if x.dtype.kind != "f":
-        raise TypeError(f"x must hold floating-point values, got dtype {x.dtype}")
+    x = as_array(x, "x")
+    if not (x.dtype.kind == "f" or is16(x.dtype)):
+        raise TypeError(f"x must hold floating-point values (float16, bfloat16, float32 or float64), "
+                        f"got dtype {x.dtype}")
     if x.ndim == 0:
         raise ValueError("x must have at least one dimension")
     a = _axis(axis, x.ndim)
@@ -102,31 +105,76 @@ def quantize(x, /, dtype="int8", *, group_size=32, axis=-1):
     return q, s
 
 
-def dequantize(q, scale, /, *, dtype="int8", group_size=32, axis=-1, out_dtype=np.float32):
-    """The inverse of :func:`quantize`: ``x = float32(q) * scale`` per group.
+def _infer(q, scale, a, dtype, group_size):
+    """(bits, group size) of a dequantize call: what q's dtype and the two
+    shapes say, checked against the dtype / group_size given (None: not
+    given). TypeError for a q dtype quantize never returns, ValueError where
+    a given value contradicts the arrays or the shapes do not fit."""
+    said = {np.dtype(np.int8): "int8", np.dtype(np.uint8): "int4"}.get(q.dtype)
+    if said is None:
+        raise TypeError(f"q must be np.int8 (int8) or np.uint8 (int4, two values per byte) as quantize "
+                        f"returns it, got dtype {q.dtype}")
+    if dtype is not None:
+        _bits(dtype)
+        if dtype != said:
+            raise ValueError(f"dtype={dtype!r} contradicts q: q is {q.dtype}, which is {said!r} ("
+                             f"{'np.int8' if dtype == 'int8' else 'packed np.uint8'} is {dtype!r}); "
+                             "leave dtype out to read it from q")
+    bits = _BITS[said]
+    E = q.shape[a] * (1 if bits == 8 else 2)
+    if scale.ndim != q.ndim:
+        raise ValueError(f"scale must have q's {q.ndim} dimensions (q's shape with axis {a} of "
+                         f"E / group_size), got shape {scale.shape}")
+    ng = scale.shape[a]
+    if ng == 0 and E == 0:
+        inferred = None                      # nothing to dequantize: any group size fits
+    elif ng == 0 or E % ng:
+        raise ValueError(f"scale has {ng} groups along axis {a}, which does not divide q's {E} "
+                         f"values there (q shape {q.shape}, scale shape {scale.shape})")
+    else:
+        inferred = E // ng
+    if group_size is not None:
+        g = _group(group_size)
+        if inferred is not None and g != inferred:
+            raise ValueError(f"group_size={g} contradicts the shapes: q holds {E} values along axis {a} "
+                             f"and scale {ng} groups, so the group size is {inferred}; leave group_size "
+                             "out to read it from the shapes")
+        inferred = g
+    return bits, 1 if inferred is None else inferred
+
+
+def dequantize(q, scale, /, *, dtype=None, group_size=None, axis=-1, out_dtype=np.float32):
+    """The inverse of :func:`quantize`: ``x = q * scale`` per group.
+
+    ``dequantize(*quantize(x, "int4", group_size=16))`` needs no repeated
+    arguments: ``dtype`` and ``group_size`` default to what ``q`` and
+    ``scale`` say.
 
     Shapes: ``q (..., E, ...)`` ``np.int8`` (int8) or ``(..., E/2, ...)``
     ``np.uint8`` (int4, packed as :func:`quantize` packs); ``scale`` float32
-    with ``E / group_size`` along ``axis`` and ``q``'s other axes. The
-    product is one float32 multiply, rounded to nearest; ``out_dtype``
-    (float32, float64 or float16) then rounds or widens it.
+    with ``E / group_size`` along ``axis`` and ``q``'s other axes. Returns
+    ``x (..., E, ...)`` of ``out_dtype``.
 
-    Raises TypeError for a ``q`` or ``scale`` of the wrong dtype, ValueError
-    for mismatched shapes or a ``group_size`` that does not divide ``E``.
+    dtype : ``"int8"``, ``"int4"`` or None (default: from ``q``'s dtype,
+        ``np.int8`` is int8, ``np.uint8`` int4)
+    group_size : int or None (default: ``E / scale.shape[axis]``)
+    out_dtype : float32 (default), float64 or float16
+        float32: the product rounded once (one float32 multiply). float64:
+        the exact product of the integer and the float32 scale (a float64
+        holds it). float16: the float32 result rounded to float16.
+
+    Raises TypeError for a ``q`` or ``scale`` of the wrong dtype;
+    ValueError for mismatched shapes, or a ``dtype`` / ``group_size`` given
+    that contradicts ``q``'s dtype or the shapes.
 
     >>> import numpy as np, pyattn
     >>> x = np.array([[1.0, -0.5, 0.25, 2.0]], np.float32)
-    >>> pyattn.dequantize(*pyattn.quantize(x, group_size=2), group_size=2)
+    >>> pyattn.dequantize(*pyattn.quantize(x, group_size=2))
     array([[ 1.       , -0.503937 ,  0.2519685,  2.       ]], dtype=float32)
     """
-    bits = _bits(dtype)
-    g = _group(group_size)
-    q = np.asarray(q)
-    scale = np.asarray(scale)
-    want = np.int8 if bits == 8 else np.uint8
-    if q.dtype != want:
-        raise TypeError(f"q must be {np.dtype(want)} for dtype={dtype!r}, got {q.dtype}")
-    if scale.dtype != np.float32:
+    q = as_array(q, "q")
+    scale = as_array(scale, "scale")
+    if scale.dtype.newbyteorder("=") != np.float32:        # any byte order: its numbers count
         raise TypeError(f"scale must be float32, got {scale.dtype}")
     od = np.dtype(out_dtype)
     if od not in (np.float32, np.float64, np.float16):
@@ -134,6 +182,7 @@ def dequantize(q, scale, /, *, dtype="int8", group_size=32, axis=-1, out_dtype=n
     if q.ndim == 0:
         raise ValueError("q must have at least one dimension")
     a = _axis(axis, q.ndim, "q")
+    bits, g = _infer(q, scale, a, dtype, group_size)
     E = q.shape[a] * (1 if bits == 8 else 2)
     if E % g != 0:
         raise ValueError(f"group_size {g} must divide the axis length {E}")
@@ -143,9 +192,9 @@ def dequantize(q, scale, /, *, dtype="int8", group_size=32, axis=-1, out_dtype=n
         raise ValueError(f"scale must have shape {tuple(sshape)} (q's with axis {a} of E/group_size "
                          f"= {E // g}), got {scale.shape}")
     q = np.require(q, None, "A")
-    scale = np.require(scale, None, "A")
+    scale = np.require(scale, np.float32, "A")     # aligned, native order (one copy where it is not)
     xshape = list(q.shape)
     xshape[a] = E
-    x = np.empty(xshape, np.float32)
+    x = np.empty(xshape, np.float64 if od == np.float64 else np.float32)
     _C.dequantize(np.moveaxis(q, a, -1), np.moveaxis(scale, a, -1), np.moveaxis(x, a, -1), bits, g)
-    return x if od == np.float32 else x.astype(od)
+    return x if od == x.dtype else x.astype(od)

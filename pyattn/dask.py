@@ -59,7 +59,7 @@ except ImportError as exc:  # pragma: no cover - exercised without dask installe
 from . import _C
 from ._api import _linear, _sdpa
 from ._spec import attn_spec
-from ._checks import as_array, causal_code, index_value, window_value
+from ._checks import as_array, causal_code, index_value, not_flag_mask, window_value
 
 __all__ = ["scaled_dot_product_attention", "multi_head_attention", "set_task_threads"]
 
@@ -255,6 +255,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                          "pyattn.scaled_dot_product_attention for training")
     return_lse = bool(return_lse)       # as the local function
     q, k, v = _wrap(query, "query"), _wrap(key, "key"), _wrap(value, "value")
+    not_flag_mask(attn_mask, "attn_mask")
     m = None if attn_mask is None else _wrap(attn_mask, "attn_mask")
     for x, n in ((q, "query"), (k, "key"), (v, "value")):
         if x.ndim < 2:

@@ -14,10 +14,19 @@ strides (never copied): ``q (B, L, Hq, E)``, ``k``/``v (B, S, Hkv, E)``,
 E)``; results ``out (B, L, Hq, Ev)`` in q's dtype, ``softmax_lse (B, Hq, L)``
 (float32; float64 for float64 inputs).
 
+``unpad_input`` / ``pad_input`` (``from pyattn.flash.bert_padding import
+unpad_input, pad_input``, as ``flash_attn.bert_padding``) turn a padded batch
+and its mask into the varlen functions' packed rows and back.
+
 What differs from FlashAttention on a GPU:
 
 - dtypes: float16 and bfloat16 as FlashAttention (computed in float32,
-  rounded into the result), and float32 / float64 too.
+  rounded into the result), and float32 / float64 too (pyattn's extension);
+  any other dtype (integers, bool, complex) is a ``TypeError`` (also a
+  ``RuntimeError``, what FlashAttention raises), as is a mix of dtypes.
+- errors name FlashAttention's arguments and its token-major layouts
+  ``(batch, seqlen, nheads, headdim)``; those FlashAttention raises as a
+  ``RuntimeError`` are a ``ValueError`` that is also a ``RuntimeError``.
 - conventions that are FlashAttention's, kept here (pyattn's own API keeps
   its documented ones): causal, the window and ALiBi are aligned to the
   bottom right when ``L != S`` (pyattn's ``align="bottom_right"``); the lse
@@ -48,15 +57,22 @@ from __future__ import annotations
 
 import inspect
 import math
+import sys
 
 import numpy as np
 
 from . import _api, _grad
+from . import _bert_padding as bert_padding
+from ._bert_padding import pad_input, unpad_input
 from ._checks import is16
 
 __all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func",
            "flash_attn_varlen_func", "flash_attn_varlen_qkvpacked_func",
-           "flash_attn_varlen_kvpacked_func", "flash_attn_with_kvcache"]
+           "flash_attn_varlen_kvpacked_func", "flash_attn_with_kvcache", "unpad_input", "pad_input"]
+
+# `from pyattn.flash.bert_padding import unpad_input` as `from flash_attn.bert_padding
+# import ...` (a module registered under that name, as os.path is)
+sys.modules.setdefault(__name__ + ".bert_padding", bert_padding)
 
 
 # ---- tensors <-> arrays (views, never copies) -------------------------------
@@ -153,11 +169,64 @@ def _fa_lse(lse, slopes, fa_causal, pos):
     return out
 
 
+class _DtypeError(TypeError, RuntimeError):
+    """A dtype FlashAttention refuses (its RuntimeError "FlashAttention only
+    support fp16 and bf16 data type"): a ``TypeError`` as pyattn's API
+    raises, and a ``RuntimeError`` as code written against FlashAttention
+    catches."""
+
+
 def _same_dtype(named):
+    """Every array float16, bfloat16, float32 or float64 (FlashAttention's two
+    and pyattn's), and one dtype for all; _DtypeError naming the argument."""
+    for a, n in named:
+        if a is not None and not (is16(a.dtype) or a.dtype in (np.float32, np.float64)):
+            raise _DtypeError(f"{n} has dtype {a.dtype}: FlashAttention takes float16 or bfloat16 "
+                              "(pyattn.flash also float32 and float64); convert it, e.g. "
+                              f"{n}.to(torch.bfloat16) or {n}.astype(np.float32)")
     dts = {a.dtype for a, _ in named if a is not None}
     if len(dts) > 1:
-        raise TypeError("FlashAttention takes one dtype for " + ", ".join(n for _, n in named) +
-                        f"; got {', '.join(f'{n}: {a.dtype}' for a, n in named)}")
+        raise _DtypeError("FlashAttention takes one dtype for " + ", ".join(n for _, n in named) +
+                          f"; got {', '.join(f'{n}: {a.dtype}' for a, n in named if a is not None)}")
+
+
+def _shape_check(ok, what, named, layout):
+    """_CheckError unless ok: what is wrong, with each named array's shape and
+    FlashAttention's layout of it."""
+    if not ok:
+        shapes = ", ".join(f"{n} {tuple(a.shape)} {layout[n]}" for a, n in named if a is not None)
+        raise _CheckError(f"{what} ({shapes})")
+
+
+_FIXED = {"q": "(batch, seqlen_q, nheads, headdim)", "k": "(batch, seqlen_k, nheads_k, headdim)",
+          "v": "(batch, seqlen_k, nheads_k, headdim_v)"}
+_VARLEN = {"q": "(total_q, nheads, headdim)", "k": "(total_k, nheads_k, headdim)",
+           "v": "(total_k, nheads_k, headdim_v)"}
+_CACHE = {"q": "(batch, seqlen_q, nheads, headdim)",
+          "k_cache": "(batch_cache, seqlen_cache, nheads_k, headdim) or (num_blocks, page_block_size, "
+                     "nheads_k, headdim)",
+          "v_cache": "(like k_cache, its last axis headdim_v)", "k": "(batch, seqlen_new, nheads_k, headdim)",
+          "v": "(batch, seqlen_new, nheads_k, headdim_v)"}
+
+
+def _qkv_shapes(q, k, v, layout):
+    """FlashAttention's shape rules for q, k, v (token-major; the batch axis
+    first when there is one), its names in the messages."""
+    named = ((q, "q"), (k, "k"), (v, "v"))
+    nd = 4 if layout is _FIXED else 3
+    for x, n in named:
+        if x.ndim != nd:
+            raise _CheckError(f"{n} must be {layout[n]}, got shape {tuple(x.shape)}")
+    h = nd - 2                                            # the heads axis
+    if nd == 4:
+        _shape_check(q.shape[0] == k.shape[0] == v.shape[0], "q, k and v must have the same batch size",
+                     named, layout)
+    _shape_check(k.shape[:h + 1] == v.shape[:h + 1], "k and v must have the same seqlen and nheads_k",
+                 named, layout)
+    _shape_check(q.shape[-1] == k.shape[-1], "q and k must have the same headdim", named, layout)
+    _shape_check(k.shape[h] > 0 and q.shape[h] % k.shape[h] == 0,
+                 f"number of heads in key/value (nheads_k = {k.shape[h]}) must divide number of heads in "
+                 f"query (nheads = {q.shape[h]})", named, layout)
 
 
 # ---- the fixed-length forward and backward (NumPy) ---------------------------
@@ -166,9 +235,7 @@ def _forward(q, k, v, o):
     """out (B, L, Hq, Ev) of q's dtype, FlashAttention's lse, pyattn's lse,
     S_dmask or None; q, k, v token-major arrays, o the options."""
     _same_dtype(((q, "q"), (k, "k"), (v, "v")))
-    for x, n in ((q, "q"), (k, "k"), (v, "v")):
-        if x.ndim != 4:
-            raise ValueError(f"{n} must be (batch, seqlen, nheads, headdim), got shape {x.shape}")
+    _qkv_shapes(q, k, v, _FIXED)
     B, L, Hq, _ = q.shape
     S, Hkv, Ev = k.shape[1], k.shape[2], v.shape[3]
     win, fa_causal = _window(o["window_size"], o["causal"], S)
@@ -378,6 +445,7 @@ def _varlen_kw(o, q, k):
 
 def _varlen_forward(q, k, v, o):
     _same_dtype(((q, "q"), (k, "k"), (v, "v")))
+    _qkv_shapes(q, k, v, _VARLEN)
     f, _ = _varlen_api()
     cq, ck, kw, slopes, fa_causal, lq, lk = _varlen_kw(o, q, k)
     odt = q.dtype if (is16(q.dtype) or q.dtype in (np.float32, np.float64)) else np.dtype(np.float64)
@@ -592,6 +660,27 @@ def _table_bounds(cache_seqlens, Tk, S_max, tshape, pshape):
                           f"{pshape[1]}); nothing was written")
 
 
+def _cache_shapes(q, kc, vc, k, v):
+    """FlashAttention's shape rules for flash_attn_with_kvcache, its names."""
+    named = ((q, "q"), (kc, "k_cache"), (vc, "v_cache"), (k, "k"), (v, "v"))
+    for x, n in named:
+        if x is not None and x.ndim != 4:
+            raise _CheckError(f"{n} must be {_CACHE[n]}, got shape {tuple(x.shape)}")
+    _shape_check(kc.shape[:3] == vc.shape[:3], "k_cache and v_cache must agree but for headdim",
+                 named, _CACHE)
+    _shape_check(q.shape[3] == kc.shape[3], "q and k_cache must have the same headdim", named, _CACHE)
+    _shape_check(kc.shape[2] > 0 and q.shape[2] % kc.shape[2] == 0,
+                 f"number of heads in key/value (nheads_k = {kc.shape[2]}) must divide number of heads "
+                 f"in query (nheads = {q.shape[2]})", named, _CACHE)
+    if (k is None) != (v is None):
+        raise _CheckError("k and v must be given together (new keys and their values)")
+    if k is not None:
+        _shape_check(k.shape[0] == q.shape[0] and k.shape[2:] == kc.shape[2:] and v.shape[:3] == k.shape[:3]
+                     and v.shape[3] == vc.shape[3],
+                     "k and v must be (batch, seqlen_new, nheads_k, headdim[_v]) with q's batch and the "
+                     "caches' nheads_k and headdims", named, _CACHE)
+
+
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None,
                             block_table=None, softmax_scale=None, causal=False, window_size=(-1, -1),
@@ -635,9 +724,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     qa, kca, vca = _arr(q, "q"), _arr(k_cache, "k_cache"), _arr(v_cache, "v_cache")
     ka, va = _arr(k, "k"), _arr(v, "v")
     _same_dtype(((qa, "q"), (kca, "k_cache"), (va, "v"), (ka, "k"), (vca, "v_cache")))
-    for x, n in ((qa, "q"), (kca, "k_cache"), (vca, "v_cache"), (ka, "k"), (va, "v")):
-        if x is not None and x.ndim != 4:
-            raise ValueError(f"{n} must be 4-D (batch, seqlen, nheads, headdim), got shape {x.shape}")
+    _cache_shapes(qa, kca, vca, ka, va)
     B, T, Hq, _ = qa.shape
     t = lambda x: None if x is None else x.transpose(0, 2, 1, 3)  # noqa: E731
     kw = {}

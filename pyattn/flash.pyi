@@ -2,12 +2,15 @@ from typing import Any, Optional, Sequence, Tuple, Union
 
 from numpy.typing import ArrayLike
 
+from . import _bert_padding as bert_padding
+from ._bert_padding import pad_input as pad_input, unpad_input as unpad_input
+
 _T = Any   # a CPU torch.Tensor or a NumPy array in, the same kind out
 _Window = Union[Tuple[int, int], Sequence[int], Any]
 
 __all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func",
            "flash_attn_varlen_func", "flash_attn_varlen_qkvpacked_func",
-           "flash_attn_varlen_kvpacked_func", "flash_attn_with_kvcache"]
+           "flash_attn_varlen_kvpacked_func", "flash_attn_with_kvcache", "unpad_input", "pad_input"]
 
 def _get_block_size_n(device: Any = ..., head_dim: Any = ..., is_dropout: Any = ...,
                       is_causal: Any = ...) -> int: ...

@@ -330,7 +330,8 @@ class _Attention:
         (self-attention: ``kdim = vdim = embed_dim``, no ``add_bias_kv`` or
         ``add_zero_attn``), giving ``causal=False``, its biases, dropout and
         ``batch_first``, so that ``layer(x)`` equals ``module(x, x, x)[0]``
-        (eval mode; with a causal ``attn_mask`` there: build with
+        and ``layer(x, context=ctx)`` equals ``module(x, ctx, ctx)[0]``
+        (cross-attention) (eval mode; with a causal ``attn_mask`` there: build with
         ``causal=True``), or a seed notebook's ``MultiHeadAttention`` /
         ``MultiHeadAttentionOneModule`` (``W_query``, ``W_key``, ``W_value``,
         ``out_proj`` or ``projection`` as ``torch.nn.Linear``, ``num_heads``;
@@ -371,7 +372,9 @@ class _Attention:
             if not getattr(module, "_qkv_same_embed_dim", True):
                 raise ValueError("from_torch: the module's kdim/vdim differ from embed_dim "
                                  f"({module.kdim}, {module.vdim} vs {module.embed_dim}); pyattn's "
-                                 "MultiHeadAttention is self-attention (q, k, v from one x)")
+                                 "MultiHeadAttention projects queries, keys and values from inputs "
+                                 "of one width d_in (cross-attention: layer(x, context=ctx) with ctx "
+                                 "of that width)")
             if getattr(module, "bias_k", None) is not None or getattr(module, "add_zero_attn", False):
                 raise ValueError("from_torch: add_bias_kv and add_zero_attn have no pyattn equivalent")
             E = int(module.embed_dim)
@@ -531,21 +534,29 @@ class _Attention:
             out = out[0] if cu is not None else out
         return out
 
-    def _qkv(self, x3, dt):
+    def _qkv(self, x3, dt, kv3=None):
         """The heads' q, k, v (B, H, T, head dim) of x3 (B, T, d_in): the
-        projections, split from the last axis as the seeds do."""
-        B, T = x3.shape[:2]
+        projections, split from the last axis as the seeds do; k and v from
+        kv3 (B, S, d_in) when given (cross-attention)."""
         H, hd = self.num_heads, self.d_out // self.num_heads
-        return tuple(_linear(x3, w, b, dt).reshape(B, T, H, hd).transpose(0, 2, 1, 3)
-                     for w, b in ((self.W_query, self.b_query), (self.W_key, self.b_key),
-                                  (self.W_value, self.b_value)))
+        kv3 = x3 if kv3 is None else kv3
+        return tuple(_linear(a, w, b, dt).reshape(a.shape[0], a.shape[1], H, hd).transpose(0, 2, 1, 3)
+                     for a, w, b in ((x3, self.W_query, self.b_query), (kv3, self.W_key, self.b_key),
+                                     (kv3, self.W_value, self.b_value)))
 
     # -- forward --------------------------------------------------------------
-    def __call__(self, x, attn_mask=None, return_weights=False, *args, cache=None, seqs=None,
-                 cu_seqlens_q=None):
+    def __call__(self, x, attn_mask=None, return_weights=False, *args, context=None, cache=None,
+                 seqs=None, cu_seqlens_q=None):
         """x (B, T, d_in) or (T, d_in) -> (B, T, d_out) [, weights (B, H, T, T)].
 
         Self-attention: queries, keys and values all come from ``x``.
+        Cross-attention (PyTorch's ``mha(query, key, value)`` with key = value):
+        ``context (B, S, d_in)`` (``(S, d_in)`` beside a 2-d ``x``) -- the
+        keys and values are projected from ``context``, the queries from
+        ``x``, the layer's ``causal`` is not applied (as PyTorch's
+        cross-attention), masks and weights are ``(..., T, S)``; not with a
+        cache. ``ValueError`` for a ``context`` whose batch or ``d_in`` is not
+        ``x``'s.
         ``attn_mask`` (positional or keyword, as in API.md): bool (``True`` =
         may attend) or float (added), broadcast to ``(B, H, T, T)``. A
         PyTorch-style ``m(x, x, x)`` or ``m(x, x)`` -- a second array that is
@@ -581,23 +592,42 @@ class _Attention:
         if args or _input_not_mask(attn_mask, x) or _input_not_mask(return_weights, x):
             raise TypeError(
                 f"{type(self).__name__}(x, attn_mask=None, return_weights=False) got a second input "
-                "array where a mask belongs: the layer is self-attention (queries, keys and values all "
-                "from x), so a PyTorch-style m(x, x, x) or m(x, x) is m(x); a mask is bool or float, "
-                "broadcast to (B, H, T, T) (attn_mask=...)")
+                "array where a mask belongs: a PyTorch-style m(x, x, x) or m(x, x) is m(x) "
+                "(self-attention), and m(x, ctx, ctx) is m(x, context=ctx) (cross-attention: keys and "
+                "values from another sequence); a mask is bool or float, broadcast to (B, H, T, S) "
+                "(attn_mask=...)")
         if x.ndim not in (2, 3) or x.shape[-1] != self.d_in:
             lead = "(B, T" if self.batch_first else "(T, B"
             raise ValueError(f"x must have shape {lead}, {self.d_in}) or (T, {self.d_in}), got {x.shape}")
+        if context is not None:
+            context = self._check_context(context, x, cache)
         if self.batch_first or x.ndim == 2:
-            return self._forward(x, attn_mask, return_weights, cache)
-        res = self._forward(x.swapaxes(0, 1), attn_mask, return_weights, cache)   # (T, B, .)
+            return self._forward(x, attn_mask, return_weights, cache, context)
+        res = self._forward(x.swapaxes(0, 1), attn_mask, return_weights, cache,
+                            None if context is None else context.swapaxes(0, 1))   # (T, B, .)
         if self._tape is not None:
             self._tape["seq_first"] = True
         if isinstance(res, tuple):
             return (res[0].swapaxes(0, 1),) + tuple(res[1:])
         return res.swapaxes(0, 1)
 
-    def _forward(self, x, attn_mask, return_weights, cache):
-        """The call on x (B, T, d_in) or (T, d_in)."""
+    def _check_context(self, context, x, cache):
+        """context as an array that fits x: the same number of axes, batch
+        (axis 0 batch-first, 1 otherwise) and d_in."""
+        c = as_array(context, "context")
+        check_numeric(c, "context")
+        if cache is not None:
+            raise ValueError("context= (cross-attention) is not available with a cache: the cache holds "
+                             "the keys and values of x's own tokens")
+        lead = "(S, d_in)" if x.ndim == 2 else "(B, S, d_in)" if self.batch_first else "(S, B, d_in)"
+        bax = 0 if self.batch_first else 1
+        if c.ndim != x.ndim or c.shape[-1] != self.d_in or (x.ndim == 3 and c.shape[bax] != x.shape[bax]):
+            raise ValueError(f"context must have shape {lead} with x's batch and d_in={self.d_in} "
+                             f"(x has shape {x.shape}), got {c.shape}")
+        return c
+
+    def _forward(self, x, attn_mask, return_weights, cache, context=None):
+        """The call on x (B, T, d_in) or (T, d_in) (and context (B, S, d_in) or (S, d_in))."""
         self._tape = None                  # backward goes back through this call only
         if cache is not None:
             return self._call_cached(x, cache, attn_mask, return_weights)
@@ -606,11 +636,12 @@ class _Attention:
             raise ValueError(f"x has {T} tokens (shape {x.shape}), more than context_length={self.context_length}")
         p = self.dropout if self.training else 0.0
         if self.training:
-            return self._call_train(x, attn_mask, return_weights, p)
+            return self._call_train(x, attn_mask, return_weights, p, context)
+        kv = x if context is None else context
         res = multi_head_attention(
-            x, x, x, self.num_heads, self.W_query, self.W_key, self.W_value,
+            x, kv, kv, self.num_heads, self.W_query, self.W_key, self.W_value,
             self.out_proj_weight, self.b_query, self.b_key, self.b_value, self.out_proj_bias,
-            attn_mask=attn_mask, is_causal=self.causal, dropout_p=p,
+            attn_mask=attn_mask, is_causal=self.causal and context is None, dropout_p=p,
             rng=self._rng if p > 0 else None, return_weights=return_weights)
         if return_weights and self.num_heads == 1 and not self._has_out:
             out, w = res
@@ -620,7 +651,7 @@ class _Attention:
     forward = __call__
 
     # -- training -------------------------------------------------------------
-    def _call_train(self, x, attn_mask, return_weights, p):
+    def _call_train(self, x, attn_mask, return_weights, p, context=None):
         """The forward of multi_head_attention (same arithmetic, same
         result), keeping what backward needs: the input, the heads' q, k, v,
         the attention output and its log-sum-exp, the dropout generator's
@@ -628,21 +659,24 @@ class _Attention:
         are asked for)."""
         params = [a for a in (self.W_query, self.W_key, self.W_value, self.out_proj_weight,
                               self.b_query, self.b_key, self.b_value, self.out_proj_bias) if a is not None]
-        dt = compute_dtype((x, "x"), *[(a, "parameter") for a in params])
+        named = [(x, "x")] + ([] if context is None else [(context, "context")])
+        dt = compute_dtype(*named, *[(a, "parameter") for a in params])
         x3 = to_dtype(x if x.ndim == 3 else x[None], dt)
+        kv3 = None if context is None else to_dtype(context if context.ndim == 3 else context[None], dt)
         B, T = x3.shape[:2]
         H, hd = self.num_heads, self.d_out // self.num_heads
-        q, k, v = self._qkv(x3, dt)
+        q, k, v = self._qkv(x3, dt, kv3)
+        causal = self.causal and context is None
         ctx = np.empty((B, T, H, hd), dt)
         rng = copy.deepcopy(self._rng) if p > 0 else None
-        r = scaled_dot_product_attention(q, k, v, attn_mask, p, self.causal, rng=self._rng if p > 0 else None,
+        r = scaled_dot_product_attention(q, k, v, attn_mask, p, causal, rng=self._rng if p > 0 else None,
                                          return_weights=return_weights, return_lse=True,
                                          out=ctx.transpose(0, 2, 1, 3))
         lse = r[-1]
         ctx = ctx.reshape(B, T, self.d_out)
         out = ctx if not self._has_out else _linear(ctx, self.out_proj_weight, self.out_proj_bias, dt)
-        self._tape = dict(x=x3, q=q, k=k, v=v, ctx=ctx, lse=lse, mask=attn_mask, p=p, rng=rng,
-                          dt=dt, unbatched=x.ndim == 2)
+        self._tape = dict(x=x3, kv=kv3, q=q, k=k, v=v, ctx=ctx, lse=lse, mask=attn_mask, p=p, rng=rng,
+                          dt=dt, unbatched=x.ndim == 2, causal=causal)
         if x.ndim == 2:
             out = out[0]
         if not return_weights:
@@ -671,8 +705,9 @@ class _Attention:
 
         Returns
         -------
-        ndarray
-            The gradient with respect to that call's input ``x``.
+        ndarray or tuple of ndarray
+            The gradient with respect to that call's input ``x``; after a
+            cross-attention call (``context=``), ``(grad_x, grad_context)``.
 
         Raises
         ------
@@ -720,25 +755,35 @@ class _Attention:
         go = gctx.reshape(B, T, H, hd).transpose(0, 2, 1, 3)
         o = ctx.reshape(B, T, H, hd).transpose(0, 2, 1, 3)
         dq, dk, dv = scaled_dot_product_attention_backward(
-            go, t["q"], t["k"], t["v"], o, t["lse"], t["mask"], t["p"], self.causal,
+            go, t["q"], t["k"], t["v"], o, t["lse"], t["mask"], t["p"], t.get("causal", self.causal),
             rng=t["rng"])
+        kv3 = t.get("kv")
+        S = T if kv3 is None else kv3.shape[1]
         x2 = x3.reshape(B * T, self.d_in)
-        gx = None
+        kv2 = x2 if kv3 is None else kv3.reshape(B * S, self.d_in)
+        gin = {"x": None, "kv": None}         # gradients of x and (cross-attention) of context
         for g, (w, b), name in zip((dq, dk, dv), _QKV, ("W_query", "W_key", "W_value")):
-            g2 = g.transpose(0, 2, 1, 3).reshape(B * T, self.d_out)
-            new[f"{name}.weight"] = matmul(g2.T, x2)
+            n = T if name == "W_query" else S
+            src, to = (x2, "x") if name == "W_query" or kv3 is None else (kv2, "kv")
+            g2 = g.transpose(0, 2, 1, 3).reshape(B * n, self.d_out)
+            new[f"{name}.weight"] = matmul(g2.T, src)
             if self.qkv_bias:
                 new[f"{name}.bias"] = g2.sum(axis=0)
             part = matmul(g2, to_dtype(getattr(self, w), dt))
-            gx = part if gx is None else gx + part
+            gin[to] = part if gin[to] is None else gin[to] + part
+        gx = gin["x"]
         for key_, g in new.items():
             acc = self.grads.get(key_)
             param = self.parameters()[key_]
             if acc is None or acc.shape != param.shape or acc.dtype != param.dtype:
                 acc = self.grads[key_] = np.zeros_like(param)
             acc += g.astype(acc.dtype, copy=False)
-        gx = gx.reshape(B, T, self.d_in)
-        return gx[0] if t["unbatched"] else gx.swapaxes(0, 1) if seq_first else gx
+        def shaped(g, n):
+            g = g.reshape(B, n, self.d_in)
+            return g[0] if t["unbatched"] else g.swapaxes(0, 1) if seq_first else g
+        if kv3 is None:
+            return shaped(gx, T)
+        return shaped(gx, T), shaped(gin["kv"], S)
 
     def __repr__(self):
         extra = f", context_length={self.context_length}" if self.context_length is not None else ""

@@ -27,7 +27,8 @@ import numpy as np
 import torch
 
 from . import _api, _grad
-from ._checks import causal_code, dropout_p_value, real_scalar, softcap_value, window_value
+from ._blockmask import BlockMask, as_block_mask
+from ._checks import causal_code, dropout_p_value, not_flag_mask, real_scalar, softcap_value, window_value
 
 __all__ = ["scaled_dot_product_attention"]
 
@@ -70,18 +71,38 @@ def _seed(seed: Optional[_Tensor]):
     return None if seed is None else int(seed.item())
 
 
+def _bm_tensors(block_mask) -> Tuple[Optional[_Tensor], Optional[_Tensor], Optional[_Tensor], Optional[List[int]]]:
+    """A BlockMask (pyattn's, or PyTorch's rebuilt from its mask_mod) as what
+    the custom op takes: its tile states, partial-tile index and bits as
+    tensors (views, no copy) and its shape."""
+    if block_mask is None:
+        return None, None, None, None
+    bm = as_block_mask(block_mask)
+    return (torch.from_numpy(bm._state), torch.from_numpy(bm._index), torch.from_numpy(bm._bits.view(np.int64)),
+            [int(x) for x in bm.shape])
+
+
+def _bm(state: Optional[_Tensor], index: Optional[_Tensor], bits: Optional[_Tensor],
+        shape: Optional[List[int]]) -> Optional[BlockMask]:
+    """The op's block-mask arguments back as a pyattn BlockMask (views)."""
+    if state is None:
+        return None
+    return BlockMask(tuple(shape), _numpy(state), _numpy(index), _numpy(bits).view(np.uint64))
+
+
 @torch.library.custom_op("pyattn::sdpa", mutates_args=(), device_types="cpu")
 def _sdpa_op(query: _Tensor, key: _Tensor, value: _Tensor, attn_mask: Optional[_Tensor],
              dropout_p: float, is_causal: int, scale: Optional[float], enable_gqa: bool,
              seed: Optional[_Tensor], window_left: int, window_right: int,
              alibi_slopes: Optional[_Tensor], softcap: Optional[float], sinks: Optional[_Tensor],
-             precision: Optional[str]) -> Tuple[_Tensor, _Tensor]:
+             precision: Optional[str], bm_state: Optional[_Tensor] = None, bm_index: Optional[_Tensor] = None,
+             bm_bits: Optional[_Tensor] = None, bm_shape: Optional[List[int]] = None) -> Tuple[_Tensor, _Tensor]:
     """Forward: (out, lse) in the compute dtype (float64 for float64 inputs, else float32)."""
     out, lse = _api.scaled_dot_product_attention(
         _numpy(query), _numpy(key), _numpy(value), _opt(attn_mask), dropout_p, _CAUSAL[is_causal], scale,
         enable_gqa, rng=_seed(seed), window=_window(window_left, window_right),
         alibi_slopes=_opt(alibi_slopes), softcap=softcap, sinks=_opt(sinks), precision=precision,
-        return_lse=True)
+        return_lse=True, block_mask=_bm(bm_state, bm_index, bm_bits, bm_shape))
     return torch.from_numpy(out), torch.from_numpy(lse)
 
 
@@ -94,7 +115,8 @@ def _batch(query: _Tensor, key: _Tensor, value: _Tensor, enable_gqa: bool):
 
 @_sdpa_op.register_fake
 def _sdpa_fake(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed,
-               window_left, window_right, alibi_slopes, softcap, sinks, precision):
+               window_left, window_right, alibi_slopes, softcap, sinks, precision, bm_state=None,
+               bm_index=None, bm_bits=None, bm_shape=None):
     batch = _batch(query, key, value, enable_gqa)
     dt = _compute_dtype(query.dtype)
     L, Ev = query.shape[-2], value.shape[-1]
@@ -107,7 +129,9 @@ def _sdpa_backward_op(grad_out: _Tensor, query: _Tensor, key: _Tensor, value: _T
                       is_causal: int, scale: Optional[float], enable_gqa: bool,
                       seed: Optional[_Tensor], window_left: int, window_right: int,
                       alibi_slopes: Optional[_Tensor], softcap: Optional[float],
-                      sinks: Optional[_Tensor]) -> List[_Tensor]:
+                      sinks: Optional[_Tensor], bm_state: Optional[_Tensor] = None,
+                      bm_index: Optional[_Tensor] = None, bm_bits: Optional[_Tensor] = None,
+                      bm_shape: Optional[List[int]] = None) -> List[_Tensor]:
     """pyattn's fused backward: [grad_query, grad_key, grad_value, grad_sinks]
     in the inputs' dtypes (grad_sinks empty without sinks); dropout is
     regenerated from the forward's seed."""
@@ -115,7 +139,7 @@ def _sdpa_backward_op(grad_out: _Tensor, query: _Tensor, key: _Tensor, value: _T
         _numpy(grad_out), _numpy(query), _numpy(key), _numpy(value), _numpy(out), _numpy(lse),
         _opt(attn_mask), dropout_p, _CAUSAL[is_causal], scale, enable_gqa, rng=_seed(seed),
         window=_window(window_left, window_right), alibi_slopes=_opt(alibi_slopes),
-        softcap=softcap, sinks=_opt(sinks))
+        softcap=softcap, sinks=_opt(sinks), block_mask=_bm(bm_state, bm_index, bm_bits, bm_shape))
     grads = [torch.from_numpy(np.ascontiguousarray(g)).to(t.dtype)
              for g, t in zip(res[:3], (query, key, value))]
     if sinks is None:
@@ -128,7 +152,7 @@ def _sdpa_backward_op(grad_out: _Tensor, query: _Tensor, key: _Tensor, value: _T
 @_sdpa_backward_op.register_fake
 def _sdpa_backward_fake(grad_out, query, key, value, out, lse, attn_mask, dropout_p, is_causal,
                         scale, enable_gqa, seed, window_left, window_right, alibi_slopes, softcap,
-                        sinks):
+                        sinks, bm_state=None, bm_index=None, bm_bits=None, bm_shape=None):
     return [torch.empty_like(query, memory_format=torch.contiguous_format),
             torch.empty_like(key, memory_format=torch.contiguous_format),
             torch.empty_like(value, memory_format=torch.contiguous_format),
@@ -137,24 +161,56 @@ def _sdpa_backward_fake(grad_out, query, key, value, out, lse, attn_mask, dropou
 
 def _setup_context(ctx, inputs, output):
     (query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed, wl, wr,
-     alibi_slopes, softcap, sinks, _precision) = inputs
+     alibi_slopes, softcap, sinks, _precision, bm_state, bm_index, bm_bits, bm_shape) = inputs
     out, lse = output
-    ctx.save_for_backward(query, key, value, out, lse, attn_mask, seed, alibi_slopes, sinks)
-    ctx.opts = (dropout_p, is_causal, scale, enable_gqa, wl, wr, softcap)
+    ctx.save_for_backward(query, key, value, out, lse, attn_mask, seed, alibi_slopes, sinks,
+                          bm_state, bm_index, bm_bits)
+    ctx.opts = (dropout_p, is_causal, scale, enable_gqa, wl, wr, softcap, bm_shape)
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx, grad_out, _grad_lse):
-    query, key, value, out, lse, attn_mask, seed, alibi_slopes, sinks = ctx.saved_tensors
-    dropout_p, is_causal, scale, enable_gqa, wl, wr, softcap = ctx.opts
+    query, key, value, out, lse, attn_mask, seed, alibi_slopes, sinks, bm_state, bm_index, bm_bits = \
+        ctx.saved_tensors
+    dropout_p, is_causal, scale, enable_gqa, wl, wr, softcap, bm_shape = ctx.opts
     dq, dk, dv, ds = torch.ops.pyattn.sdpa_backward(
         grad_out, query, key, value, out, lse, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-        seed, wl, wr, alibi_slopes, softcap, sinks)
+        seed, wl, wr, alibi_slopes, softcap, sinks, bm_state, bm_index, bm_bits, bm_shape)
     return (dq, dk, dv, None, None, None, None, None, None, None, None, None, None,
-            None if sinks is None else ds, None)
+            None if sinks is None else ds, None, None, None, None, None)
 
 
 _sdpa_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# Autocast, as PyTorch's SDPA (a "lower precision" op on the CPU): inside
+# torch.autocast("cpu", dtype=d), floating query, key, value and a float
+# attn_mask that are not float64 are cast to d, then the op runs with autocast
+# off (the casts are ordinary differentiable ops: gradients reach the
+# original dtypes). pyattn's own tensors (alibi_slopes, sinks) are read as given.
+_AUTOCAST_LIB = torch.library.Library("pyattn", "IMPL")
+
+
+def _autocast_dtype(t: Optional[_Tensor]) -> Optional[torch.dtype]:
+    """The dtype t has inside the op: the CPU autocast dtype for a floating,
+    non-float64 tensor while CPU autocast is on, else its own."""
+    if t is None:
+        return None
+    if torch.is_autocast_enabled("cpu") and t.is_floating_point() and t.dtype != torch.float64:
+        return torch.get_autocast_dtype("cpu")
+    return t.dtype
+
+
+def _sdpa_autocast(keyset, query, key, value, attn_mask, *rest):
+    dt = torch.get_autocast_dtype("cpu")
+
+    def cast(t):
+        return t.to(dt) if t is not None and t.is_floating_point() and t.dtype != torch.float64 else t
+    with torch.autocast("cpu", enabled=False):
+        return torch.ops.pyattn.sdpa.default(cast(query), cast(key), cast(value), cast(attn_mask), *rest)
+
+
+_AUTOCAST_LIB.impl("sdpa", _sdpa_autocast, "AutocastCPU", with_keyset=True)
 
 
 def _check_tensor(t, name, device=None):
@@ -170,7 +226,7 @@ def _check_tensor(t, name, device=None):
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                                  scale=None, enable_gqa=False, *, window=None, alibi_slopes=None,
-                                 softcap=None, sinks=None, precision=None, return_lse=False):
+                                 softcap=None, sinks=None, precision=None, block_mask=None, return_lse=False):
     """``torch.nn.functional.scaled_dot_product_attention`` on pyattn's kernels.
 
     Shapes as PyTorch's: ``query (..., L, E)``, ``key (..., S, E)``,
@@ -178,7 +234,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     CPU tensors of one dtype: float32, float64, float16 or bfloat16, read in
     place (no copy). The result has the query's dtype; 16-bit inputs are
     computed in float32 and the result rounded from it, as PyTorch's SDPA
-    does. Differentiable with respect to query, key, value (and ``sinks``)
+    does. Inside ``torch.autocast("cpu", dtype=d)`` floating query, key,
+    value and a float ``attn_mask`` (not float64) are cast to ``d`` first and
+    the result has dtype ``d``, as PyTorch's SDPA (its autocast rule).
+    Differentiable with respect to query, key, value (and ``sinks``)
     through pyattn's fused backward; a custom op ``pyattn::sdpa`` that
     ``torch.compile(fullgraph=True)`` and ``torch.export`` accept.
 
@@ -191,7 +250,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     evaluation); its pattern is drawn from torch's generator
     (``torch.manual_seed`` reproduces it) and regenerated in the backward.
     pyattn's keywords: ``window=(left, right)``, ``alibi_slopes (Hq,)``,
-    ``softcap``, ``sinks (Hq,)`` (differentiable), ``precision``, and
+    ``softcap``, ``sinks (Hq,)`` (differentiable), ``precision``,
+    ``block_mask`` (a :class:`pyattn.BlockMask`, or FlexAttention's
+    ``BlockMask`` from ``create_block_mask``, rebuilt from its ``mask_mod``:
+    a ``mask_mod`` of torch ops over torch tensors is evaluated with torch
+    index tensors; a PyTorch BlockMask made from blocks alone, without a
+    mask_mod, is a ``TypeError`` saying how to build one), and
     ``return_lse`` (also return the ``(..., L)`` log-sum-exp, float32 or
     float64, not differentiable).
 
@@ -215,9 +279,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         if t.dtype not in _FLOATS:
             raise TypeError(f"{name} has dtype {t.dtype}; pyattn.torch takes float32, float64, "
                             "float16 or bfloat16 tensors")
-    if not (query.dtype == key.dtype == value.dtype):
+    dts = [_autocast_dtype(t) for t in (query, key, value)]       # torch.autocast("cpu") casts
+    if not (dts[0] == dts[1] == dts[2]):
         raise TypeError(f"query, key and value must have one dtype (as PyTorch's SDPA), got "
-                        f"{query.dtype}, {key.dtype} and {value.dtype}")
+                        f"{query.dtype}, {key.dtype} and {value.dtype}"
+                        + (f" (under torch.autocast: {dts[0]}, {dts[1]} and {dts[2]})"
+                           if dts != [query.dtype, key.dtype, value.dtype] else ""))
+    not_flag_mask(attn_mask, "attn_mask")
     for t, name in ((attn_mask, "attn_mask"), (alibi_slopes, "alibi_slopes"), (sinks, "sinks")):
         if t is None:
             continue
@@ -237,7 +305,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         seed = torch.randint(0, 2**63 - 1, (), dtype=torch.int64)
     out, lse = torch.ops.pyattn.sdpa(
         query, key, value, attn_mask, p, code, scale, bool(enable_gqa), seed, wl, wr, alibi_slopes,
-        softcap, sinks, precision)
-    if out.dtype != query.dtype:
-        out = out.to(query.dtype)
+        softcap, sinks, precision, *_bm_tensors(block_mask))
+    if out.dtype != dts[0]:
+        out = out.to(dts[0])
     return (out, lse) if return_lse else out

@@ -1,4 +1,4 @@
-from typing import Literal, Optional, Tuple, Union, overload
+from typing import Any, Literal, Optional, Tuple, Union, overload
 
 from torch import Tensor
 
@@ -14,7 +14,7 @@ def scaled_dot_product_attention(
     dropout_p: float = ..., is_causal: _Causal = ..., scale: Optional[float] = ...,
     enable_gqa: bool = ..., *, window: _Window = ..., alibi_slopes: Optional[Tensor] = ...,
     softcap: Optional[float] = ..., sinks: Optional[Tensor] = ..., precision: _Precision = ...,
-    return_lse: Literal[False] = ...,
+    block_mask: Any = ..., return_lse: Literal[False] = ...,
 ) -> Tensor: ...
 @overload
 def scaled_dot_product_attention(
@@ -22,5 +22,5 @@ def scaled_dot_product_attention(
     dropout_p: float = ..., is_causal: _Causal = ..., scale: Optional[float] = ...,
     enable_gqa: bool = ..., *, window: _Window = ..., alibi_slopes: Optional[Tensor] = ...,
     softcap: Optional[float] = ..., sinks: Optional[Tensor] = ..., precision: _Precision = ...,
-    return_lse: Literal[True],
+    block_mask: Any = ..., return_lse: Literal[True],
 ) -> Tuple[Tensor, Tensor]: ...

@@ -67,3 +67,71 @@ def test_varlen_vs_torch_dense_mask(rng):
                                                                 enable_gqa=True).numpy()
         want = np.where(m.any(-1, keepdims=True), want, 0.0)
         np.testing.assert_allclose(seq(o, cq, i), want, rtol=1e-12, atol=1e-12)
+
+
+# ---- FlexAttention habits (issue 43 item 9) ----
+
+def _flex_doc_mask(torch):
+    """FlexAttention's document-causal mask_mod: closes over a torch tensor and
+    uses torch's and_masks (torch ops on its index tensors)."""
+    from torch.nn.attention.flex_attention import and_masks
+    docs = torch.tensor([0] * 70 + [1] * 60 + [2] * 70)
+
+    def doc(b, h, q_idx, kv_idx):
+        return docs[q_idx] == docs[kv_idx]
+
+    def causal(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
+    d = docs.numpy()
+    return and_masks(causal, doc), (d[:, None] == d[None, :]) & np.tri(200, dtype=bool)
+
+
+def test_mask_mod_of_torch_tensors_and_ops():
+    torch = pytest.importorskip("torch")
+    mm, dense = _flex_doc_mask(torch)
+    bm = BM.from_mask_mod(mm, None, None, 200, 200)
+    assert np.array_equal(bm.to_dense()[0, 0], dense)
+    assert bm == BM.from_mask_mod(M.and_masks(M.causal, M.document(np.repeat([0, 1, 2], [70, 60, 70]))),
+                                  None, None, 200, 200)
+
+
+def test_pytorch_block_mask_is_rebuilt_from_its_mask_mod():
+    torch = pytest.importorskip("torch")
+    fa = pytest.importorskip("torch.nn.attention.flex_attention")
+    mm, dense = _flex_doc_mask(torch)
+    tbm = fa.create_block_mask(mm, None, None, 200, 200, device="cpu")
+    q, k, v = (np.random.default_rng(i).standard_normal((1, 2, 200, 16)).astype(np.float32) for i in range(3))
+    want = pyattn.scaled_dot_product_attention(q, k, v, block_mask=BM.from_mask_mod(mm, None, None, 200, 200))
+    assert np.array_equal(pyattn.scaled_dot_product_attention(q, k, v, block_mask=tbm), want)
+    check(want, pyattn.scaled_dot_product_attention(q, k, v, dense), 4 * np.abs(v).max())
+    blocks = fa.BlockMask.from_kv_blocks(tbm.kv_num_blocks, tbm.kv_indices)     # no mask_mod to rebuild from
+    with pytest.raises(TypeError, match="without a mask_mod.*pyattn.BlockMask.from_mask_mod"):
+        pyattn.scaled_dot_product_attention(q, k, v, block_mask=blocks)
+    with pytest.raises(TypeError, match="block_mask must be a pyattn.BlockMask .* or PyTorch's"):
+        pyattn.scaled_dot_product_attention(q, k, v, block_mask=dense)
+
+
+def test_torch_sdpa_takes_block_mask():
+    torch = pytest.importorskip("torch")
+    fa = pytest.importorskip("torch.nn.attention.flex_attention")
+    import pyattn.torch as pt
+    mm, dense = _flex_doc_mask(torch)
+    bm = BM.from_mask_mod(mm, None, None, 200, 200)
+    tbm = fa.create_block_mask(mm, None, None, 200, 200, device="cpu")
+    g = torch.Generator().manual_seed(43)
+    q, k, v = (torch.randn(1, 2, 200, 16, generator=g, requires_grad=True) for _ in range(3))
+    o = pt.scaled_dot_product_attention(q, k, v, block_mask=bm)
+    assert torch.equal(pt.scaled_dot_product_attention(q, k, v, block_mask=tbm), o)
+    want = pyattn.scaled_dot_product_attention(*(t.detach().numpy() for t in (q, k, v)), block_mask=bm)
+    assert np.array_equal(o.detach().numpy(), want)
+    go = torch.randn_like(o, generator=g)
+    got = torch.autograd.grad(o, (q, k, v), go)                 # the backward sees the block mask too
+    ref = pyattn.scaled_dot_product_attention_backward(
+        go.numpy(), *(t.detach().numpy() for t in (q, k, v)), o.detach().numpy(),
+        pyattn.scaled_dot_product_attention(*(t.detach().numpy() for t in (q, k, v)), block_mask=bm,
+                                            return_lse=True)[1], block_mask=bm)
+    for a, b in zip(got, ref):
+        assert np.array_equal(a.numpy(), b)
+    c = torch.compile(lambda q, k, v: pt.scaled_dot_product_attention(q, k, v, block_mask=bm),
+                      fullgraph=True, backend="aot_eager")
+    assert torch.equal(c(q, k, v), o)

@@ -249,3 +249,132 @@ def test_numpy_in_numpy_out_and_errors():
     if not hasattr(pyattn, "scaled_dot_product_attention_varlen"):
         with pytest.raises(NotImplementedError, match="varlen"):
             flash_attn_varlen_func(q[0], q[0], q[0], [0, 2], [0, 2], 2, 2)
+
+
+# ---- issue 43 item 8: FlashAttention's dtypes, names and layouts; bert_padding ----
+
+@pytest.mark.parametrize("bad", [torch.int32, torch.int64, torch.bool, torch.complex64])
+def test_flash_refuses_dtypes_flashattention_refuses(bad):
+    from pyattn.flash import _DtypeError
+    q = torch.ones(2, 5, 4, 8, dtype=bad)
+    cu = torch.tensor([0, 5, 10], dtype=torch.int32)
+    calls = [lambda: flash_attn_func(q, q, q),
+             lambda: flash_attn_func(q.numpy(), q.numpy(), q.numpy()),
+             lambda: flash_attn_qkvpacked_func(torch.stack([q, q, q], 2)),
+             lambda: flash_attn_varlen_func(q.reshape(10, 4, 8), q.reshape(10, 4, 8), q.reshape(10, 4, 8),
+                                            cu, cu, 5, 5),
+             lambda: flash_attn_with_kvcache(q, q, q, cache_seqlens=5)]
+    for call in calls:
+        with pytest.raises(TypeError, match="q has dtype .*FlashAttention takes float16 or bfloat16") as ei:
+            call()
+        assert isinstance(ei.value, RuntimeError)       # what FlashAttention raises
+        assert isinstance(ei.value, _DtypeError)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_flash_takes_its_float_dtypes(dtype):
+    q = torch.randn(1, 3, 2, 8).to(dtype)
+    out = flash_attn_func(q, q, q, causal=True)
+    assert out.dtype == dtype and out.shape == (1, 3, 2, 8)
+
+
+def test_flash_errors_speak_flashattention():
+    q = torch.randn(2, 8, 4, 16)
+    k = v = torch.randn(2, 8, 3, 16)
+    with pytest.raises(ValueError, match=r"nheads_k = 3\) must divide number of heads in query "
+                                         r"\(nheads = 4\).*q \(2, 8, 4, 16\) \(batch, seqlen_q, nheads, headdim\)") as ei:
+        flash_attn_func(q, k, v)
+    assert isinstance(ei.value, RuntimeError) and "enable_gqa" not in str(ei.value)
+    with pytest.raises(ValueError, match=r"same headdim.*k \(2, 8, 4, 8\)"):
+        flash_attn_func(q, torch.randn(2, 8, 4, 8), torch.randn(2, 8, 4, 16))
+    with pytest.raises(ValueError, match=r"same batch size"):
+        flash_attn_func(q, torch.randn(1, 8, 4, 16), torch.randn(1, 8, 4, 16))
+    with pytest.raises(ValueError, match=r"same seqlen and nheads_k.*v \(2, 7, 4, 16\)"):
+        flash_attn_func(q, q, torch.randn(2, 7, 4, 16))
+    with pytest.raises(ValueError, match=r"q must be \(batch, seqlen_q, nheads, headdim\), got shape \(8, 4, 16\)"):
+        flash_attn_func(q[0], q, q)
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"nheads_k = 3\).*q \(8, 4, 16\) \(total_q, nheads, headdim\)"):
+        flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 8, 8)
+    kc = torch.zeros(2, 8, 3, 16)
+    with pytest.raises(ValueError, match=r"nheads_k = 3\).*k_cache \(2, 8, 3, 16\)"):
+        flash_attn_with_kvcache(q[:, :1], kc, kc, cache_seqlens=2)
+    kc = torch.zeros(2, 8, 2, 16)
+    with pytest.raises(ValueError, match=r"k and v must be \(batch, seqlen_new"):
+        flash_attn_with_kvcache(q[:, :1], kc, kc, torch.randn(2, 1, 2, 8), torch.randn(2, 1, 2, 16),
+                                cache_seqlens=2)
+    with pytest.raises(ValueError, match=r"k and v must be given together"):
+        flash_attn_with_kvcache(q[:, :1], kc, kc, torch.randn(2, 1, 2, 16), cache_seqlens=2)
+    assert not kc.any()
+
+
+def test_bert_padding_import_paths():
+    import importlib
+    import pyattn.flash
+    from pyattn.flash import pad_input, unpad_input
+    from pyattn.flash.bert_padding import index_first_axis, pad_input as p2, unpad_input as u2
+    m = importlib.import_module("pyattn.flash.bert_padding")
+    assert m is pyattn.flash.bert_padding and (p2, u2) == (pad_input, unpad_input) == (m.pad_input, m.unpad_input)
+    assert callable(index_first_axis)
+
+
+def _fa_helpers():
+    """tests/flash_attn/fa_helpers.py: FlashAttention's bert_padding in plain PyTorch"""
+    import importlib.util
+    import os
+    spec = importlib.util.spec_from_file_location(
+        "fa_helpers", os.path.join(os.path.dirname(__file__), "flash_attn", "fa_helpers.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_unpad_pad_as_flashattention():
+    fa_helpers = _fa_helpers()
+    from pyattn.flash.bert_padding import pad_input, unpad_input
+    rng = torch.Generator().manual_seed(43)
+    x = torch.randn(3, 7, 2, 4, generator=rng)
+    lens = torch.tensor([7, 3, 0])
+    mask = torch.arange(7)[None, :] < lens[:, None]
+    unused = torch.zeros(3, 7, dtype=torch.bool)
+    unused[1, 3:5] = True
+    for um in (None, unused):
+        got, want = unpad_input(x, mask, um), fa_helpers.unpad_input(x, mask, um)
+        for g, w in zip(got, want):
+            if isinstance(w, int):
+                assert g == w and isinstance(g, int)
+            else:
+                assert g.dtype == w.dtype and torch.equal(g, w)
+        rows, idx = got[0], got[1]
+        assert torch.equal(pad_input(rows, idx, 3, 7), fa_helpers.pad_input(rows, idx, 3, 7))
+        # NumPy in, NumPy out, the same values
+        npg = unpad_input(x.numpy(), mask.numpy().astype(np.int32), None if um is None else um.numpy())
+        for g, w in zip(npg, got):
+            assert (g == w) if isinstance(w, int) else np.array_equal(g, w.numpy()) and g.dtype == w.numpy().dtype
+        assert np.array_equal(pad_input(npg[0], npg[1], 3, 7), pad_input(rows, idx, 3, 7).numpy())
+    # differentiable, as FlashAttention's (gradient of the kept rows only)
+    xg = x.clone().requires_grad_(True)
+    rows, idx, *_ = unpad_input(xg, mask)
+    pad_input(rows * 2, idx, 3, 7).sum().backward()
+    assert torch.equal(xg.grad, 2.0 * mask[:, :, None, None].expand_as(x).float())
+    with pytest.raises(ValueError, match=r"attention_mask must be \(batch, seqlen\) = \(3, 7\)"):
+        unpad_input(x, mask[:, :5])
+    with pytest.raises(ValueError, match=r"indices must be in \[0, batch \* seqlen\) = \[0, 21\)"):
+        pad_input(rows, idx + 21, 3, 7)
+
+
+def test_varlen_through_unpad_equals_the_padded_call():
+    from pyattn.flash import pad_input, unpad_input
+    rng = np.random.default_rng(8)
+    B, S, H, E = 3, 6, 2, 8
+    q, k, v = (torch.from_numpy(rng.standard_normal((B, S, H, E))) for _ in range(3))
+    lens = [6, 2, 4]
+    mask = torch.arange(S)[None, :] < torch.tensor(lens)[:, None]
+    qu, idx, cu, mx, _ = unpad_input(q, mask)
+    ku, _, _, _, _ = unpad_input(k, mask)
+    vu, _, _, _, _ = unpad_input(v, mask)
+    out = pad_input(flash_attn_varlen_func(qu, ku, vu, cu, cu, mx, mx, causal=True), idx, B, S)
+    for b, n in enumerate(lens):
+        ref = flash_attn_func(q[b:b + 1, :n], k[b:b + 1, :n], v[b:b + 1, :n], causal=True)
+        assert torch.equal(out[b:b + 1, :n], ref)          # varlen: each sequence as alone, bit for bit
+        assert not out[b, n:].any()

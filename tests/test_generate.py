@@ -386,7 +386,7 @@ def test_kvcache_overflow_through_KVCache_writes_nothing(rng):
     x = rng.standard_normal((1, 1, 3, 2)).astype(np.float32)
     c.attend(x, x, x)
     k0 = c.k.copy()
-    with pytest.raises(ValueError, match="S_max"):
+    with pytest.raises(pyattn.CacheFullError, match="max_len=4"):     # API.md: a MemoryError
         c.attend(x, x, x)
     assert np.array_equal(c.k, k0) and c.lengths.tolist() == [3]
 

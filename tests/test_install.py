@@ -143,7 +143,28 @@ def test_python_version_floor_is_stated_in_one_place():
         assert "sys.version_info < (3, 10)" in f.read()
 
 
+def _setuptools_version():
+    """The running interpreter's setuptools version as a tuple, None without it."""
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+        v = version("setuptools")
+    except (ImportError, PackageNotFoundError):
+        return None
+    return tuple(int(p) for p in v.split(".")[:2] if p.isdigit())
+
+
+# setup.py run directly uses this environment's setuptools (pip's build isolation
+# does not apply), and pyproject.toml's `license = "MIT"` needs setuptools >= 77:
+# the `test` extra asks for it; without the extra, skip with the reason
+needs_setuptools_77 = pytest.mark.skipif(
+    (_setuptools_version() or (0,)) < (77,),
+    reason=f"needs setuptools >= 77 in this environment (pyproject.toml's license field), found "
+           f"{'none' if _setuptools_version() is None else '.'.join(map(str, _setuptools_version()))}: "
+           "pip install -e \".[test]\" installs it")
+
+
 @needs_clone
+@needs_setuptools_77
 def test_build_without_a_c_compiler_says_what_to_install(tmp_path):
     r = run([sys.executable, "setup.py", "-q", "build_ext", "--force", "--build-lib", str(tmp_path / "lib"),
              "--build-temp", str(tmp_path / "tmp")], cwd=ROOT, env={"CC": "no-such-cc-pyattn"})
@@ -262,3 +283,58 @@ def test_notebooks_extra_installs_what_the_notebooks_import():
             assert name in provides, f"{os.path.basename(path)} imports {name}: which distribution provides it?"
             assert provides[name] in dists, (f"{os.path.basename(path)} imports {name}, but the notebooks "
                                              f"extra does not install {provides[name]}")
+
+
+_FAKE_CC = r'''#!/bin/sh
+# a stand-in compiler and linker: logs when it starts and ends, writes the -o file
+out=""
+prev=""
+for a in "$@"; do
+  if [ "$prev" = "-o" ]; then out="$a"; fi
+  prev="$a"
+done
+echo "start $(date +%s.%N)" >> "$FAKE_CC_LOG"
+sleep 0.4
+mkdir -p "$(dirname "$out")" && : > "$out"
+echo "end $(date +%s.%N)" >> "$FAKE_CC_LOG"
+'''
+
+
+def _compiles_at_once(tmp_path, jobs):
+    """The most compiler processes running at one time while `setup.py
+    build_ext` (-j jobs, or the default) builds a copy of the sources with
+    a stand-in compiler (no real compile; nothing lands in the clone's build cache)."""
+    src = tmp_path / "src"
+    src.mkdir(parents=True)
+    for f in ("pyproject.toml", "setup.py", "README.md", "LICENSE", "MANIFEST.in"):
+        shutil.copy(os.path.join(ROOT, f), src)
+    shutil.copytree(os.path.join(ROOT, "csrc"), src / "csrc")
+    _copy_package(src / "pyattn")
+    cc = tmp_path / "fakecc"
+    cc.write_text(_FAKE_CC)
+    cc.chmod(0o755)
+    log = tmp_path / "cc.log"
+    args = [sys.executable, "setup.py", "-q", "build_ext", "--force", "--build-lib", str(tmp_path / "lib"),
+            "--build-temp", str(tmp_path / "tmp")] + ([] if jobs is None else ["-j", str(jobs)])
+    r = run(args, cwd=str(src), env={"CC": str(cc), "LDSHARED": f"{cc} -shared", "FAKE_CC_LOG": str(log),
+                                     "CFLAGS": ""})
+    assert r.returncode == 0, r.stdout + r.stderr
+    events = sorted((float(t), 1 if kind == "start" else -1)
+                    for kind, t in (line.split() for line in log.read_text().splitlines()))
+    n = sum(1 for _, d in events if d == 1)
+    assert n > 10, n                                   # every C file, and the link
+    running = most = 0
+    for _, d in events:
+        running += d
+        most = max(most, running)
+    return most
+
+
+@needs_clone
+@needs_setuptools_77
+@pytest.mark.skipif(sys.platform == "win32", reason="a POSIX shell stand-in compiler")
+def test_build_compiles_the_c_files_in_parallel(tmp_path):
+    # issue 43 item 4: setuptools' -j alone runs several extensions at once, and
+    # pyattn is one extension of many C files; BuildExt compiles the files jobs at a time
+    assert _compiles_at_once(tmp_path / "j1", 1) == 1
+    assert _compiles_at_once(tmp_path / "j3", 3) == 3

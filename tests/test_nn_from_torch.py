@@ -228,3 +228,61 @@ def test_second_positional_array_is_an_error_not_a_mask():
     mask = np.tril(np.ones((5, 5), bool))
     assert np.array_equal(m(x, attn_mask=mask), MultiHeadAttention(8, 8, 2, rng=0).eval()(x))
     assert np.array_equal(m.forward(x, attn_mask=mask), m(x, attn_mask=mask))
+
+
+# ---- cross-attention (issue 43 item 11): layer(x, context=ctx) = module(x, ctx, ctx) ----
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_cross_attention_equals_torch_multihead_attention(batch_first):
+    torch.manual_seed(43)
+    E, H, B, L, S = 24, 4, 3, 5, 9
+    t = nn.MultiheadAttention(E, H, batch_first=batch_first, dtype=torch.float64).eval()
+    layer = MultiHeadAttention.from_torch(t).eval()
+    rng = np.random.default_rng(43)
+    x, c = rng.standard_normal((B, L, E)), rng.standard_normal((B, S, E))
+    xin, cin = (x, c) if batch_first else (x.swapaxes(0, 1), c.swapaxes(0, 1))
+    mask = rng.random((L, S)) < 0.8
+    mask[:, 0] = True
+    with torch.no_grad():
+        want, ww = t(T(xin), T(cin), T(cin), attn_mask=T(~mask), average_attn_weights=False)
+    got, w = layer(xin, mask, True, context=cin)
+    assert got.shape == want.shape and w.shape == (B, H, L, S)
+    np.testing.assert_allclose(got, want.numpy(), rtol=0, atol=1e-13)
+    np.testing.assert_allclose(w, ww.numpy(), rtol=0, atol=1e-14)
+    # the causal flag of a seed-style layer is not applied to cross-attention (as PyTorch's)
+    causal = MultiHeadAttention(E, E, H, causal=True, rng=0).eval()
+    plain = MultiHeadAttention(E, E, H, causal=False, rng=0).eval()
+    assert np.array_equal(causal(x, context=c), plain(x, context=c))
+
+
+def test_cross_attention_backward_equals_torch_autograd():
+    torch.manual_seed(44)
+    E, H, B, L, S = 16, 2, 2, 4, 6
+    t = nn.MultiheadAttention(E, H, batch_first=True, dtype=torch.float64)
+    layer = MultiHeadAttention.from_torch(t).train()
+    rng = np.random.default_rng(44)
+    x = torch.tensor(rng.standard_normal((B, L, E)), requires_grad=True)
+    c = torch.tensor(rng.standard_normal((B, S, E)), requires_grad=True)
+    y = t(x, c, c, need_weights=False)[0]
+    gy = torch.tensor(rng.standard_normal(y.shape))
+    y.backward(gy)
+    out = layer(x.detach().numpy(), context=c.detach().numpy())
+    np.testing.assert_allclose(out, y.detach().numpy(), rtol=0, atol=1e-13)
+    gx, gc = layer.backward(gy.numpy())
+    np.testing.assert_allclose(gx, x.grad.numpy(), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(gc, c.grad.numpy(), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(np.concatenate([layer.grads[f"W_{n}.weight"] for n in ("query", "key", "value")]),
+                               t.in_proj_weight.grad.numpy(), rtol=0, atol=1e-12)
+
+
+def test_cross_attention_argument_errors():
+    m = MultiHeadAttention(8, 8, 2, rng=0).eval()
+    x = np.ones((2, 5, 8))
+    with pytest.raises(ValueError, match=r"context must have shape \(B, S, d_in\) with x's batch"):
+        m(x, context=np.ones((3, 7, 8)))
+    with pytest.raises(ValueError, match="context must have shape"):
+        m(x, context=np.ones((2, 7, 4)))
+    with pytest.raises(ValueError, match="not available with a cache"):
+        m(x[:, :1], context=np.ones((2, 7, 8)), cache=m.new_cache(2, 8))
+    with pytest.raises(TypeError, match=r"m\(x, ctx, ctx\) is m\(x, context=ctx\)"):
+        m(x, x, x)

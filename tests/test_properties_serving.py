@@ -502,3 +502,20 @@ def test_writing_entry_points_write_nothing_on_allocation_failure(kind):
     watched, call = _write_case(kind)
     assert _sweep(call, watched) >= 1
 
+
+
+def test_paged_kvcache_attend_writes_nothing_on_allocation_failure():
+    c = pyattn.PagedKVCache(16, 4, 2, 8, dtype="int8", group_size=4)
+    s0 = c.add_sequence()
+    rng = np.random.default_rng(22)
+    c.attend([s0], rng.standard_normal((1, 4, 5, 8)).astype(np.float32),
+             *rng.standard_normal((2, 1, 2, 5, 8)).astype(np.float32))
+    s1 = c.fork(s0)
+    q = rng.standard_normal((2, 4, 2, 8)).astype(np.float32)
+    k, v = rng.standard_normal((2, 2, 2, 2, 8)).astype(np.float32)
+    free0 = c.blocks_free
+    lens0 = (c.length(s0), c.length(s1))
+    watched = [a for a in vars(c).values() if isinstance(a, np.ndarray)]
+    _sweep(lambda: c.attend([s0, s1], q, k, v), watched)
+    assert c.blocks_free <= free0 and (c.length(s0), c.length(s1)) == (lens0[0] + 2, lens0[1] + 2)
+

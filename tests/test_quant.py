@@ -130,10 +130,12 @@ def test_argument_errors():
     with pytest.raises(ValueError, match="even"):
         pyattn.quantize(np.ones((2, 3), np.float32), "int4", group_size=1)
     q, s = pyattn.quantize(x)
-    with pytest.raises(TypeError, match="q must be uint8"):
+    with pytest.raises(ValueError, match="dtype='int4' contradicts q"):   # API.md: a contradiction
         pyattn.dequantize(q, s, dtype="int4")
     with pytest.raises(ValueError, match="scale must have shape"):
-        pyattn.dequantize(q, s[:, :1])
+        pyattn.dequantize(q, s[:1])                      # (s[:, :1] is group_size 64 now: inferred)
+    with pytest.raises(ValueError, match="group_size=32 contradicts"):
+        pyattn.dequantize(q, s[:, :1], group_size=32)
     with pytest.raises(TypeError, match="scale must be float32"):
         pyattn.dequantize(q, s.astype(np.float64))
 
@@ -423,3 +425,74 @@ def test_appending_matches_the_reference(dtype):
     for a, b in ((kq, wk), (ks, wks), (vq, wv), (vs, wvs)):
         same_bits(a, b)
     close(o, want.astype(np.float32))
+
+
+# ---- dequantize reads its arguments from q and scale (issue 43 item 7) ----
+
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+@pytest.mark.parametrize("axis", [-1, 0, 1])
+def test_dequantize_infers_dtype_and_group_size(dtype, axis):
+    x = RNG.standard_normal((8, 16, 32)).astype(np.float32)
+    E = x.shape[axis]
+    for g in (1, 2, 4, E // 2, E):
+        q, s = pyattn.quantize(x, dtype, group_size=g, axis=axis)
+        same_bits(pyattn.dequantize(q, s, axis=axis),
+                  pyattn.dequantize(q, s, dtype=dtype, group_size=g, axis=axis))
+        same_bits(pyattn.dequantize(q, s, axis=axis), ref.dequantize(q, s, dtype, g, axis))
+
+
+def test_dequantize_given_values_that_contradict_q_or_the_shapes():
+    x = RNG.standard_normal((4, 64)).astype(np.float32)
+    q4, s4 = pyattn.quantize(x, "int4", group_size=16)
+    with pytest.raises(ValueError, match="dtype='int8' contradicts q"):
+        pyattn.dequantize(q4, s4, dtype="int8")
+    with pytest.raises(ValueError, match="group_size=32 contradicts.*group size is 16"):
+        pyattn.dequantize(q4, s4, group_size=32)
+    same_bits(pyattn.dequantize(q4, s4, dtype="int4", group_size=16), pyattn.dequantize(q4, s4))
+    with pytest.raises(ValueError, match="scale has 3 groups"):
+        pyattn.dequantize(q4, np.ones((4, 3), np.float32))
+    with pytest.raises(ValueError, match="scale must have q's 2 dimensions"):
+        pyattn.dequantize(q4, s4[0])
+    with pytest.raises(TypeError, match="q must be np.int8.*int16"):
+        pyattn.dequantize(q4.astype(np.int16), s4)
+    with pytest.raises(ValueError, match="dtype must be"):
+        pyattn.dequantize(q4, s4, dtype="int2")
+    q, s = pyattn.quantize(np.ones((2, 0), np.float32), "int4", group_size=8)     # empty axis
+    assert pyattn.dequantize(q, s).shape == (2, 0)
+
+
+# ---- issue 40 bug 6: bfloat16 input is rounded to float32 like float16 ----
+
+def test_quantize_takes_bfloat16():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    x = (RNG.standard_normal((3, 64)) * 10).astype(ml_dtypes.bfloat16)
+    for dtype in ("int8", "int4"):
+        q, s = pyattn.quantize(x, dtype)
+        rq, rs = pyattn.quantize(x.astype(np.float32), dtype)     # exact: bfloat16 is within float32
+        same_bits(q, rq)
+        same_bits(s, rs)
+    torch = pytest.importorskip("torch")
+    t = torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16)
+    q, s = pyattn.quantize(t)
+    same_bits(q, pyattn.quantize(x)[0])
+
+
+# ---- issue 40 bug 9: dequantize into float64 is the exact product ----
+
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+def test_dequantize_float64_is_the_exact_product(dtype):
+    x = (RNG.standard_normal((5, 7, 64)) * RNG.uniform(1e-3, 1e3, (5, 7, 1))).astype(np.float32)
+    q, s = pyattn.quantize(x, dtype, group_size=16)
+    v = ref.unpack_int4(q, -1) if dtype == "int4" else q
+    # an int8 (8 bits) times a float32 (24-bit significand) fits float64's 53 bits: exact
+    exact = v.astype(np.float64) * np.repeat(s.astype(np.float64), 16, axis=-1)
+    for qq, ss, ee in ((q, s, exact), (q[:, ::-2], s[:, ::-2], exact[:, ::-2]),
+                       (q.transpose(1, 0, 2), s.transpose(1, 0, 2), exact.transpose(1, 0, 2))):
+        y = pyattn.dequantize(qq, ss, out_dtype=np.float64)
+        assert y.dtype == np.float64
+        same_bits(y, np.ascontiguousarray(ee))
+    assert not np.array_equal(pyattn.dequantize(q, s).astype(np.float64), exact)   # float32 rounds
+    q, s = np.full((1, 16), 127, np.int8), np.full((1, 1), 3e36, np.float32)     # q * scale past float32
+    y = pyattn.dequantize(q, s, out_dtype=np.float64)
+    assert np.isfinite(y).all() and np.isinf(pyattn.dequantize(q, s)).all()
+    same_bits(y, q.astype(np.float64) * np.float64(s[0, 0]))

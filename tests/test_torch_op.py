@@ -318,3 +318,59 @@ def test_import_pyattn_imports_neither_torch_nor_transformers():
             "assert not bad, bad; print('ok')")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+# ---- autocast (issue 43 item 10): PyTorch's SDPA rule, inputs cast to the autocast dtype ----
+
+@pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16])
+def test_autocast_casts_inputs_as_torch_sdpa(dt):
+    q, k, v = _qkv(torch.float32)
+    qd = q.detach().to(dt).requires_grad_(True)
+    m = torch.randn(13, 17)                          # a float mask is cast too
+    with torch.autocast("cpu", dtype=dt):
+        got = pt.scaled_dot_product_attention(qd, k, v, m)     # mixed dtypes
+        ref = F.scaled_dot_product_attention(qd, k, v, m)
+        raw = torch.ops.pyattn.sdpa(q, k, v, None, 0.0, 0, None, False, None, -1, -1, None, None, None, None)
+    assert got.dtype == ref.dtype == dt
+    want = pt.scaled_dot_product_attention(qd, k.to(dt), v.to(dt), m.to(dt))
+    assert torch.equal(got, want)                    # the casts, then the 16-bit call
+    plain = torch.ops.pyattn.sdpa(q.to(dt), k.to(dt), v.to(dt), None, 0.0, 0, None, False, None, -1, -1,
+                                  None, None, None, None)
+    assert torch.equal(raw[0], plain[0])             # the rule sits on the op itself
+    got.float().sum().backward()                     # gradients reach the float32 keys through the casts
+    assert k.grad.dtype == torch.float32 and v.grad.dtype == torch.float32 and qd.grad.dtype == dt
+    assert k.grad.abs().sum() > 0
+
+
+def test_autocast_leaves_float64_and_is_off_outside():
+    q, k, v = _qkv(torch.float64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert pt.scaled_dot_product_attention(q, k, v).dtype == torch.float64   # autocast skips float64
+        with pytest.raises(TypeError, match="one dtype.*under torch.autocast"):
+            pt.scaled_dot_product_attention(q, k.float(), v)                   # float64 with bfloat16
+    with pytest.raises(TypeError, match="one dtype"):
+        pt.scaled_dot_product_attention(q.bfloat16(), k.float(), v.float())    # no autocast: refused
+
+
+class _MixedBlock(torch.nn.Module):
+    """Under autocast the query (from a Linear) is bfloat16, the keys and
+    values (x itself) float32: PyTorch's SDPA takes that mix."""
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        q = self.proj(x).view(2, 10, 2, 8).transpose(1, 2)
+        kv = x.view(2, 10, 2, 8).transpose(1, 2)
+        return pt.scaled_dot_product_attention(q, kv, kv, is_causal=True)
+
+
+def test_autocast_under_torch_compile():
+    torch.manual_seed(0)
+    m = _MixedBlock()
+    x = torch.randn(2, 10, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = m(x)
+        got = torch.compile(m, fullgraph=True, backend="aot_eager")(x)
+    assert want.dtype == got.dtype == torch.bfloat16
+    assert torch.equal(got, want)

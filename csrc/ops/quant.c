@@ -68,21 +68,28 @@ int pa_quant_row(int bits, const float *x, pa_ssize xcs, pa_ssize E, pa_ssize G,
     return 0;
 }
 
-/* one row of q, s -> x (float32): (float)q * scale */
-static void pa_dequant_row(int bits, const void *q, pa_ssize qcs, const float *s, pa_ssize scs,
-                           pa_ssize E, pa_ssize G, float *x, pa_ssize xcs)
+/* value e of a row of q (int8, or int4 packed two per byte) */
+static inline int pa_dequant_value(int bits, const void *q, pa_ssize qcs, pa_ssize e)
 {
-    const int8_t *q8 = (const int8_t *)q;
-    const uint8_t *q4 = (const uint8_t *)q;
-    for (pa_ssize e = 0; e < E; e++) {
-        int v;
-        if (bits == 8) {
-            v = q8[e * qcs];
-        } else {
-            const unsigned nib = (e & 1) ? (unsigned)q4[(e >> 1) * qcs] >> 4 : (unsigned)q4[(e >> 1) * qcs] & 0xfu;
-            v = (int)nib - (int)((nib & 8u) << 1);
-        }
-        x[e * xcs] = (float)v * s[(e / G) * scs];
+    if (bits == 8) return ((const int8_t *)q)[e * qcs];
+    const uint8_t byte = ((const uint8_t *)q)[(e >> 1) * qcs];
+    const unsigned nib = (e & 1) ? (unsigned)byte >> 4 : (unsigned)byte & 0xfu;
+    return (int)nib - (int)((nib & 8u) << 1);
+}
+
+/* one row of q, s -> x: (float)q * scale into float32 (rounded once), or
+ * (double)q * scale into float64 (exact) when x64 */
+static void pa_dequant_row(int bits, const void *q, pa_ssize qcs, const float *s, pa_ssize scs,
+                           pa_ssize E, pa_ssize G, void *x, pa_ssize xcs, int x64)
+{
+    if (x64) {
+        double *xd = (double *)x;
+        for (pa_ssize e = 0; e < E; e++)
+            xd[e * xcs] = (double)pa_dequant_value(bits, q, qcs, e) * (double)s[(e / G) * scs];
+    } else {
+        float *xf = (float *)x;
+        for (pa_ssize e = 0; e < E; e++)
+            xf[e * xcs] = (float)pa_dequant_value(bits, q, qcs, e) * s[(e / G) * scs];
     }
 }
 
@@ -98,12 +105,13 @@ static void quant_task(void *ctx_, pa_ssize task, int tid)
     const pa_quant_call *c = ctx->c;
     const pa_ssize r1 = pa_min((task + 1) * PA_QUANT_ROWS, c->bt.count);
     for (pa_ssize r = task * PA_QUANT_ROWS; r < r1; r++) {
-        const float *x = (const float *)c->x.p + pa_batch_offset(&c->bt, c->x.bs, r);
+        /* x: float32, or float64 (a dequantize with x64); offsets in elements */
+        char *x = (char *)c->x.p + pa_batch_offset(&c->bt, c->x.bs, r) * (c->x64 ? 8 : 4);
         char *q = (char *)c->q.p + pa_batch_offset(&c->bt, c->q.bs, r);
         const float *s = (const float *)c->s.p + pa_batch_offset(&c->bt, c->s.bs, r);
         if (ctx->dequant)
-            pa_dequant_row(c->bits, q, c->q.cs, s, c->s.cs, c->E, c->G, (float *)x, c->x.cs);
-        else if (pa_quant_row(c->bits, x, c->x.cs, c->E, c->G, q, c->q.cs, (float *)s, c->s.cs))
+            pa_dequant_row(c->bits, q, c->q.cs, s, c->s.cs, c->E, c->G, x, c->x.cs, c->x64);
+        else if (pa_quant_row(c->bits, (const float *)x, c->x.cs, c->E, c->G, q, c->q.cs, (float *)s, c->s.cs))
             ctx->bad[tid] = r;  /* any failing row will do: the call fails */
     }
 }

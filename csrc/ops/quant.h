@@ -13,7 +13,8 @@
  *                                              rint: ties to even)
  * int8: one int8 per value. int4: two per byte along the row, value 2i in
  * the low nibble of byte i, value 2i + 1 in the high one, two's complement.
- * Dequantized: (float)q * scale, one float32 multiply.
+ * Dequantized: (float)q * scale, one float32 multiply (or, into float64,
+ * (double)q * scale: exact).
  */
 #ifndef PYATTN_OPS_QUANT_H
 #define PYATTN_OPS_QUANT_H
@@ -27,6 +28,7 @@
  * row, stride cs between bytes), s float32 (E / G per row, stride cs). */
 typedef struct {
     int bits;                 /* 8 or 4 */
+    int x64;                  /* dequantize only: x is float64, q * s exact in it */
     pa_batch bt;
     pa_ssize E, G;
     pa_operand x, q, s;
@@ -51,7 +53,9 @@ static inline int pa_qbits(int dt) { return dt == PA_I8 ? 8 : dt == PA_I4 ? 4 : 
  * are then incomplete: the caller discards them; *bad = the flat row index
  * of one such row), -1 when its workspace cannot be allocated. */
 int pa_quantize(const pa_quant_call *c, int nthreads, pa_ssize *bad);
-/* dequantize: x = q * s; returns 0, or -1 (no workspace). */
+/* dequantize: x = q * s (float32: one rounded multiply; x64: the exact
+ * product, which a double holds: <= 8 + 24 significant bits); returns 0,
+ * or -1 (no workspace). */
 int pa_dequantize(const pa_quant_call *c, int nthreads);
 
 /* One row: E float32 values at x (stride xcs) -> q, s (strides qcs, scs).
