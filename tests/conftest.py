@@ -186,3 +186,11 @@ def pytest_collection_modifyitems(config, items):
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = [i for i in items if id(i) in keep]
+
+
+def examples(n):
+    """A hypothesis test's example count, scaled by PYATTN_EXAMPLES (a factor,
+    default 1; the sanitizer steps of .ci/run run 0.25 of them: derandomized,
+    so the first quarter of the same examples), never below 1."""
+    import os
+    return max(1, int(round(n * float(os.environ.get("PYATTN_EXAMPLES", "1")))))

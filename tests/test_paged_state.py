@@ -48,6 +48,10 @@ import numpy as np
 import pytest
 
 import pyattn
+from conftest import examples
+
+# CI (.ci/run): a frame path / entry-point grid -- whole on the CPU's own family, a generated subset elsewhere
+pytestmark = [pytest.mark.frame]
 from pyattn import _reference as R
 
 hypothesis = pytest.importorskip("hypothesis")
@@ -334,7 +338,7 @@ class PagedCacheMachine(RuleBasedStateMachine):
 def _machine(dtype):
     name = dtype if isinstance(dtype, str) else np.dtype(dtype).name
     cls = type(f"PagedCache_{name}", (PagedCacheMachine,), {"dtype": dtype})
-    cls.TestCase.settings = settings(max_examples=40, stateful_step_count=25, deadline=None,
+    cls.TestCase.settings = settings(max_examples=examples(40), stateful_step_count=25, deadline=None,
                                      derandomize=True, database=None,
                                      suppress_health_check=[HealthCheck.too_slow,
                                                             HealthCheck.filter_too_much])

@@ -25,9 +25,16 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import given, strategies as st  # noqa: E402
 
 import pyattn  # noqa: E402
+from conftest import examples  # noqa: E402
 from test_properties_v3 import (  # noqa: E402
     DT, admissible, cache_case, check_cache_result, check_forward, paths, places, poison, poisons,
-    profile, seeds, sizes, storage)
+    seeds, sizes, storage)
+from test_properties_v3 import profile as _profile  # noqa: E402
+
+
+def profile(n):
+    """test_properties_v3's bounded, derandomized profile; n scaled by PYATTN_EXAMPLES."""
+    return _profile(examples(n))
 from test_reliability_binding import _sweep  # noqa: E402
 
 # CI (.ci/run): a frame path / entry-point grid -- whole on the CPU's own family, a generated subset elsewhere
