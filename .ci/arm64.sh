@@ -10,7 +10,8 @@
 #      headers (setup.py directly, not the pyproject's numpy>=2 build; the
 #      pyproject's setuptools>=77 from wheels);
 #   4. the tests once per kernel family the build has (PYATTN_ISA; pyattn._C.families()),
-#      after show_config(): $TESTS on every family, $TESTS_SIMD on neon only.
+#      after show_config(): $TESTS on every family, $TESTS_SIMD on neon only, and a
+#      generated subset of the `frame` tests on each.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,7 +20,14 @@ cd "$(dirname "$0")/.."
 # already ran on the same portable C) on the SIMD family only (neon), which
 # keeps this stage inside CI's time budget
 TESTS="tests/test_reference.py tests/test_seeds.py tests/test_errors.py tests/test_isa.py tests/test_kernels.py tests/test_exp.py tests/test_ukr.py"
-TESTS_SIMD="tests/test_generate.py tests/test_storage16.py tests/test_backward.py tests/test_bf16.py tests/test_quant.py tests/test_varlen.py tests/test_paged.py tests/test_backward_split.py tests/test_rotary.py tests/test_flash_blocks.py"
+TESTS_SIMD="tests/test_generate.py tests/test_storage16.py tests/test_backward.py tests/test_bf16.py tests/test_quant.py tests/test_backward_split.py tests/test_rotary.py tests/test_flash_blocks.py"
+# the frame paths and entry-point grids (marker `frame`, tests/conftest.py: varlen,
+# paged, packed, block masks, the stride and property grids), selected by marker so
+# a new one runs here too: a generated eighth of each test function's cases on
+# neon, one case of each function on generic (--subset)
+FRAME_FILES=$(grep -l "pytest.mark.frame" tests/test_*.py | tr '\n' ' ')
+FRAME_SUBSET_SIMD=8
+FRAME_SUBSET_GENERIC=1000
 PACKAGES="python3,python3-numpy,python3-pytest,python3-dev,python3-setuptools,gcc,libc6-dev"
 SUITE=bookworm
 ARM_ROOT=${PYATTN_ARM64_ROOT:-/var/cache/pyattn/arm64-$SUITE}
@@ -109,7 +117,7 @@ if [ ! -d "$ARM_ROOT$ST/setuptools" ] || [ ! -d "$ARM_ROOT$ST/packaging" ]; then
   for w in "$whl"/*.whl; do python3 -m zipfile -e "$w" "$ARM_ROOT$ST"; done
   rm -rf "$whl"
 fi
-in_root PYTHONPATH=$ST CFLAGS=-Werror sh -c "cd $SRC && python3 setup.py -q build_ext --inplace"
+in_root PYTHONPATH=$ST CFLAGS=-Werror sh -c "cd $SRC && python3 setup.py -q build_ext --inplace -j $(nproc)"
 # ml_dtypes (bfloat16 tests): its aarch64 wheel, unpacked beside the source
 # for the tests only; without it the bfloat16 cases skip (float16 still runs)
 MLD=/opt/pyattn-ml_dtypes
@@ -132,7 +140,9 @@ for isa in $FAMILIES; do
   echo "== tests, PYATTN_ISA=$isa"
   in_root PYATTN_ISA="$isa" PYTHONPATH=$MLD sh -c "cd $SRC && python3 -c 'import pyattn; pyattn.show_config()' &&
       python3 -m pytest -q -p no:cacheprovider $TESTS $([ "$isa" = generic ] || echo "$TESTS_SIMD") \
-        -k 'not backward_memory'" || failed+=("$isa")
+        -k 'not backward_memory' &&
+      python3 -m pytest -q -p no:cacheprovider $FRAME_FILES -m frame \
+        --subset $([ "$isa" = generic ] && echo $FRAME_SUBSET_GENERIC || echo $FRAME_SUBSET_SIMD)" || failed+=("$isa")
   lap "tests $isa"
 done
 [ ${#failed[@]} -eq 0 ] || { echo "FAILED families: ${failed[*]}" >&2; exit 1; }
