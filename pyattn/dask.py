@@ -58,6 +58,7 @@ except ImportError as exc:  # pragma: no cover - exercised without dask installe
 
 from . import _C
 from ._api import _linear, _sdpa
+from ._blockmask import as_block_mask
 from ._spec import attn_spec
 from ._checks import as_array, causal_code, index_value, not_flag_mask, window_value
 
@@ -260,6 +261,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     for x, n in ((q, "query"), (k, "key"), (v, "value")):
         if x.ndim < 2:
             raise ValueError(f"{n} must have at least 2 dimensions (..., rows, features), got shape {x.shape}")
+    if block_mask is not None:       # PyTorch's BlockMask: rebuilt once here, pickled into the graph
+        block_mask = as_block_mask(block_mask)
     # the local checks, on zero-stride stand-ins (no memory, no arithmetic)
     stand = [np.broadcast_to(np.zeros((), x.dtype), x.shape) for x in (q, k, v)]
     mstand = None if m is None else np.broadcast_to(np.zeros((), m.dtype), m.shape)

@@ -104,6 +104,12 @@ def test_pytorch_block_mask_is_rebuilt_from_its_mask_mod():
     want = pyattn.scaled_dot_product_attention(q, k, v, block_mask=BM.from_mask_mod(mm, None, None, 200, 200))
     assert np.array_equal(pyattn.scaled_dot_product_attention(q, k, v, block_mask=tbm), want)
     check(want, pyattn.scaled_dot_product_attention(q, k, v, dense), 4 * np.abs(v).max())
+    da = pytest.importorskip("dask.array")
+    from pyattn import dask as pdask
+    arrays = [da.from_array(x, chunks=(1, 2, 100, 16)) for x in (q, k, v)]
+    got = pdask.scaled_dot_product_attention(*arrays, block_mask=tbm).compute(scheduler="synchronous")
+    mine = pdask.scaled_dot_product_attention(*arrays, block_mask=BM.from_mask_mod(mm, None, None, 200, 200))
+    assert np.array_equal(got, mine.compute(scheduler="synchronous"))     # the same graph, the same bits
     blocks = fa.BlockMask.from_kv_blocks(tbm.kv_num_blocks, tbm.kv_indices)     # no mask_mod to rebuild from
     with pytest.raises(TypeError, match="without a mask_mod.*pyattn.BlockMask.from_mask_mod"):
         pyattn.scaled_dot_product_attention(q, k, v, block_mask=blocks)
