@@ -290,7 +290,7 @@ def upward(g, rank):
     return out
 
 
-def report(root=CSRC, graph=False, out=sys.stdout):
+def report(root=CSRC, graph=False, out=None):
     files = csrc_files(root)
     rows = file_map(root)
     rank = {f: i for i, (f, _) in enumerate(rows)}
@@ -298,7 +298,7 @@ def report(root=CSRC, graph=False, out=sys.stdout):
     unnamed = [f for f in files if f not in rank]
     inc = include_graph(files, root)
     calls, _ = call_graph(files, inc, root)
-    w = out.write
+    w = (out or sys.stdout).write
     w(f"csrc/: {len(files)} files (README.md aside); the file map names {len(rows)}\n")
     for f in unnamed:
         w(f"  not in the file map: {f}\n")
