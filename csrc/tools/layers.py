@@ -3,6 +3,8 @@
 
     python csrc/tools/layers.py            (the report; exit status 0)
     python csrc/tools/layers.py --graph    (also every include and call arrow)
+    python csrc/tools/layers.py --objects build   (calls from `nm` of a build's
+                                           object files instead: a cross-check)
 
 Reads every file under csrc/ (stdlib only, no compiler, no build needed) and
 prints:
@@ -229,6 +231,42 @@ def call_graph(files, inc, root=CSRC):
     return g, owner
 
 
+def nm_graph(objdir, files):
+    """The call graph from object files instead (`nm`, which must be on PATH):
+    every x.o under objdir whose path ends in csrc/<unit>.o (setup.py's build
+    tree, build/temp.*/csrc/...), an arrow A -> B per symbol A's object leaves
+    undefined and B's defines. It sees what the regex cannot (symbols made by
+    macros, uses inside inline functions of headers); units without an object
+    (another architecture's kernels) are left out."""
+    import subprocess
+    defs, undef = {}, {}
+    for d, _, fs in os.walk(objdir):
+        for f in fs:
+            path = os.path.join(d, f).replace(os.sep, "/")
+            if not f.endswith(".o") or "csrc/" not in path:
+                continue
+            unit = path.rsplit("csrc/", 1)[1][:-2] + ".c"
+            if unit not in files:
+                continue
+            out = subprocess.run(["nm", path], capture_output=True, text=True, check=True).stdout
+            for line in out.splitlines():
+                p = line.split()
+                if len(p) == 3 and p[1] in "TDRBCVW":
+                    defs.setdefault(p[2], unit)
+                elif len(p) == 2 and p[0] == "U":
+                    undef.setdefault(unit, set()).add(p[1])
+    g = {u: {} for u in set(defs.values()) | set(undef)}
+    for u, names in undef.items():
+        for name in names:
+            v = defs.get(name)
+            if v and v != u:
+                g[u].setdefault(v, []).append(name)
+    for u in g:
+        for v in g[u]:
+            g[u][v].sort()
+    return g
+
+
 # ---- cycles and upward arrows ------------------------------------------------------------
 
 def cycles(g):
@@ -290,16 +328,17 @@ def upward(g, rank):
     return out
 
 
-def report(root=CSRC, graph=False, out=None):
+def report(root=CSRC, graph=False, out=None, objects=None):
     files = csrc_files(root)
     rows = file_map(root)
     rank = {f: i for i, (f, _) in enumerate(rows)}
     layer = dict(rows)
     unnamed = [f for f in files if f not in rank]
     inc = include_graph(files, root)
-    calls, _ = call_graph(files, inc, root)
+    calls = nm_graph(objects, set(files)) if objects else call_graph(files, inc, root)[0]
     w = (out or sys.stdout).write
     w(f"csrc/: {len(files)} files (README.md aside); the file map names {len(rows)}\n")
+    w(f"calls from: {'nm of the objects under ' + objects if objects else 'a regex over the sources'}\n")
     for f in unnamed:
         w(f"  not in the file map: {f}\n")
     if graph:
@@ -334,4 +373,6 @@ def report(root=CSRC, graph=False, out=None):
 
 
 if __name__ == "__main__":
-    report(graph="--graph" in sys.argv[1:])
+    args = sys.argv[1:]
+    objs = args[args.index("--objects") + 1] if "--objects" in args[:-1] else None
+    report(graph="--graph" in args, objects=objs)
