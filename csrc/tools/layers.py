@@ -13,16 +13,17 @@ prints:
     passes as -I); `#include PA_TEMPLATE` is an arrow from the file that
     #defines PA_TEMPLATE to the template it names (through dtypes.inc);
   * the call graph between translation units, by a regex over the sources
-    (not from object files): each .c with the .inc files it includes is one
-    unit; a unit's external symbols are its file-scope functions and data
-    not declared static, whose names are written out in the source (the
-    kernels' names made by macros -- PA_KERNEL(op), PA_REF(op), PA_CAT(...) --
-    are not seen: the frame reaches kernels through pa_family tables, and
-    the tables are defined in the kernels' own files); an arrow A -> B is a
-    use in A (a call, or a function pointer or table taken) of a symbol
-    defined in B. Comments, strings and preprocessor lines are ignored; so
-    are names declared in A itself as a local or parameter of the same name
-    (not handled: rare, and the report lists each arrow's symbols to check);
+    (not from object files, unless --objects): each .c with the .inc files
+    it includes is one unit; a unit's external symbols are its file-scope
+    functions and data not declared static, named in the source, plus the
+    kernels made by macros -- `#define PA_..._SYM name`, and pa_*_<isa>
+    for a family file that #defines PA_ISA <isa> (pa_*_ref: ref.c); an
+    arrow A -> B is a use in A (a call, a function pointer or table taken)
+    of a symbol defined in B. Comments, strings and preprocessor lines are
+    ignored. Not seen: uses inside headers' inline functions, tables made
+    by X-macros (dispatch.c's family list), and a local that shadows a
+    global of the same name would count as a use (the --graph listing names
+    every arrow's symbols, to check);
   * cycles in both graphs (strongly connected components of more than one
     file, counted), and the arrows that go UP against the layer order of
     csrc/README.md's file map: its table rows, top to bottom, are the
