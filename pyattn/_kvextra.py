@@ -65,8 +65,9 @@ def rotate_rows(x, pos, cos, sin, interleaved, cd):
     (``_C.rotary``, csrc/ops/rotary.h) into a new array: x's own dtype when
     it is 16-bit and cd float32 (rounded once from the exact float32 value),
     else cd; a big-endian or unaligned ``x`` is first copied once into native
-    order (its own dtype, so its rounding rule is unchanged). Float32 arithmetic is exactly rounded (products exact in
-    double); float64 rounds as NumPy's ``x1 * c - x2 * s`` does."""
+    order (its own dtype, so its rounding rule is unchanged). Float32
+    arithmetic is exactly rounded (products exact in double); float64 rounds
+    as NumPy's ``x1 * c - x2 * s`` does."""
     x = _native(x)                  # a big-endian float16 rounds as float16; unaligned rows are read
     f32 = cd == np.float32
     odt = x.dtype if is16(x.dtype) and f32 else np.dtype(cd)
