@@ -125,15 +125,17 @@ class KVCache:
         is_causal : bool, default True
             Bottom-right causal: query row ``t`` sees the cached rows and the
             new rows up to its own.
-        scale, window, alibi_slopes, softcap, sinks, precision : optional
+        scale, window, alibi_slopes, softcap, sinks : optional
             As in :func:`pyattn.scaled_dot_product_attention`, on cache
-            positions (see :func:`pyattn.attention_with_kvcache`; not
-            ``precision="bf16"`` with an int8 / int4 cache).
+            positions (see :func:`pyattn.attention_with_kvcache`).
         return_lse : bool, default False
             Also return ``lse (B, Hq, T)``.
         out : ndarray, optional
             ``(B, Hq, T, Ev)`` of the compute dtype, writeable: the result is
             written there.
+        precision : None, "highest" or "bf16", optional
+            As in :func:`pyattn.scaled_dot_product_attention` (not
+            ``"bf16"`` with an int8 / int4 cache).
 
         Returns
         -------
