@@ -35,9 +35,9 @@ class CacheFullError(MemoryError):
     :class:`KVCache` too few rows left (``lengths + T > max_len``); raised
     before anything is written (the cache is unchanged). A ``MemoryError``.
 
-    Raised by :meth:`KVCache.attend` and :meth:`PagedKVCache.attend` (never
-    constructed by users); its message says how many rows or blocks the call
-    needs and how many are left.
+    Raised by :meth:`KVCache.attend` and :meth:`PagedKVCache.attend` (and the
+    :mod:`pyattn.nn` layers' calls with a cache); its message says what the
+    call needs and what the cache has left.
 
     Examples
     --------
