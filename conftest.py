@@ -4,7 +4,7 @@
 docstrings (``.ci/run`` does). NumPy's print options are fixed for each example
 (NumPy's defaults, 75 columns) so that printed arrays do not depend on what ran
 before; modules whose optional dependencies are missing are not collected, and
-a docstring of another module whose examples import torch (``from_torch``) is
+a docstring elsewhere whose examples import torch (the nn layers' ``from_torch``) is
 skipped where torch is missing.
 """
 import importlib.util
@@ -19,6 +19,8 @@ for _mod, _needs in (("pyattn/torch.py", "torch"), ("pyattn/flash.py", "torch"),
     if importlib.util.find_spec(_needs) is None:
         collect_ignore.append(_mod)
 _MISSING_TORCH = importlib.util.find_spec("torch") is None
+# `import torch`, `import numpy as np, torch`, `from torch import ...` (not `import pyattn.torch`)
+_IMPORTS_TORCH = re.compile(r"^\s*(?:import\s+(?:[\w.]+(?:\s+as\s+\w+)?\s*,\s*)*torch\b|from\s+torch\b)", re.M)
 
 
 @pytest.fixture(autouse=True)
@@ -27,8 +29,7 @@ def _doctest_print_options(request):
     if type(request.node).__name__ != "DoctestItem":
         yield
         return
-    if _MISSING_TORCH and any(re.search(r"\bimport torch\b", ex.source)
-                              for ex in request.node.dtest.examples):
+    if _MISSING_TORCH and any(_IMPORTS_TORCH.search(ex.source) for ex in request.node.dtest.examples):
         pytest.skip("the example imports torch, which is not installed")
     request.getfixturevalue("doctest_namespace")["np"] = np
     with np.printoptions(precision=8, threshold=1000, edgeitems=3, linewidth=75,
