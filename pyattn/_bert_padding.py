@@ -27,29 +27,48 @@ def _check_mask(m, name, hshape):
 def unpad_input(hidden_states, attention_mask, unused_mask=None):
     """The rows of a padded batch that ``attention_mask`` keeps, packed.
 
+    Returns what FlashAttention 2's ``unpad_input`` returns; tensors in,
+    tensors out.
+
     Parameters
     ----------
     hidden_states : (batch, seqlen, ...) tensor or array
-    attention_mask : (batch, seqlen) bool or int, nonzero = a real token
-    unused_mask : (batch, seqlen) bool or int, optional: rows allocated but
-        unused (packed too, not counted in ``seqused``)
+        The padded batch, any dtype (a CPU ``torch.Tensor`` or anything
+        ``np.asarray`` takes).
+    attention_mask : (batch, seqlen) bool or int
+        Nonzero = a real token.
+    unused_mask : (batch, seqlen) bool or int, optional
+        Rows allocated but unused (packed too, not counted in ``seqused``).
 
     Returns
     -------
-    ``(hidden_states (total, ...), indices (total,) int64 -- the kept rows'
-    positions in the flattened (batch * seqlen) input, cu_seqlens (batch +
-    1,) int32, max_seqlen_in_batch (int), seqused (batch,) int32)``, as
-    FlashAttention 2's ``unpad_input``; tensors in, tensors out.
+    hidden_states : (total, ...)
+        The kept rows, in order (``hidden_states``' dtype).
+    indices : (total,) int64
+        The kept rows' positions in the flattened ``(batch * seqlen)`` input.
+    cu_seqlens : (batch + 1,) int32
+        Offsets of each sequence's rows.
+    max_seqlen_in_batch : int
+        The most rows of any sequence.
+    seqused : (batch,) int32
+        Each sequence's real tokens (``attention_mask``'s count).
 
-    Raises ValueError when a mask is not ``(batch, seqlen)`` of
-    ``hidden_states``.
+    Raises
+    ------
+    ValueError
+        A mask that is not ``(batch, seqlen)`` of ``hidden_states``, or
+        ``hidden_states`` under 2-D.
 
+    Examples
+    --------
     >>> import numpy as np
     >>> from pyattn.flash.bert_padding import unpad_input
     >>> x = np.arange(6.0).reshape(2, 3, 1)
     >>> rows, idx, cu, mx, used = unpad_input(x, np.array([[1, 1, 0], [1, 0, 0]]))
     >>> rows[:, 0], idx, cu, mx
     (array([0., 1., 3.]), array([0, 1, 3]), array([0, 2, 3], dtype=int32), 2)
+    >>> used
+    array([2, 1], dtype=int32)
     """
     if _is_tensor(hidden_states):
         import torch
@@ -92,13 +111,33 @@ def pad_input(hidden_states, indices, batch, seqlen):
     """The inverse of :func:`unpad_input`: packed rows ``(total, ...)`` back to
     ``(batch, seqlen, ...)``, zeros where no row was kept.
 
-    ``indices (total,)``: each row's position in the flattened ``(batch *
-    seqlen)`` batch, as :func:`unpad_input` returns them. Tensors in:
-    a tensor out, differentiable with respect to ``hidden_states``.
+    Parameters
+    ----------
+    hidden_states : (total, ...) tensor or array
+        The packed rows, any dtype (a CPU ``torch.Tensor`` or anything
+        ``np.asarray`` takes).
+    indices : (total,) integers
+        Each row's position in the flattened ``(batch * seqlen)`` batch, as
+        :func:`unpad_input` returns them.
+    batch : int
+        Sequences of the padded batch.
+    seqlen : int
+        Positions per sequence of the padded batch.
 
-    Raises ValueError when ``indices`` does not have one entry per row or
-    holds a position outside ``[0, batch * seqlen)``.
+    Returns
+    -------
+    (batch, seqlen, ...) tensor or array
+        ``hidden_states``' dtype, zeros where no row was kept. Tensors in:
+        a tensor out, differentiable with respect to ``hidden_states``.
 
+    Raises
+    ------
+    ValueError
+        ``indices`` does not have one entry per row or holds a position
+        outside ``[0, batch * seqlen)``.
+
+    Examples
+    --------
     >>> import numpy as np
     >>> from pyattn.flash.bert_padding import pad_input
     >>> pad_input(np.array([[1.0], [2.0], [3.0]]), np.array([0, 1, 3]), 2, 3)[..., 0]

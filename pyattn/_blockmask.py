@@ -134,10 +134,37 @@ class BlockMask:
     partial (its bits kept, packed). Memory: a byte and an index per tile and
     96 words per partial tile, never ``L * S``.
 
-    Attributes: ``shape`` ``(B or 1, H or 1, L, S)``; ``sparsity()`` the share
-    of empty tiles; ``to_dense()`` the bool mask; ``==``; pickling (so it
-    travels to dask workers); its ``repr`` draws the tile map of batch 0, head 0
-    (``' '`` empty, ``'░'`` partial, ``'█'`` full).
+    Besides ``shape``, :meth:`sparsity` (the share of empty tiles) and
+    :meth:`to_dense` (the bool mask), a BlockMask supports ``==``, pickling
+    (so it travels to dask workers), and its ``repr`` draws the tile map of
+    batch 0, head 0 (``' '`` empty, ``'░'`` partial, ``'█'`` full).
+
+    The constructor is internal: its parameters are the arrays that
+    :meth:`from_mask_mod` computes.
+
+    Parameters
+    ----------
+    shape : tuple of 4 ints
+        ``(B or 1, H or 1, L, S)``.
+    state : ndarray of uint8, ``(B * H, ceil(L / 96), ceil(S / 60))``
+        Each tile's state: 0 empty, 1 full, 2 partial.
+    index : ndarray of int64, ``state``'s shape
+        The row of ``bits`` that holds each partial tile (-1 elsewhere).
+    bits : ndarray of uint64, ``(partial tiles, 96)``
+        One word per query row of each partial tile, bit c = key c of the
+        tile.
+
+    Attributes
+    ----------
+    shape : tuple
+        ``(B or 1, H or 1, L, S)``, the shape of :meth:`to_dense`.
+    TILE : tuple
+        ``(96, 60)``: query positions x keys per tile.
+
+    See Also
+    --------
+    pyattn.masks : Mask functions with closed forms (``causal``,
+        ``sliding_window``, ``document``, ...).
 
     Examples
     --------
@@ -145,6 +172,14 @@ class BlockMask:
     >>> bm = pyattn.BlockMask.from_mask_mod(pyattn.masks.causal, None, None, 300, 300)
     >>> bm.sparsity()   # 4 of the 4 x 5 tiles are empty
     0.2
+    >>> bm.shape, bm.TILE
+    ((1, 1, 300, 300), (96, 60))
+    >>> print(bm)
+    BlockMask(shape=(1, 1, 300, 300), tile=(96, 60), sparsity=20.0%, partial tiles=8)
+    |░░   |
+    |█░░░ |
+    |███░░|
+    |████░|
     """
 
     TILE = (QB, KB)

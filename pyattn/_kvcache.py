@@ -103,13 +103,74 @@ class KVCache:
         attend ``query (B, Hq, T, E)`` over the filled rows, advance ``lengths`` by T.
 
         The keyword arguments are :func:`pyattn.attention_with_kvcache`'s
-        (the lengths come from the cache: no ``cache_seqlens``). Returns
-        ``out (B, Hq, T, Ev)``, or ``(out, lse)`` with ``return_lse=True``.
-        Raises :class:`pyattn.CacheFullError` (a ``MemoryError``) when the
-        new rows do not fit (``lengths + T > max_len``: the message names the
-        sequences, the rows they hold and the rows asked for), ``TypeError``
-        when ``key`` or ``value`` is None; any error (``MemoryError``
-        included) writes nothing and leaves ``lengths`` unchanged.
+        (the lengths come from the cache: no ``cache_seqlens``). Any error
+        (``MemoryError`` included) writes nothing and leaves ``lengths``
+        unchanged.
+
+        Parameters
+        ----------
+        query : array_like
+            ``(B, Hq, T, E)`` with ``Hq % Hkv == 0`` (GQA / MQA: the cache's
+            heads are shared, read in place), converted to the cache's
+            compute dtype (float32 for 16-bit and int8 / int4 caches; a
+            16-bit query is read in place). Query row ``t`` of sequence
+            ``b`` sits at position ``lengths[b] + t``.
+        key : array_like
+            ``(B, Hkv, T, E)``, the T new keys: converted to the cache dtype
+            as they are written (int8 / int4: rounded to float32, then
+            quantized by :func:`pyattn.quantize`'s rule; NaN or inf there
+            is a ``ValueError``).
+        value : array_like
+            ``(B, Hkv, T, Ev)``, the T new values, written as ``key``.
+        is_causal : bool, default True
+            Bottom-right causal: query row ``t`` sees the cached rows and the
+            new rows up to its own.
+        scale, window, alibi_slopes, softcap, sinks : optional
+            As in :func:`pyattn.scaled_dot_product_attention`, on cache
+            positions (see :func:`pyattn.attention_with_kvcache`).
+        return_lse : bool, default False
+            Also return ``lse (B, Hq, T)``.
+        out : ndarray, optional
+            ``(B, Hq, T, Ev)`` of the compute dtype, writeable: the result is
+            written there.
+        precision : None, "highest" or "bf16", optional
+            As in :func:`pyattn.scaled_dot_product_attention` (not
+            ``"bf16"`` with an int8 / int4 cache).
+
+        Returns
+        -------
+        out : ndarray
+            ``(B, Hq, T, Ev)``, of the cache's compute dtype.
+        lse : ndarray
+            ``(B, Hq, T)``, only with ``return_lse=True`` (then the call
+            returns ``(out, lse)``).
+
+        Raises
+        ------
+        pyattn.CacheFullError
+            (a ``MemoryError``) when the new rows do not fit
+            (``lengths + T > max_len``: the message names the sequences, the
+            rows they hold and the rows asked for).
+        TypeError
+            ``key`` or ``value`` is None, and the type errors of
+            :func:`pyattn.attention_with_kvcache`.
+        ValueError
+            The shape and value errors of
+            :func:`pyattn.attention_with_kvcache` (shapes that do not match
+            the cache, query heads not a multiple of the cache heads, ...).
+
+        Examples
+        --------
+        >>> import numpy as np, pyattn
+        >>> cache = pyattn.KVCache(batch=1, num_kv_heads=2, max_len=8, head_dim=4)
+        >>> rng = np.random.default_rng(0)
+        >>> q, k, v = rng.standard_normal((3, 1, 2, 3, 4)).astype(np.float32)
+        >>> cache.attend(q, k, v).shape                      # a prompt of 3 tokens
+        (1, 2, 3, 4)
+        >>> q1, k1, v1 = rng.standard_normal((3, 1, 2, 1, 4)).astype(np.float32)
+        >>> out, lse = cache.attend(q1, k1, v1, return_lse=True)   # one more token
+        >>> out.shape, lse.shape, cache.lengths
+        ((1, 2, 1, 4), (1, 2, 1), array([4]))
         """
         for x, name in ((key, "key"), (value, "value")):
             if x is None:
@@ -141,7 +202,22 @@ class KVCache:
                 "max_len, or reset() it")
 
     def reset(self) -> None:
-        """Forget every sequence (lengths to 0; the rows are overwritten later)."""
+        """Forget every sequence (lengths to 0; the rows are overwritten later).
+
+        Nothing is freed or zeroed: the arrays keep their size and contents,
+        and the next :meth:`attend` writes from row 0 again.
+
+        Examples
+        --------
+        >>> import numpy as np, pyattn
+        >>> cache = pyattn.KVCache(batch=2, num_kv_heads=1, max_len=4, head_dim=2)
+        >>> x = np.ones((2, 1, 3, 2), np.float32)
+        >>> _ = cache.attend(x, x, x)
+        >>> cache.lengths
+        array([3, 3])
+        >>> cache.reset(); cache.lengths
+        array([0, 0])
+        """
         self.lengths[:] = 0
 
     def __repr__(self) -> str:

@@ -33,7 +33,23 @@ __all__ = ["PagedKVCache", "CacheFullError"]
 class CacheFullError(MemoryError):
     """A :class:`PagedKVCache` has too few free blocks for a call, or a
     :class:`KVCache` too few rows left (``lengths + T > max_len``); raised
-    before anything is written (the cache is unchanged). A ``MemoryError``."""
+    before anything is written (the cache is unchanged). A ``MemoryError``.
+
+    Raised by :meth:`KVCache.attend` and :meth:`PagedKVCache.attend` (and the
+    :mod:`pyattn.nn` layers' calls with a cache); its message says what the
+    call needs and what the cache has left.
+
+    Examples
+    --------
+    >>> import numpy as np, pyattn
+    >>> cache = pyattn.KVCache(batch=1, num_kv_heads=1, max_len=2, head_dim=4)
+    >>> x = np.zeros((1, 1, 3, 4), np.float32)          # 3 new rows, room for 2
+    >>> try:
+    ...     cache.attend(x, x, x)
+    ... except pyattn.CacheFullError as e:
+    ...     print(isinstance(e, MemoryError), cache.lengths)
+    True [0]
+    """
 
 
 def _int_array(x, name, ndim):
@@ -483,7 +499,25 @@ class PagedKVCache:
         return len(self._free)
 
     def add_sequence(self) -> int:
-        """A new, empty sequence (no block yet); returns its id."""
+        """A new, empty sequence (no block yet); returns its id.
+
+        Ids count up from 0 and are never reused (not even after
+        :meth:`free`).
+
+        Returns
+        -------
+        int
+            The new sequence's id, to pass to :meth:`attend`, :meth:`fork`,
+            :meth:`free` and :meth:`length`.
+
+        Examples
+        --------
+        >>> import pyattn
+        >>> cache = pyattn.PagedKVCache(num_blocks=4, block_size=2, num_kv_heads=1, head_dim=4)
+        >>> a, b = cache.add_sequence(), cache.add_sequence()
+        >>> a, b, cache.length(b), cache.blocks_free
+        (0, 1, 0, 4)
+        """
         sid = self._next
         self._next += 1
         self._seqs[sid] = [[], 0]
@@ -500,7 +534,40 @@ class PagedKVCache:
         """A new sequence sharing ``seq``'s blocks and length (nothing copied;
         a shared block is copied on its first write, by either sequence; when
         every sequence holding it writes it in one :meth:`attend`, all but
-        the last of them copy it and the last writes it in place)."""
+        the last of them copy it and the last writes it in place).
+
+        Parameters
+        ----------
+        seq : int
+            The id of a live sequence of this cache (the parent).
+
+        Returns
+        -------
+        int
+            The new sequence's id.
+
+        Raises
+        ------
+        ValueError
+            ``seq`` is not a live sequence of this cache.
+        TypeError
+            ``seq`` is not an integer.
+
+        Examples
+        --------
+        >>> import numpy as np, pyattn
+        >>> cache = pyattn.PagedKVCache(num_blocks=4, block_size=2, num_kv_heads=1, head_dim=4)
+        >>> a = cache.add_sequence()
+        >>> x = np.ones((1, 1, 3, 4), np.float32)
+        >>> _ = cache.attend([a], x, x, x)                  # 3 rows: 2 blocks
+        >>> b = cache.fork(a)                               # shares them
+        >>> cache.length(b), cache.blocks_free
+        (3, 2)
+        >>> y = np.ones((1, 1, 1, 4), np.float32)
+        >>> _ = cache.attend([b], y, y, y)                  # b copies the shared last block
+        >>> cache.length(a), cache.length(b), cache.blocks_free
+        (3, 4, 1)
+        """
         blocks, length = self._seqs[self._get(seq)]
         sid = self.add_sequence()
         self._seqs[sid] = [list(blocks), length]
@@ -509,7 +576,35 @@ class PagedKVCache:
 
     def free(self, seq) -> None:
         """Forget ``seq``: its blocks go back to the free list once no other
-        sequence shares them."""
+        sequence shares them.
+
+        Parameters
+        ----------
+        seq : int
+            The id of a live sequence of this cache; it is not live
+            afterwards (ids are not reused).
+
+        Raises
+        ------
+        ValueError
+            ``seq`` is not a live sequence of this cache (for instance,
+            freed already).
+        TypeError
+            ``seq`` is not an integer.
+
+        Examples
+        --------
+        >>> import numpy as np, pyattn
+        >>> cache = pyattn.PagedKVCache(num_blocks=4, block_size=2, num_kv_heads=1, head_dim=4)
+        >>> a = cache.add_sequence()
+        >>> x = np.ones((1, 1, 3, 4), np.float32)
+        >>> _ = cache.attend([a], x, x, x)
+        >>> b = cache.fork(a)
+        >>> cache.free(a); cache.blocks_free                # b still holds the blocks
+        2
+        >>> cache.free(b); cache.blocks_free
+        4
+        """
         blocks, _ = self._seqs.pop(self._get(seq))
         for b in reversed(blocks):
             self._refs[b] -= 1
@@ -517,7 +612,36 @@ class PagedKVCache:
                 self._free.append(b)
 
     def length(self, seq) -> int:
-        """Rows filled in ``seq``."""
+        """Rows filled in ``seq``.
+
+        Parameters
+        ----------
+        seq : int
+            The id of a live sequence of this cache.
+
+        Returns
+        -------
+        int
+            The rows written into ``seq`` so far (a fork starts with its
+            parent's).
+
+        Raises
+        ------
+        ValueError
+            ``seq`` is not a live sequence of this cache.
+        TypeError
+            ``seq`` is not an integer.
+
+        Examples
+        --------
+        >>> import numpy as np, pyattn
+        >>> cache = pyattn.PagedKVCache(num_blocks=4, block_size=2, num_kv_heads=1, head_dim=4)
+        >>> a = cache.add_sequence()
+        >>> x = np.ones((1, 1, 3, 4), np.float32)
+        >>> _ = cache.attend([a], x, x, x)
+        >>> cache.length(a)
+        3
+        """
         return self._seqs[self._get(seq)][1]
 
     def _plan(self, ids, Ts):
@@ -565,19 +689,77 @@ class PagedKVCache:
     def attend(self, seqs, query, key, value, *, cu_seqlens_q=None, **kw):
         """Write ``key``/``value`` after each sequence's rows, attend, advance the lengths.
 
-        ``query (len(seqs), Hq, T, E)`` (one T for all), or packed ``(total_q,
-        Hq, E)`` in ``seqs`` order with ``cu_seqlens_q``; ``key``/``value``
-        likewise with the cache heads. Other keywords are
-        :func:`pyattn.attention_with_kvcache`'s (``is_causal``, ``scale``,
-        ``window``, ``tree_mask``, ``return_lse``, ...). Returns ``out``
-        shaped as ``query`` with ``Ev`` (or ``(out, lse)``).
-
-        Raises :class:`CacheFullError` (a ``MemoryError``) when the free
-        blocks do not suffice, ``ValueError`` for unknown or repeated
-        sequence ids and the errors of :func:`pyattn.attention_with_kvcache`;
-        any error leaves the cache's sequences as they were (blocks it took
+        Any error leaves the cache's sequences as they were (blocks it took
         go back to the free list) and its pools bit for bit (the blocks a
         copy-on-write had copied into are put back).
+
+        Parameters
+        ----------
+        seqs : sequence of int
+            Live sequence ids of this cache, each at most once (a list, not
+            a single int): the rows of ``query`` belong to them in this
+            order.
+        query : array_like
+            ``(len(seqs), Hq, T, E)`` (one T for all), or packed
+            ``(total_q, Hq, E)`` in ``seqs`` order with ``cu_seqlens_q``;
+            ``Hq`` a multiple of the cache's heads. Converted to the cache's
+            compute dtype, as :func:`pyattn.attention_with_kvcache` does.
+        key : array_like
+            The new keys, one per query row, likewise with the cache heads:
+            ``(len(seqs), Hkv, T, E)`` or packed ``(total_q, Hkv, E)``;
+            converted to the pools' dtype (int8 / int4: quantized) as they
+            are written.
+        value : array_like
+            The new values, as ``key`` with ``Ev``.
+        cu_seqlens_q : (len(seqs) + 1,) integer array, optional
+            Packed rows: sequence ``i`` brings rows ``cu_seqlens_q[i]`` to
+            ``cu_seqlens_q[i + 1]`` of ``query``/``key``/``value`` (0
+            allowed); starts at 0, does not decrease, ends at ``total_q``.
+        **kw
+            Other keywords are :func:`pyattn.attention_with_kvcache`'s
+            (``is_causal``, ``scale``, ``window``, ``tree_mask``,
+            ``return_lse``, ...); not ``block_table``, ``cache_seqlens``,
+            ``k_scale`` or ``v_scale`` (the cache holds them).
+
+        Returns
+        -------
+        out : ndarray
+            Shaped as ``query`` with ``Ev``: ``(len(seqs), Hq, T, Ev)`` or
+            ``(total_q, Hq, Ev)``.
+        lse : ndarray
+            Only with ``return_lse=True`` (then the call returns ``(out,
+            lse)``): ``(len(seqs), Hq, T)`` or ``(total_q, Hq)``.
+
+        Raises
+        ------
+        CacheFullError
+            (a ``MemoryError``) when the free blocks do not suffice.
+        ValueError
+            Unknown or repeated sequence ids, a ``query`` that is neither
+            ``(len(seqs), Hq, T, E)`` nor packed, a ``key`` whose T is not
+            the query's, and the errors of
+            :func:`pyattn.attention_with_kvcache`.
+        TypeError
+            ``seqs`` an int, ``key`` or ``value`` None, a ``block_table``,
+            ``cache_seqlens``, ``k_scale`` or ``v_scale`` keyword, and the
+            type errors of :func:`pyattn.attention_with_kvcache`.
+
+        Examples
+        --------
+        >>> import numpy as np, pyattn
+        >>> cache = pyattn.PagedKVCache(num_blocks=8, block_size=4, num_kv_heads=1, head_dim=4)
+        >>> a, b = cache.add_sequence(), cache.add_sequence()
+        >>> rng = np.random.default_rng(0)
+        >>> q, k, v = rng.standard_normal((3, 2, 1, 3, 4)).astype(np.float32)
+        >>> cache.attend([a, b], q, k, v).shape             # 3 tokens each
+        (2, 1, 3, 4)
+
+        Packed rows, a different count per sequence (2 for ``a``, 1 for ``b``):
+
+        >>> q, k, v = rng.standard_normal((3, 3, 1, 4)).astype(np.float32)
+        >>> out, lse = cache.attend([a, b], q, k, v, cu_seqlens_q=[0, 2, 3], return_lse=True)
+        >>> out.shape, lse.shape, cache.length(a), cache.length(b)
+        ((3, 1, 4), (3, 1), 5, 4)
         """
         if isinstance(seqs, (int, np.integer)):
             raise TypeError("seqs must be a sequence of sequence ids (a list), got an int")

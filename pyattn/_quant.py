@@ -57,28 +57,61 @@ def quantize(x, /, dtype="int8", *, group_size=32, axis=-1):
     ``dequantize(q, scale)`` is ``float32(q) * scale``. The same rule writes
     the rows of an int8 / int4 :class:`KVCache`.
 
-    Shapes: ``x (..., E, ...)`` with ``E = x.shape[axis]`` a multiple of
-    ``group_size`` (even for int4). Returns ``(q, scale)``: ``q`` is
-    ``np.int8`` of ``x``'s shape (int8), or ``np.uint8`` with ``E / 2``
-    along ``axis`` (int4: two values per byte, value ``2i`` in the low nibble
-    of byte ``i``, ``2i + 1`` in the high one, two's complement); ``scale``
-    is float32 with ``E / group_size`` along ``axis``.
-
-    Raises ValueError for NaN or +-inf in ``x`` (a scale cannot hold them),
-    a ``group_size`` that does not divide ``E``, a ``dtype`` other than
-    ``"int8"``/``"int4"``; TypeError for a non-float ``x`` (integers, bool,
-    complex).
-
     Unlike llama.cpp's q8_0 (``d = amax / 127`` stored as float16,
     ``q = roundf(x * (1 / d))``: ties away from zero, a multiply by the
     float32 reciprocal), the scale stays float32 and the value is divided by
     it; where the two rules give the same scale and no tie or reciprocal
     rounding intervenes, the integers agree (tests/test_quant.py).
 
+    Parameters
+    ----------
+    x : array_like, float32, float64, float16 or ``ml_dtypes.bfloat16``
+        Shape ``(..., E, ...)`` with ``E = x.shape[axis]`` a multiple of
+        ``group_size`` (even for int4); at least one dimension. Values other
+        than float32 are rounded to float32 first; NaN and +-inf are refused.
+    dtype : {"int8", "int4"}, default "int8"
+        The integer format: int8 (values in ``[-127, 127]``) or int4 (values
+        in ``[-7, 7]``, two per byte).
+    group_size : int, default 32
+        Values per scale, ``>= 1``; it must divide ``E``.
+    axis : int, default -1
+        The axis the groups run along (negative: counted from the end).
+
+    Returns
+    -------
+    q : ndarray
+        ``np.int8`` of ``x``'s shape (int8), or ``np.uint8`` with ``E / 2``
+        along ``axis`` (int4: two values per byte, value ``2i`` in the low
+        nibble of byte ``i``, ``2i + 1`` in the high one, two's complement).
+    scale : ndarray
+        float32, ``x``'s shape with ``E / group_size`` along ``axis``.
+
+    Raises
+    ------
+    ValueError
+        NaN or +-inf in ``x`` (a scale cannot hold them), a ``group_size``
+        that does not divide ``E`` (or is below 1), a ``dtype`` other than
+        ``"int8"``/``"int4"``, an ``axis`` out of range, a 0-d ``x``.
+    TypeError
+        A non-float ``x`` (integers, bool, complex); a ``group_size`` or
+        ``axis`` that is not an integer.
+
+    See Also
+    --------
+    dequantize : The inverse, ``x = q * scale`` per group.
+
+    Examples
+    --------
     >>> import numpy as np, pyattn
     >>> q, s = pyattn.quantize(np.array([[1.0, -0.5, 0.25, 2.0]]), group_size=2)
     >>> q, s
     (array([[127, -64,  16, 127]], dtype=int8), array([[0.00787402, 0.01574803]], dtype=float32))
+
+    int4 packs two values per byte (the first in the low nibble):
+
+    >>> q4, s4 = pyattn.quantize(np.array([3.5, -3.5, 1.0, 0.0], np.float32), "int4", group_size=4)
+    >>> q4, s4          # byte 0: 7 low, -7 (0b1001) high = 151; byte 1: 1.0 / 0.5 = 2, 0
+    (array([151,   2], dtype=uint8), array([0.5], dtype=float32))
     """
     bits = _bits(dtype)
     g = _group(group_size)
@@ -150,27 +183,60 @@ def dequantize(q, scale, /, *, dtype=None, group_size=None, axis=-1, out_dtype=n
     arguments: ``dtype`` and ``group_size`` default to what ``q`` and
     ``scale`` say.
 
-    Shapes: ``q (..., E, ...)`` ``np.int8`` (int8) or ``(..., E/2, ...)``
-    ``np.uint8`` (int4, packed as :func:`quantize` packs); ``scale`` float32
-    with ``E / group_size`` along ``axis`` and ``q``'s other axes. Returns
-    ``x (..., E, ...)`` of ``out_dtype``.
-
-    dtype : ``"int8"``, ``"int4"`` or None (default: from ``q``'s dtype,
-        ``np.int8`` is int8, ``np.uint8`` int4)
-    group_size : int or None (default: ``E / scale.shape[axis]``)
+    Parameters
+    ----------
+    q : array_like, ``np.int8`` or ``np.uint8``
+        ``(..., E, ...)`` ``np.int8`` (int8) or ``(..., E/2, ...)``
+        ``np.uint8`` (int4, packed as :func:`quantize` packs); at least one
+        dimension.
+    scale : array_like, float32
+        ``q``'s shape with ``E / group_size`` along ``axis`` (``q``'s other
+        axes unchanged); any byte order.
+    dtype : {"int8", "int4"} or None, optional
+        Default: from ``q``'s dtype (``np.int8`` is int8, ``np.uint8``
+        int4). Given, it must agree with ``q``'s dtype.
+    group_size : int or None, optional
+        Default: ``E / scale.shape[axis]``. Given, it must agree with the
+        shapes.
+    axis : int, default -1
+        The axis the groups run along (negative: counted from the end).
     out_dtype : float32 (default), float64 or float16
         float32: the product rounded once (one float32 multiply). float64:
         the exact product of the integer and the float32 scale (a float64
         holds it). float16: the float32 result rounded to float16.
 
-    Raises TypeError for a ``q`` or ``scale`` of the wrong dtype;
-    ValueError for mismatched shapes, or a ``dtype`` / ``group_size`` given
-    that contradicts ``q``'s dtype or the shapes.
+    Returns
+    -------
+    x : ndarray
+        ``(..., E, ...)`` of ``out_dtype``.
 
+    Raises
+    ------
+    TypeError
+        A ``q`` or ``scale`` of the wrong dtype (``q`` neither ``np.int8``
+        nor ``np.uint8``, ``scale`` not float32), an ``out_dtype`` other
+        than the three above.
+    ValueError
+        Mismatched shapes, or a ``dtype`` / ``group_size`` given that
+        contradicts ``q``'s dtype or the shapes; a 0-d ``q``; an ``axis``
+        out of range.
+
+    See Also
+    --------
+    quantize : The forward rule, and the int4 packing.
+
+    Examples
+    --------
     >>> import numpy as np, pyattn
     >>> x = np.array([[1.0, -0.5, 0.25, 2.0]], np.float32)
     >>> pyattn.dequantize(*pyattn.quantize(x, group_size=2))
     array([[ 1.       , -0.503937 ,  0.2519685,  2.       ]], dtype=float32)
+
+    int4, read from ``q``'s dtype and the shapes, the result in float64:
+
+    >>> q4, s4 = pyattn.quantize(np.array([3.5, -3.5, 1.0, 0.0], np.float32), "int4", group_size=4)
+    >>> pyattn.dequantize(q4, s4, out_dtype=np.float64)
+    array([ 3.5, -3.5,  1. ,  0. ])
     """
     q = as_array(q, "q")
     scale = as_array(scale, "scale")

@@ -390,11 +390,64 @@ def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=Fal
     """:func:`flash_attn_func` with ``qkv (B, L, 3, H, E)`` packed (views of it
     are read in place; the gradient is ``dqkv`` of the same shape).
 
+    Parameters
+    ----------
+    qkv : CPU torch.Tensor or ndarray, ``(B, L, 3, H, E)``
+        Queries, keys and values stacked on axis 2 (``S = L``, ``Hq = Hkv =
+        H``); float16, bfloat16, float32 or float64, any strides.
+    dropout_p : float in [0, 1), default 0.0
+        Dropout on the attention weights (seeded from torch's CPU generator
+        for tensors, fresh entropy for arrays; the backward regenerates the
+        pattern).
+    softmax_scale : float, optional
+        Default ``1/sqrt(E)``.
+    causal : bool, default False
+        Bottom-right aligned (``j <= i + S - L``).
+    window_size : (left, right), default (-1, -1)
+        -1 = unbounded: query i sees keys ``[i + S - L - left, i + S - L +
+        right]``.
+    softcap : float, default 0.0
+        ``<= 0`` means none; else ``s = softcap * tanh(s / softcap)``.
+    alibi_slopes : ``(H,)`` or ``(B, H)``, optional
+        Adds ``-slope * |i + S - L - j|`` to the scores.
+    deterministic : bool, default False
+        Accepted (pyattn is always deterministic).
+    return_attn_probs : bool, default False
+        Also return ``softmax_lse`` and ``S_dmask`` (``(B, H, L, L)`` with dropout,
+        else None); testing only, as in FlashAttention.
+
+    Returns
+    -------
+    out : ``(B, L, H, E)``
+        Of qkv's dtype (tensors in: a tensor, differentiable with respect to
+        ``qkv``).
+    softmax_lse : ``(B, H, L)``
+        float32 (float64 for float64 inputs); only with
+        ``return_attn_probs``.
+    S_dmask : ``(B, H, L, L)`` or None
+        Only with ``return_attn_probs``: ``(out, softmax_lse, S_dmask)``.
+
+    Raises
+    ------
+    ValueError
+        ``qkv`` not ``(B, L, 3, H, E)``, and the errors of
+        :func:`flash_attn_func` (a ``ValueError`` that is also a
+        ``RuntimeError`` where FlashAttention raises one).
+    TypeError
+        A dtype other than the four above (also a ``RuntimeError``).
+    NotImplementedError
+        Tensors on a GPU.
+
+    Examples
+    --------
     >>> import numpy as np
     >>> from pyattn.flash import flash_attn_qkvpacked_func
     >>> qkv = np.zeros((1, 4, 3, 2, 8), np.float32)
     >>> flash_attn_qkvpacked_func(qkv).shape
     (1, 4, 2, 8)
+    >>> out, lse, s_dmask = flash_attn_qkvpacked_func(qkv, causal=True, return_attn_probs=True)
+    >>> lse.shape, s_dmask is None
+    ((1, 2, 4), True)
     """
     q, k, v = _unbind(qkv, 3, 2, "qkv", "(batch, seqlen, 3, nheads, headdim)")
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
@@ -406,6 +459,60 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
                              deterministic=False, return_attn_probs=False):
     """:func:`flash_attn_func` with ``kv (B, S, 2, Hkv, E)`` packed.
 
+    Parameters
+    ----------
+    q : CPU torch.Tensor or ndarray, ``(B, L, Hq, E)``
+        float16, bfloat16, float32 or float64 (``kv``'s dtype), any strides.
+    kv : CPU torch.Tensor or ndarray, ``(B, S, 2, Hkv, E)``
+        Keys and values stacked on axis 2, ``Hq % Hkv == 0`` (MQA/GQA);
+        views of it are read in place (the gradient is ``dkv`` of its
+        shape).
+    dropout_p : float in [0, 1), default 0.0
+        Dropout on the attention weights (seeded from torch's CPU generator
+        for tensors, fresh entropy for arrays; the backward regenerates the
+        pattern).
+    softmax_scale : float, optional
+        Default ``1/sqrt(E)``.
+    causal : bool, default False
+        Bottom-right aligned (``j <= i + S - L``).
+    window_size : (left, right), default (-1, -1)
+        -1 = unbounded: query i sees keys ``[i + S - L - left, i + S - L +
+        right]``.
+    softcap : float, default 0.0
+        ``<= 0`` means none; else ``s = softcap * tanh(s / softcap)``.
+    alibi_slopes : ``(Hq,)`` or ``(B, Hq)``, optional
+        Adds ``-slope * |i + S - L - j|`` to the scores.
+    deterministic : bool, default False
+        Accepted (pyattn is always deterministic).
+    return_attn_probs : bool, default False
+        Also return ``softmax_lse`` and ``S_dmask`` (``(B, Hq, L, S)`` with dropout,
+        else None); testing only, as in FlashAttention.
+
+    Returns
+    -------
+    out : ``(B, L, Hq, E)``
+        Of q's dtype (tensors in: a tensor, differentiable with respect to
+        ``q`` and ``kv``).
+    softmax_lse : ``(B, Hq, L)``
+        float32 (float64 for float64 inputs); only with
+        ``return_attn_probs``.
+    S_dmask : ``(B, Hq, L, S)`` or None
+        Only with ``return_attn_probs``: ``(out, softmax_lse, S_dmask)``.
+
+    Raises
+    ------
+    ValueError
+        ``kv`` not ``(B, S, 2, Hkv, E)``, and the errors of
+        :func:`flash_attn_func` (shapes: a ``ValueError`` that is also a
+        ``RuntimeError``).
+    TypeError
+        Dtypes other than the four above, or differing (also a
+        ``RuntimeError``).
+    NotImplementedError
+        Tensors on a GPU.
+
+    Examples
+    --------
     >>> import numpy as np
     >>> from pyattn.flash import flash_attn_kvpacked_func
     >>> q, kv = np.zeros((1, 4, 2, 8), np.float32), np.zeros((1, 6, 2, 1, 8), np.float32)
@@ -516,7 +623,91 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     block_size, Hkv, E)`` and sequence ``i`` has ``cu_seqlens_k[i+1] -
     cu_seqlens_k[i]`` keys; forward only (no dropout, no autograd).
 
+    Parameters
+    ----------
+    q : CPU torch.Tensor or ndarray, ``(total_q, Hq, E)``
+        The N sequences' queries, one after another; float16, bfloat16,
+        float32 or float64 (one dtype for ``q``, ``k``, ``v``), any strides.
+    k : CPU torch.Tensor or ndarray, ``(total_k, Hkv, E)``
+        Keys, ``Hq % Hkv == 0`` (MQA/GQA); with ``block_table`` the paged
+        pool ``(num_blocks, block_size, Hkv, E)``.
+    v : CPU torch.Tensor or ndarray, ``(total_k, Hkv, Ev)``
+        Values (with ``block_table``: ``(num_blocks, block_size, Hkv, Ev)``).
+    cu_seqlens_q : ``(N + 1,)`` int32 or int64
+        Query offsets: sequence i holds rows ``cu_seqlens_q[i]`` to
+        ``cu_seqlens_q[i + 1]`` of ``q``; from 0 to ``total_q``, not
+        decreasing.
+    cu_seqlens_k : ``(N + 1,)`` int32 or int64
+        Key offsets, likewise (with ``block_table``: only their differences,
+        each sequence's key count, are read).
+    max_seqlen_q, max_seqlen_k : int
+        Accepted (pyattn reads the lengths from the offsets; they only
+        widen ``S_dmask``).
+    dropout_p : float in [0, 1), default 0.0
+        Dropout on the attention weights (seeded from torch's CPU generator
+        for tensors, fresh entropy for arrays; the backward regenerates the
+        pattern).
+    softmax_scale : float, optional
+        Default ``1/sqrt(E)``.
+    causal : bool, default False
+        Bottom-right aligned (``j <= i + S - L``, per sequence, ``L``/``S`` its own lengths).
+    window_size : (left, right), default (-1, -1)
+        -1 = unbounded: query i sees keys ``[i + S - L - left, i + S - L +
+        right]``, per sequence, ``L``/``S`` its own lengths.
+    softcap : float, default 0.0
+        ``<= 0`` means none; else ``s = softcap * tanh(s / softcap)``.
+    alibi_slopes : ``(Hq,)`` or ``(N, Hq)``, optional
+        Adds ``-slope * |i + S - L - j|`` to the scores.
+    deterministic : bool, default False
+        Accepted (pyattn is always deterministic).
+    return_attn_probs : bool, default False
+        Also return ``softmax_lse`` and ``S_dmask`` (``(N, Hq, max_seqlen_q, max_seqlen_k)``, zeros past each sequence's lengths, with dropout,
+        else None); testing only, as in FlashAttention.
+    block_table : ``(N, max_blocks)`` int32 or int64, optional
+        Sequence i's key row r is row ``r % block_size`` of pool block
+        ``block_table[i, r // block_size]``; forward only (no dropout, no
+        autograd).
+
+    Returns
+    -------
+    out : ``(total_q, Hq, Ev)``
+        Of q's dtype (tensors in: a tensor, differentiable with respect to
+        q, k, v without ``block_table``).
+    softmax_lse : ``(Hq, total_q)``
+        float32 (float64 for float64 inputs); only with
+        ``return_attn_probs``.
+    S_dmask : ``(N, Hq, max_seqlen_q, max_seqlen_k)`` or None
+        Only with ``return_attn_probs``: ``(out, softmax_lse, S_dmask)``.
+
+    Raises
+    ------
+    ValueError
+        Shapes that do not fit (FlashAttention's names and layouts in the
+        message; a ``ValueError`` that is also a ``RuntimeError``), offsets
+        that do not start at 0, decrease or do not end at the row count,
+        and the errors of ``pyattn.scaled_dot_product_attention_varlen``.
+    TypeError
+        Dtypes other than the four above, or differing (also a
+        ``RuntimeError``).
+    NotImplementedError
+        Tensors on a GPU; ``dropout_p > 0`` with ``block_table``.
+
+    Examples
+    --------
+    Two sequences of 2 and 3 tokens, packed:
+
+    >>> import numpy as np
     >>> from pyattn.flash import flash_attn_varlen_func
+    >>> q, k, v = np.random.default_rng(0).standard_normal((3, 5, 2, 8)).astype(np.float32)
+    >>> cu = np.array([0, 2, 5], np.int32)
+    >>> out, lse, _ = flash_attn_varlen_func(q, k, v, cu, cu, 3, 3, causal=True, return_attn_probs=True)
+    >>> out.shape, lse.shape
+    ((5, 2, 8), (2, 5))
+
+    Each sequence's first token sees only its own key:
+
+    >>> bool(np.allclose(out[0], v[0])), bool(np.allclose(out[2], v[2]))
+    (True, True)
     """
     if block_table is not None:
         if float(dropout_p) > 0:
@@ -612,7 +803,66 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
                                      alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """:func:`flash_attn_varlen_func` with ``qkv (total, 3, H, E)`` packed.
 
+    Parameters
+    ----------
+    qkv : CPU torch.Tensor or ndarray, ``(total, 3, H, E)``
+        The N sequences' queries, keys and values stacked on axis 1 (views
+        read in place; the gradient is ``dqkv`` of its shape); float16,
+        bfloat16, float32 or float64.
+    cu_seqlens : ``(N + 1,)`` int32 or int64
+        Offsets (for queries and keys alike): sequence i holds rows
+        ``cu_seqlens[i]`` to ``cu_seqlens[i + 1]``.
+    max_seqlen : int
+        Accepted (pyattn reads the lengths from the offsets).
+    dropout_p : float in [0, 1), default 0.0
+        Dropout on the attention weights (seeded from torch's CPU generator
+        for tensors, fresh entropy for arrays; the backward regenerates the
+        pattern).
+    softmax_scale : float, optional
+        Default ``1/sqrt(E)``.
+    causal : bool, default False
+        Bottom-right aligned (``j <= i + S - L``, per sequence, ``L = S`` its length).
+    window_size : (left, right), default (-1, -1)
+        -1 = unbounded: query i sees keys ``[i + S - L - left, i + S - L +
+        right]``, per sequence, ``L = S`` its length.
+    softcap : float, default 0.0
+        ``<= 0`` means none; else ``s = softcap * tanh(s / softcap)``.
+    alibi_slopes : ``(H,)`` or ``(N, H)``, optional
+        Adds ``-slope * |i + S - L - j|`` to the scores.
+    deterministic : bool, default False
+        Accepted (pyattn is always deterministic).
+    return_attn_probs : bool, default False
+        Also return ``softmax_lse`` and ``S_dmask`` (``(N, H, max_seqlen, max_seqlen)``, zeros past each sequence's lengths, with dropout,
+        else None); testing only, as in FlashAttention.
+
+    Returns
+    -------
+    out : ``(total, H, E)``
+        Of qkv's dtype (tensors in: a tensor, differentiable with respect to
+        ``qkv``).
+    softmax_lse : ``(H, total)``
+        float32 (float64 for float64 inputs); only with
+        ``return_attn_probs``.
+    S_dmask : ``(N, H, max_seqlen, max_seqlen)`` or None
+        Only with ``return_attn_probs``: ``(out, softmax_lse, S_dmask)``.
+
+    Raises
+    ------
+    ValueError
+        ``qkv`` not ``(total, 3, H, E)``, and the errors of
+        :func:`flash_attn_varlen_func`.
+    TypeError
+        A dtype other than the four above (also a ``RuntimeError``).
+    NotImplementedError
+        Tensors on a GPU.
+
+    Examples
+    --------
+    >>> import numpy as np
     >>> from pyattn.flash import flash_attn_varlen_qkvpacked_func
+    >>> qkv = np.random.default_rng(0).standard_normal((5, 3, 2, 8)).astype(np.float32)
+    >>> flash_attn_varlen_qkvpacked_func(qkv, np.array([0, 2, 5], np.int32), 3, causal=True).shape
+    (5, 2, 8)
     """
     q, k, v = _unbind(qkv, 3, 1, "qkv", "(total, 3, nheads, headdim)")
     return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p,
@@ -626,7 +876,74 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
                                     deterministic=False, return_attn_probs=False):
     """:func:`flash_attn_varlen_func` with ``kv (total_k, 2, Hkv, E)`` packed.
 
+    Parameters
+    ----------
+    q : CPU torch.Tensor or ndarray, ``(total_q, Hq, E)``
+        The N sequences' queries; float16, bfloat16, float32 or float64
+        (``kv``'s dtype).
+    kv : CPU torch.Tensor or ndarray, ``(total_k, 2, Hkv, E)``
+        Keys and values stacked on axis 1, ``Hq % Hkv == 0`` (views read in
+        place; the gradient is ``dkv`` of its shape).
+    cu_seqlens_q, cu_seqlens_k : ``(N + 1,)`` int32 or int64
+        Query and key offsets: sequence i holds rows ``cu[i]`` to
+        ``cu[i + 1]``.
+    max_seqlen_q, max_seqlen_k : int
+        Accepted (pyattn reads the lengths from the offsets).
+    dropout_p : float in [0, 1), default 0.0
+        Dropout on the attention weights (seeded from torch's CPU generator
+        for tensors, fresh entropy for arrays; the backward regenerates the
+        pattern).
+    softmax_scale : float, optional
+        Default ``1/sqrt(E)``.
+    causal : bool, default False
+        Bottom-right aligned (``j <= i + S - L``, per sequence, ``L``/``S`` its own lengths).
+    window_size : (left, right), default (-1, -1)
+        -1 = unbounded: query i sees keys ``[i + S - L - left, i + S - L +
+        right]``, per sequence, ``L``/``S`` its own lengths.
+    softcap : float, default 0.0
+        ``<= 0`` means none; else ``s = softcap * tanh(s / softcap)``.
+    alibi_slopes : ``(Hq,)`` or ``(N, Hq)``, optional
+        Adds ``-slope * |i + S - L - j|`` to the scores.
+    deterministic : bool, default False
+        Accepted (pyattn is always deterministic).
+    return_attn_probs : bool, default False
+        Also return ``softmax_lse`` and ``S_dmask`` (``(N, Hq, max_seqlen_q, max_seqlen_k)``, zeros past each sequence's lengths, with dropout,
+        else None); testing only, as in FlashAttention.
+
+    Returns
+    -------
+    out : ``(total_q, Hq, E)``
+        Of q's dtype (tensors in: a tensor, differentiable with respect to
+        ``q`` and ``kv``).
+    softmax_lse : ``(Hq, total_q)``
+        float32 (float64 for float64 inputs); only with
+        ``return_attn_probs``.
+    S_dmask : ``(N, Hq, max_seqlen_q, max_seqlen_k)`` or None
+        Only with ``return_attn_probs``: ``(out, softmax_lse, S_dmask)``.
+
+    Raises
+    ------
+    ValueError
+        ``kv`` not ``(total_k, 2, Hkv, E)``, and the errors of
+        :func:`flash_attn_varlen_func`.
+    TypeError
+        Dtypes other than the four above, or differing (also a
+        ``RuntimeError``).
+    NotImplementedError
+        Tensors on a GPU.
+
+    Examples
+    --------
+    Two sequences: 1 and 2 queries over 3 and 4 keys, one key/value head:
+
+    >>> import numpy as np
     >>> from pyattn.flash import flash_attn_varlen_kvpacked_func
+    >>> rng = np.random.default_rng(0)
+    >>> q = rng.standard_normal((3, 2, 8)).astype(np.float32)
+    >>> kv = rng.standard_normal((7, 2, 1, 8)).astype(np.float32)
+    >>> cu_q, cu_k = np.array([0, 1, 3], np.int32), np.array([0, 3, 7], np.int32)
+    >>> flash_attn_varlen_kvpacked_func(q, kv, cu_q, cu_k, 2, 4, causal=True).shape
+    (3, 2, 8)
     """
     k, v = _unbind(kv, 2, 1, "kv", "(total_k, 2, nheads_k, headdim)")
     return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -689,28 +1006,80 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     """FlashAttention's ``flash_attn_with_kvcache`` on the CPU, on
     :func:`pyattn.attention_with_kvcache` (no backward, as FlashAttention).
 
-    Shapes (token-major, read in place): ``q (B, T, Hq, E)``; ``k_cache``,
-    ``v_cache (B_cache, S_max, Hkv, E)`` -- or with ``block_table`` ``(num_blocks,
-    block_size, Hkv, E)`` --; ``k``/``v (B, Tk, Hkv, E)`` new rows (any Tk),
-    written into the caches in place at rows ``cache_seqlens[b] + t`` (the
-    caches must be writeable: tensors, or writeable arrays);
-    ``rotary_cos``/``rotary_sin (R, rotary_dim / 2)``; ``cache_seqlens`` int
-    or ``(B,)`` (None: the caches are full); ``cache_batch_idx``,
-    ``cache_leftpad (B,)``; ``alibi_slopes (Hq,)`` or ``(B, Hq)``.
-    ``num_splits`` is ignored. Returns ``out (B, T, Hq, Ev)`` of q's dtype, and
-    ``softmax_lse (B, Hq, T)`` with ``return_softmax_lse``.
-
     Query row t sits at cache position ``n_b + Tk - T + t``; causal, the
     window and ALiBi use those positions; rotary rotates (in C) the new keys
     at ``n_b + t`` as they are written and the queries at ``n_b + t`` (causal
-    or a window) or all at ``n_b`` (FlashAttention's rule). ``rotary_interleaved=True`` (GPT-J pairs)
-    is FlashAttention's default.
+    or a window) or all at ``n_b`` (FlashAttention's rule).
+
+    Parameters
+    ----------
+    q : CPU torch.Tensor or ndarray, ``(B, T, Hq, E)``
+        Token-major, read in place; float16, bfloat16, float32 or float64,
+        one dtype for ``q``, the caches and ``k``/``v``.
+    k_cache : CPU torch.Tensor or ndarray, ``(B_cache, S_max, Hkv, E)``
+        Or with ``block_table`` ``(num_blocks, block_size, Hkv, E)``;
+        ``Hq % Hkv == 0``. Written in place where ``k`` is given (it must be
+        writeable: a tensor, or a writeable array).
+    v_cache : CPU torch.Tensor or ndarray, ``(B_cache, S_max, Hkv, Ev)``
+        As ``k_cache`` (with ``block_table``: ``(num_blocks, block_size,
+        Hkv, Ev)``).
+    k : CPU torch.Tensor or ndarray, ``(B, Tk, Hkv, E)``, optional
+        New rows (any Tk), written into the caches in place at rows
+        ``cache_seqlens[b] + t`` before the attention; with ``v`` only.
+    v : CPU torch.Tensor or ndarray, ``(B, Tk, Hkv, Ev)``, optional
+        The new rows' values.
+    rotary_cos, rotary_sin : ``(R, rotary_dim / 2)``, optional
+        Rotary embedding (with ``k``/``v``): the first ``rotary_dim``
+        features rotate.
+    cache_seqlens : int or ``(B,)`` integers, optional
+        Rows filled per sequence (``n_b``) before the call; None: the caches
+        are full (``S_max`` rows).
+    cache_batch_idx : ``(B,)`` integers, optional
+        Sequence b reads (and writes) cache entry ``cache_batch_idx[b]``.
+    cache_leftpad : ``(B,)`` integers, optional
+        Sequence b's keys start at cache row ``cache_leftpad[b]``.
+    block_table : ``(B, max_blocks)`` integers, optional
+        Paged caches: sequence b's row r is row ``r % block_size`` of block
+        ``block_table[b, r // block_size]``.
+    softmax_scale : float, optional
+        Default ``1/sqrt(E)``.
+    causal : bool, default False
+        Bottom-right causal on the cache positions.
+    window_size : (left, right), default (-1, -1)
+        -1 = unbounded: query row t sees keys ``[p - left, p + right]``,
+        ``p`` its cache position.
+    softcap : float, default 0.0
+        ``<= 0`` means none.
+    rotary_interleaved : bool, default True
+        ``True`` (GPT-J pairs ``2i``, ``2i + 1``) is FlashAttention's
+        default; ``False``: features ``i`` and ``i + rotary_dim / 2``
+        (GPT-NeoX, Llama).
+    alibi_slopes : ``(Hq,)`` or ``(B, Hq)``, optional
+        ALiBi slopes, on the cache positions.
+    num_splits : int, default 0
+        Ignored (pyattn splits long caches over threads by itself).
+    return_softmax_lse : bool, default False
+        Also return ``softmax_lse``.
+
+    Returns
+    -------
+    out : ``(B, T, Hq, Ev)``
+        Of q's dtype (a tensor for tensors).
+    softmax_lse : ``(B, Hq, T)``
+        float32 (float64 for float64 inputs); only with
+        ``return_softmax_lse`` (then ``(out, softmax_lse)``).
 
     Raises
     ------
-    ValueError / TypeError as :func:`pyattn.attention_with_kvcache`;
-    NotImplementedError for GPU tensors, or ``block_table`` where pyattn
-    lacks paged caches.
+    ValueError
+        As :func:`pyattn.attention_with_kvcache` (shapes, lengths past the
+        cache, a read-only cache with new rows, ...), with FlashAttention's
+        names (a ``ValueError`` that is also a ``RuntimeError``).
+    TypeError
+        As :func:`pyattn.attention_with_kvcache`; dtypes other than the four
+        above, or differing (also a ``RuntimeError``).
+    NotImplementedError
+        GPU tensors, or ``block_table`` where pyattn lacks paged caches.
 
     Examples
     --------
@@ -720,6 +1089,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     >>> q, k, v = np.ones((3, 1, 1, 2, 8), np.float32)
     >>> flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=0, causal=True).shape
     (1, 1, 2, 8)
+
+    The new row was written into the caches, in place:
+
+    >>> float(kc[0, 0, 0, 0]), float(kc[0, 1, 0, 0])
+    (1.0, 0.0)
     """
     qa, kca, vca = _arr(q, "q"), _arr(k_cache, "k_cache"), _arr(v_cache, "v_cache")
     ka, va = _arr(k, "k"), _arr(v, "v")

@@ -343,12 +343,47 @@ class _Attention:
         or eval) is the module's. Other modules are a ``TypeError`` naming
         what is accepted; settings pyattn does not have are a ``ValueError``.
 
-        >>> import torch                                    # doctest: +SKIP
-        >>> from pyattn.nn import MultiHeadAttention        # doctest: +SKIP
-        >>> t = torch.nn.MultiheadAttention(64, 4, batch_first=True).eval()  # doctest: +SKIP
-        >>> layer = MultiHeadAttention.from_torch(t)        # doctest: +SKIP
-        >>> layer.causal, layer.qkv_bias, layer.batch_first  # doctest: +SKIP
-        (False, True, True)
+        Parameters
+        ----------
+        module : torch.nn.Module
+            One of the PyTorch modules above (CPU or not): its weights are
+            copied into NumPy arrays, as :meth:`load_state_dict` takes them.
+        rng : int, numpy.random.Generator or None, optional
+            Seeds the layer's dropout draws (the initial weights it would
+            draw are replaced by the module's).
+
+        Returns
+        -------
+        layer : SelfAttention, CausalAttention or MultiHeadAttention
+            A layer of the class ``from_torch`` is called on, in the
+            module's mode, holding copies of its weights.
+
+        Raises
+        ------
+        TypeError
+            Not a ``torch.nn.Module``, or a module this class does not take
+            (the message names what it accepts): no ``W_query`` / ``W_key`` /
+            ``W_value``, no output projection or ``num_heads`` for
+            ``MultiHeadAttention``, an output projection for the single-head
+            layers, no ``context_length`` (or mask buffer) for
+            ``CausalAttention``.
+        ValueError
+            Settings pyattn does not have (``kdim`` / ``vdim`` other than
+            ``embed_dim``, ``add_bias_kv``, ``add_zero_attn``); weights that
+            cannot be converted to arrays.
+
+        Examples
+        --------
+        >>> import numpy as np, torch
+        >>> from pyattn.nn import MultiHeadAttention
+        >>> _ = torch.manual_seed(0)
+        >>> t = torch.nn.MultiheadAttention(16, 4, batch_first=True).eval()
+        >>> layer = MultiHeadAttention.from_torch(t)
+        >>> layer.causal, layer.qkv_bias, layer.batch_first, layer.training
+        (False, True, True, False)
+        >>> x = torch.randn(2, 5, 16)
+        >>> bool(np.allclose(layer(x.numpy()), t(x, x, x)[0].detach().numpy(), atol=1e-5))
+        True
         """
         name = type(module).__name__
         sd = dict(module.state_dict()) if hasattr(module, "state_dict") else None
@@ -550,20 +585,10 @@ class _Attention:
         """x (B, T, d_in) or (T, d_in) -> (B, T, d_out) [, weights (B, H, T, T)].
 
         Self-attention: queries, keys and values all come from ``x``.
-        Cross-attention (PyTorch's ``mha(query, key, value)`` with key = value):
-        ``context (B, S, d_in)`` (``(S, d_in)`` beside a 2-d ``x``) -- the
-        keys and values are projected from ``context``, the queries from
-        ``x``, the layer's ``causal`` is not applied (as PyTorch's
-        cross-attention), masks and weights are ``(..., T, S)``; not with a
-        cache. ``ValueError`` for a ``context`` whose batch or ``d_in`` is not
-        ``x``'s.
-        ``attn_mask`` (positional or keyword, as in API.md): bool (``True`` =
-        may attend) or float (added), broadcast to ``(B, H, T, T)``. A
-        PyTorch-style ``m(x, x, x)`` or ``m(x, x)`` -- a second array that is
+        A PyTorch-style ``m(x, x, x)`` or ``m(x, x)`` -- a second array that is
         ``x`` itself or has ``x``'s shape with ``d_in != T``, so it cannot be
-        a mask -- is a ``TypeError`` that says so, never ``x`` read as a mask. With
-        ``batch_first=False`` (layers from a ``torch.nn.MultiheadAttention``
-        made so) ``x`` and the output are ``(T, B, ...)``.
+        a mask -- is a ``TypeError`` that says so, never ``x`` read as a mask.
+        ``layer.forward(...)`` is the same call.
 
         With ``cache`` (from :meth:`new_cache`), ``x`` holds only the new
         tokens: their keys and values are appended to the cache and they
@@ -571,18 +596,98 @@ class _Attention:
         layers), so generating token by token gives the rows of the
         full-sequence call. Inference only (eval mode or no dropout), no
         ``attn_mask`` or weights; the result has the cache's compute dtype
-        (float32 for 16-bit caches). A :class:`pyattn.PagedKVCache` (heads and
-        head dim as the layer's) takes ``seqs`` (its sequence ids, one per row
-        of ``x (len(seqs), T, d_in)``), or ``x`` packed ``(total, d_in)`` with
-        ``cu_seqlens_q`` (different token counts per sequence): the result is
-        shaped as ``x`` with ``d_out``.
+        (float32 for 16-bit caches).
 
+        Parameters
+        ----------
+        x : array_like
+            ``(B, T, d_in)`` or ``(T, d_in)`` (unbatched); with
+            ``batch_first=False`` (layers from a ``torch.nn.MultiheadAttention``
+            made so) a 3-d ``x`` is ``(T, B, d_in)``. Float dtypes as
+            :func:`pyattn.multi_head_attention` takes them; ``T`` at most
+            ``context_length`` (when the layer has one).
+        attn_mask : array_like, optional
+            Positional or keyword, as in API.md: bool (``True`` = may
+            attend) or float (added), broadcast to ``(B, H, T, T)``
+            (``(B, H, T, S)`` with ``context``). Combined with the layer's
+            causal rule.
+        return_weights : bool, default False
+            Also return the attention weights.
+        *args
+            Not accepted: a positional argument after ``return_weights`` is
+            a ``TypeError`` naming the fix (the other arguments are
+            keyword-only).
+        context : array_like, optional
+            Cross-attention (PyTorch's ``mha(query, key, value)`` with key =
+            value): ``context (B, S, d_in)`` (``(S, d_in)`` beside a 2-d
+            ``x``) -- the keys and values are projected from ``context``, the
+            queries from ``x``, the layer's ``causal`` is not applied (as
+            PyTorch's cross-attention), masks and weights are ``(..., T,
+            S)``; not with a cache. ``ValueError`` for a ``context`` whose
+            batch or ``d_in`` is not ``x``'s.
+        cache : pyattn.KVCache or pyattn.PagedKVCache, optional
+            A :class:`pyattn.KVCache` from :meth:`new_cache` (``x`` holds the
+            new tokens, one row per cache sequence). A
+            :class:`pyattn.PagedKVCache` (heads and head dim as the layer's)
+            takes ``seqs``.
+        seqs : sequence of int, optional
+            With a :class:`pyattn.PagedKVCache`: its sequence ids, one per
+            row of ``x (len(seqs), T, d_in)``.
+        cu_seqlens_q : (len(seqs) + 1,) integer array, optional
+            With a :class:`pyattn.PagedKVCache`: ``x`` packed ``(total,
+            d_in)`` (different token counts per sequence), sequence ``i``'s
+            tokens in rows ``cu_seqlens_q[i]`` to ``cu_seqlens_q[i + 1]``.
+
+        Returns
+        -------
+        out : ndarray
+            ``(B, T, d_out)`` (``(T, d_out)`` for a 2-d ``x``, ``(T, B,
+            d_out)`` with ``batch_first=False``); with a
+            :class:`pyattn.PagedKVCache`, shaped as ``x`` with ``d_out``.
+        weights : ndarray
+            Only with ``return_weights=True`` (then ``(out, weights)``):
+            ``(B, H, T, T)``, or ``(B, T, T)`` for the single-head layers
+            without an output projection (:class:`SelfAttention`,
+            :class:`CausalAttention`); ``(..., T, S)`` with ``context``.
+
+        Raises
+        ------
+        TypeError
+            A second input array where a mask belongs, extra positional
+            arguments, ``seqs`` / ``cu_seqlens_q`` without a
+            :class:`pyattn.PagedKVCache`, a ``cache`` of another type, a
+            :class:`pyattn.PagedKVCache` without ``seqs``.
+        ValueError
+            ``x`` not ``(B, T, d_in)`` or ``(T, d_in)``; ``T`` (or the cached
+            tokens plus ``T``) over ``context_length``; a ``context`` that
+            does not fit ``x``, or given with a cache; a cache that does not
+            fit the layer; ``attn_mask`` or ``return_weights`` with a cache,
+            or a cache in training mode with dropout; and the errors of
+            :func:`pyattn.multi_head_attention` (masks that do not
+            broadcast, ...).
+        pyattn.CacheFullError
+            The cache has no room for the new tokens.
+
+        Examples
+        --------
         >>> import numpy as np
         >>> from pyattn.nn import MultiHeadAttention
         >>> m = MultiHeadAttention(8, 8, 2, rng=0).eval()
         >>> x = np.ones((1, 3, 8), np.float32)
         >>> m(x, attn_mask=np.tril(np.ones((3, 3), bool))).shape
         (1, 3, 8)
+        >>> out, w = m(x, return_weights=True)
+        >>> w.shape, w[0, 0, 0]                        # causal: row 0 sees token 0 only
+        ((1, 2, 3, 3), array([1., 0., 0.], dtype=float32))
+
+        Cross-attention, and generation token by token with a cache:
+
+        >>> m(x, context=np.ones((1, 5, 8), np.float32)).shape
+        (1, 3, 8)
+        >>> cache = m.new_cache(batch=1, max_len=8)
+        >>> steps = [m(x[:, t:t + 1], cache=cache) for t in range(3)]
+        >>> bool(np.allclose(np.concatenate(steps, axis=1), m(x), atol=1e-6))
+        True
         """
         x = np.asarray(x) if not isinstance(x, np.ndarray) else x
         if isinstance(cache, PagedKVCache) or seqs is not None or cu_seqlens_q is not None:

@@ -241,35 +241,96 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     through pyattn's fused backward; a custom op ``pyattn::sdpa`` that
     ``torch.compile(fullgraph=True)`` and ``torch.export`` accept.
 
-    The arguments mean what they mean in ``pyattn.scaled_dot_product_attention``:
-    a bool ``attn_mask`` is True where a query may attend, a float one is
-    added; ``is_causal`` True / ``"top_left"`` / ``"bottom_right"`` (it may
-    be combined with a mask: the two intersect); ``enable_gqa`` shares each
-    key/value head among a group of query heads. ``dropout_p > 0`` applies
-    dropout whenever it is given (as PyTorch's function; pass 0 in
-    evaluation); its pattern is drawn from torch's generator
-    (``torch.manual_seed`` reproduces it) and regenerated in the backward.
-    pyattn's keywords: ``window=(left, right)``, ``alibi_slopes (Hq,)``,
-    ``softcap``, ``sinks (Hq,)`` (differentiable), ``precision``,
-    ``block_mask`` (a :class:`pyattn.BlockMask`, or FlexAttention's
-    ``BlockMask`` from ``create_block_mask``, rebuilt from its ``mask_mod``:
-    a ``mask_mod`` of torch ops over torch tensors is evaluated with torch
-    index tensors; a PyTorch BlockMask made from blocks alone, without a
-    mask_mod, is a ``TypeError`` saying how to build one), and
-    ``return_lse`` (also return the ``(..., L)`` log-sum-exp, float32 or
-    float64, not differentiable).
+    The arguments mean what they mean in ``pyattn.scaled_dot_product_attention``.
 
-    Raises ``ValueError`` for tensors not on the CPU (CUDA, meta) or on
-    different devices, and for ``attn_mask`` / ``alibi_slopes`` that require
-    grad (pyattn computes no gradient for them); ``TypeError`` for
-    non-tensors and dtypes other than the four above or differing between
-    query, key and value; and whatever ``pyattn.scaled_dot_product_attention``
-    raises for shapes and options.
+    Parameters
+    ----------
+    query : torch.Tensor
+        ``(..., L, E)``, on the CPU; float32, float64, float16 or bfloat16
+        (bfloat16 needs ``ml_dtypes``), the dtype of ``key`` and ``value``.
+    key : torch.Tensor
+        ``(..., S, E)``, query's dtype and device.
+    value : torch.Tensor
+        ``(..., S, Ev)``, query's dtype and device.
+    attn_mask : torch.Tensor, optional
+        Broadcasts to ``(..., L, S)``: a bool ``attn_mask`` is True where a
+        query may attend, a float one is added. Not differentiable (one
+        that requires grad is a ``ValueError``).
+    dropout_p : float in [0, 1), default 0.0
+        ``dropout_p > 0`` applies dropout whenever it is given (as
+        PyTorch's function; pass 0 in evaluation); its pattern is drawn
+        from torch's generator (``torch.manual_seed`` reproduces it) and
+        regenerated in the backward.
+    is_causal : bool or {"top_left", "bottom_right"}, default False
+        True / ``"top_left"`` / ``"bottom_right"`` (it may be combined with a
+        mask: the two intersect).
+    scale : float, optional
+        Default ``1/sqrt(E)``.
+    enable_gqa : bool, default False
+        Shares each key/value head among a group of query heads (axis -3:
+        ``Hq % Hkv == 0``).
+    window : (left, right), optional
+        pyattn's sliding window (``None`` in either place: unbounded).
+    alibi_slopes : torch.Tensor, optional
+        ``(Hq,)`` ALiBi slopes (or ``(B, Hq)``); not differentiable.
+    softcap : float, optional
+        ``s = softcap * tanh(s / softcap)`` on the scaled scores.
+    sinks : torch.Tensor, optional
+        ``(Hq,)`` attention-sink logits (differentiable).
+    precision : None, "highest" or "bf16", optional
+        As in ``pyattn.scaled_dot_product_attention``.
+    block_mask : pyattn.BlockMask or FlexAttention's BlockMask, optional
+        A :class:`pyattn.BlockMask`, or FlexAttention's ``BlockMask`` from
+        ``create_block_mask``, rebuilt from its ``mask_mod``: a
+        ``mask_mod`` of torch ops over torch tensors is evaluated with torch
+        index tensors; a PyTorch BlockMask made from blocks alone, without a
+        mask_mod, is a ``TypeError`` saying how to build one.
+    return_lse : bool, default False
+        Also return the ``(..., L)`` log-sum-exp, float32 or float64, not
+        differentiable.
 
+    Returns
+    -------
+    out : torch.Tensor
+        ``(..., L, Ev)`` of the query's dtype (the autocast dtype inside
+        ``torch.autocast``), differentiable with respect to query, key,
+        value and ``sinks``.
+    lse : torch.Tensor
+        ``(..., L)``, only with ``return_lse=True`` (then ``(out, lse)``).
+
+    Raises
+    ------
+    ValueError
+        Tensors not on the CPU (CUDA, meta) or on different devices;
+        ``attn_mask`` / ``alibi_slopes`` that require grad (pyattn computes
+        no gradient for them); and whatever
+        ``pyattn.scaled_dot_product_attention`` raises for shapes and
+        options.
+    TypeError
+        Non-tensors and dtypes other than the four above or differing
+        between query, key and value; an ``attn_mask`` neither bool nor
+        float; a PyTorch BlockMask without a ``mask_mod``; and the type
+        errors of ``pyattn.scaled_dot_product_attention``.
+
+    Examples
+    --------
     >>> import torch, pyattn.torch as pt
     >>> q = k = v = torch.randn(1, 8, 10, 16)
     >>> pt.scaled_dot_product_attention(q, k, v, is_causal=True, window=(3, 0)).shape
     torch.Size([1, 8, 10, 16])
+
+    The same result as PyTorch's function, and a gradient through pyattn's
+    backward:
+
+    >>> _ = torch.manual_seed(0)
+    >>> q = torch.randn(2, 3, 4, requires_grad=True)
+    >>> k, v = torch.randn(2, 5, 4), torch.randn(2, 5, 4)
+    >>> out, lse = pt.scaled_dot_product_attention(q, k, v, return_lse=True)
+    >>> ref = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    >>> torch.allclose(out, ref, atol=1e-6), lse.shape
+    (True, torch.Size([2, 3]))
+    >>> out.sum().backward(); q.grad.shape
+    torch.Size([2, 3, 4])
     """
     _check_tensor(query, "query")
     dev = query.device

@@ -103,6 +103,71 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     (``Hq % Hkv == 0``), ``attention_mask`` ``(B, 1, L, S)`` bool or additive
     float, or None -> ``(B, L, Hq, Ev)`` (transformers' layout) and ``None``
     for the weights (pyattn never materialises them).
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        The attention layer calling; its ``is_causal`` attribute (default
+        True) is the causal rule when ``is_causal`` is None.
+    query : torch.Tensor
+        ``(B, Hq, L, E)``, CPU, float32, float64, float16 or bfloat16.
+    key : torch.Tensor
+        ``(B, Hkv, S, E)`` with ``Hq % Hkv == 0`` (grouped-query heads are
+        read in place, no ``repeat_kv``); query's dtype.
+    value : torch.Tensor
+        ``(B, Hkv, S, Ev)``; query's dtype.
+    attention_mask : torch.Tensor or None
+        ``(B, 1, L, S)`` bool (True: may attend) or additive float (0 and
+        large negatives), or None. A mask that is exactly causal, causal
+        with a sliding window, and either of those with key padding becomes
+        ``is_causal`` / ``window`` and a ``(B, 1, 1, S)`` key-padding row;
+        any other mask is passed as it is. A mask with more than S columns
+        (a static cache's) is cut to S.
+    dropout : float, default 0.0
+        Dropout probability on the attention weights (the layer's, in
+        training), applied whenever it is above 0.
+    scaling : float, optional
+        The layer's score scale (default ``1/sqrt(E)``).
+    is_causal : bool, optional
+        Overrides ``module.is_causal``.
+    sliding_window : int, optional
+        The layer's window: each query sees its ``sliding_window`` most
+        recent keys (itself included).
+    softcap : float, optional
+        Logit soft-capping (Gemma 2).
+    s_aux : torch.Tensor, optional
+        ``(Hq,)`` attention-sink logits (gpt-oss).
+    position_bias : torch.Tensor, optional
+        A position bias (T5-style), turned into an additive mask by
+        transformers' ``create_position_bias_mask``.
+    **kwargs
+        Ignored (what transformers passes besides).
+
+    Returns
+    -------
+    out : torch.Tensor
+        ``(B, L, Hq, Ev)``, contiguous, of the query's dtype.
+    weights : None
+        pyattn never materialises the attention weights.
+
+    Raises
+    ------
+    ValueError
+        Tensors not on the CPU, and the shape errors of
+        :func:`pyattn.torch.scaled_dot_product_attention`.
+    TypeError
+        Dtypes other than the four above, or differing.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from pyattn.transformers import attention_forward
+    >>> _ = torch.manual_seed(0)
+    >>> q = torch.randn(1, 4, 3, 8)                 # 4 query heads
+    >>> k, v = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8)   # 2 key/value heads
+    >>> out, weights = attention_forward(torch.nn.Module(), q, k, v, None)
+    >>> out.shape, weights
+    (torch.Size([1, 3, 4, 8]), None)
     """
     L, S = query.shape[-2], key.shape[-2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
