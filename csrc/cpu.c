@@ -1,7 +1,11 @@
 /*
- * cpu.c -- what the machine's caches are, as the OS reports them (for
+ * cpu.c -- what the machine is: the best kernel family the CPU and the OS
+ * support (CPUID + XGETBV on x86-64; the architecture itself on aarch64, where
+ * NEON is baseline and no optional extension is used, so there is no HWCAP to
+ * read), whether it has AVX512_BF16, and its caches as the OS reports them (for
  * show_config and the benchmark's notes; the kernels' blocking is fixed per
  * family, see its table in kernels/<arch>/<isa>.c). 0 where the OS does not say.
+ * Below dispatch.c and ukr_select.c, which both ask it; it asks nothing.
  *
  * Linux: the per-core description in /sys/devices/system/cpu/cpu0/cache
  * first (glibc's sysconf mis-reports the L3 of some AMD guests, e.g. 320 MiB
@@ -9,6 +13,77 @@
  */
 #define _GNU_SOURCE
 #include "cpu.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef PA_HAVE_X86_KERNELS
+#include <cpuid.h>
+
+static unsigned long long pa_xgetbv0(void)
+{
+    unsigned int lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((unsigned long long)hi << 32) | lo;
+}
+#endif
+
+/* Best family this CPU *and* the OS (saved register state) support. */
+static int pa_detect_isa(void)
+{
+#if defined(PA_HAVE_X86_KERNELS)
+    unsigned int a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return PA_ISA_GENERIC;
+    int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, fma = (c >> 12) & 1, f16c = (c >> 29) & 1;
+    if (!osxsave || !avx) return PA_ISA_GENERIC;
+    unsigned long long xcr0 = pa_xgetbv0();
+    if ((xcr0 & 0x6) != 0x6) return PA_ISA_GENERIC;            /* XMM + YMM state */
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return PA_ISA_GENERIC;
+    int avx2 = (b >> 5) & 1;
+    int avx512f = (b >> 16) & 1, avx512dq = (b >> 17) & 1;
+    int avx512bw = (b >> 30) & 1, avx512vl = (b >> 31) & 1;
+    if (!avx2 || !fma || !f16c) return PA_ISA_GENERIC;
+    if (avx512f && avx512dq && avx512bw && avx512vl && (xcr0 & 0xe6) == 0xe6)
+        return PA_ISA_AVX512;                                  /* + opmask, ZMM state */
+    return PA_ISA_AVX2;
+#elif defined(PA_HAVE_NEON_KERNELS)
+    return PA_ISA_NEON;
+#else
+    return PA_ISA_GENERIC;
+#endif
+}
+
+/* AVX512_BF16 (CPUID leaf 7, subleaf 1, EAX bit 5) with the AVX-512 state. */
+int pa_cpu_has_avx512bf16(void)
+{
+#if defined(PA_HAVE_X86_KERNELS)
+    static int has = -1;         /* first set under the GIL, at import */
+    if (has < 0) {
+        unsigned int a, b, c, d;
+        has = pa_isa_machine() == PA_ISA_AVX512 && __get_cpuid_count(7, 1, &a, &b, &c, &d) &&
+              ((a >> 5) & 1);
+        const char *cap = getenv("PYATTN_TEST_CPU");    /* testing hook: the emulation on any AVX-512 CPU */
+        if (cap && !strcmp(cap, "nobf16")) has = 0;
+    }
+    return has;
+#else
+    return 0;
+#endif
+}
+
+int pa_isa_machine(void)
+{
+    static int machine = -1;     /* first set under the GIL, at import */
+    if (machine < 0) {
+        machine = pa_detect_isa();
+        /* testing hook: PYATTN_TEST_CPU=avx2|generic lowers what the CPU is
+           taken to support (tests of PYATTN_ISA's fallback warnings) */
+        const char *cap = getenv("PYATTN_TEST_CPU");
+        if (cap && !strcmp(cap, "generic")) machine = PA_ISA_GENERIC;
+        else if (cap && !strcmp(cap, "avx2") && machine == PA_ISA_AVX512) machine = PA_ISA_AVX2;
+    }
+    return machine;
+}
 
 #if defined(__linux__)
 #include <stdio.h>

@@ -1,9 +1,18 @@
-/* cpu.h -- the machine's cache sizes in bytes, per core or shared, as the OS
- * reports them (cpu.c); 0 where it does not say. */
+/* cpu.h -- what the machine is (cpu.c): the best kernel family it supports,
+ * AVX512_BF16, and its cache sizes in bytes, per core or shared, as the OS
+ * reports them (0 where it does not say). */
 #ifndef PYATTN_CPU_H
 #define PYATTN_CPU_H
 
 #include <stddef.h>
+
+#include "family.h"
+
+/* The best family this CPU and OS support (PA_ISA_*), detected once. */
+int pa_isa_machine(void);
+
+/* Whether the CPU has AVX512_BF16 (vdpbf16ps) with AVX-512 usable. */
+int pa_cpu_has_avx512bf16(void);
 
 void pa_cache_sizes(size_t *l1d, size_t *l2, size_t *l3);
 

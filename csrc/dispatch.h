@@ -5,13 +5,8 @@
 #ifndef PYATTN_DISPATCH_H
 #define PYATTN_DISPATCH_H
 
+#include "cpu.h"      /* pa_isa_machine, pa_cpu_has_avx512bf16: what the machine is */
 #include "family.h"
-
-/* The best family this CPU and OS support (PA_ISA_*), detected once. */
-int pa_isa_machine(void);
-
-/* Whether the CPU has AVX512_BF16 (vdpbf16ps) with AVX-512 usable. */
-int pa_cpu_has_avx512bf16(void);
 
 /* PYATTN_ISA's word for a family code ("generic", "avx2", ...). */
 const char *pa_isa_name(int isa);

@@ -15,7 +15,7 @@
 #include <math.h>
 #include <time.h>
 
-#include "dispatch.h"
+#include "cpu.h"
 #include "kernels/kernels.h"
 
 #ifdef PA_HAVE_X86_KERNELS

@@ -8,7 +8,9 @@ runs it on every build. Sources:
   length per implementation, and decode GB/s per cache dtype;
 - ``pyattn.BlockMask``: the tile map of a block mask, computed when the plot is drawn;
 - ``pyattn.attention_with_kvcache`` with a block table: which pool rows two sequences'
-  keys were written to, read back from the pool after the calls.
+  keys were written to, read back from the pool after the calls;
+- ``benchmarks/results_generate.json`` (``benchmarks/bench_generate.py``): tokens per
+  second of a small decoder's generation loop per attention implementation and context.
 """
 import json
 import re
@@ -146,6 +148,26 @@ def block_table_map(out):
     plt.close(fig)
 
 
+def generate_tokens(out):
+    data = json.loads((ROOT / "benchmarks" / "results_generate.json").read_text())
+    h = data["head"]
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    impls = list(dict.fromkeys(r["impl"] for r in data["rows"]))
+    for impl in impls:
+        pts = sorted((r["context"], r["tokens_per_s"]) for r in data["rows"] if r["impl"] == impl)
+        ax.plot(*zip(*pts), marker="o", label=impl)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("tokens already in the cache")
+    ax.set_ylabel("tokens / s (best of runs)")
+    ax.set_title(f"generation loop: {h['model']}, {h['threads']} thread", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.suptitle(f"{h['machine']}; {h['date']}; load before the run {h['load_before']}", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "generate_tokens.png", dpi=90)
+    plt.close(fig)
+
+
 def main(out=None):
     out = Path(out) if out else Path(__file__).resolve().parent / "_generated"
     out.mkdir(parents=True, exist_ok=True)
@@ -154,6 +176,7 @@ def main(out=None):
     decode_gbs(out, rows, head)
     block_mask_map(out)
     block_table_map(out)
+    generate_tokens(out)
 
 
 if __name__ == "__main__":
