@@ -184,6 +184,17 @@ static void attn_run(attn_ctx *c, size_t ntasks, int nt)
     }
 }
 
+/* The backward's router: packed sequences to attn_varlen.c (which runs each
+ * head's key-split through attn_backward.c's pa_bwd_head_chunked), the rest
+ * to the dense backward -- so both drivers sit below this file, and neither
+ * calls the other's router. */
+int pa_attention_backward(const pa_family *fam, const pa_attn_call *call, const pa_attn_grads *g,
+                          int nthreads)
+{
+    if (call->cu_seqlens_q) return pa_attention_varlen_backward(fam, call, g, nthreads);
+    return pa_attention_backward_dense(fam, call, g, nthreads);
+}
+
 int pa_attention(const pa_family *fam, const pa_attn_call *call, int nthreads)
 {
     if (call->cu_seqlens_q && call->block_table) return pa_attention_paged_packed(fam, call, nthreads);

@@ -313,6 +313,10 @@ void pa_bwd_keys(const pa_family *f, int dtype, const pa_attn_args *a, const pa_
  * (attn_backward.c) */
 void pa_bwd_head_chunked(const pa_family *fam, const pa_attn_call *call, pa_ssize nouter, const pa_attn_args *a,
                          const pa_bwd_io *io, void *ws);
+/* the dense backward (attn_backward.c); pa_attention_backward (attention.c)
+ * routes every call without cu_seqlens_q to it */
+int pa_attention_backward_dense(const pa_family *fam, const pa_attn_call *call, const pa_attn_grads *g,
+                                int nthreads);
 
 /* precision "bf16": keys [j0, j0 + nj) of K and V packed for the family's
  * gemm_bf16 (attn_flash.c); pa_bf16_kv_tile: the elements of one tile. */

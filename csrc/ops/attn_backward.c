@@ -1,6 +1,9 @@
 /*
- * attn_backward.c -- the attention backward over a batch of heads (API.md
- * "Gradients"; the per-head tiles: attn_backward.inc).
+ * attn_backward.c -- the dense attention backward over a batch of heads (API.md
+ * "Gradients"; the per-head tiles: attn_backward.inc), and one head's key-split
+ * run alone (pa_bwd_head_chunked) for the packed-sequence backward. Below
+ * attn_varlen.c, which calls that; the routing (packed or dense) is
+ * attention.c's pa_attention_backward.
  *
  * Shapes per flat batch index b: q (L, E), k (S, E), v (S, Ev), o and go
  * (L, Ev), lse (L,); gradients dq (L, E), dk (S, E), dv (S, Ev).
@@ -373,10 +376,11 @@ void pa_bwd_head_chunked(const pa_family *fam, const pa_attn_call *call, pa_ssiz
     }
 }
 
-int pa_attention_backward(const pa_family *fam, const pa_attn_call *call, const pa_attn_grads *g,
-                          int nthreads)
+/* The dense backward (attention.c's pa_attention_backward routes packed
+ * sequences to attn_varlen.c, everything else here). */
+int pa_attention_backward_dense(const pa_family *fam, const pa_attn_call *call, const pa_attn_grads *g,
+                                int nthreads)
 {
-    if (call->cu_seqlens_q) return pa_attention_varlen_backward(fam, call, g, nthreads);
     const pa_batch *bt = &call->bt;
     if (g->dsinks)
         for (pa_ssize b = 0; b < bt->count; b++) g->dsinks[b] = 0;
