@@ -6,7 +6,7 @@ peers doing the attention, everything else (the projections, in NumPy) the same.
                                         [--contexts 512 2048 8192] [--tokens 32]
 
 Model: 4 layers, d_model 1024, 16 query heads over 4 KV heads (GQA 4), head dim 64,
-batch 1, float32, 1 thread. For each context length a prompt of that many cached rows
+batch 1, float32, 1 thread (pyattn, PyTorch and NumPy's BLAS: threadpoolctl). For each context length a prompt of that many cached rows
 (random keys/values written into the caches), then ``--tokens`` decode steps, each
 step: per layer, x -> q, k, v (NumPy matmul), attention over the cache with the new
 row appended, the output projection. Implementations, interleaved, best of 3:
@@ -147,6 +147,11 @@ def main(argv=None):
         impls["PyTorch SDPA"] = run_torch
     except ImportError:
         pass
+    try:                                                # NumPy's BLAS on one thread too
+        from threadpoolctl import threadpool_limits
+        limits = threadpool_limits(1)
+    except ImportError:
+        limits = None
     load = os.getloadavg()[0]
     W = Weights(np.random.default_rng(0))
     rows = []
@@ -158,6 +163,8 @@ def main(argv=None):
         for name, sec in best.items():
             rows.append(dict(impl=name, context=ctx, tokens=a.tokens, seconds=sec, tokens_per_s=a.tokens / sec))
             print(f"context {ctx:6d}  {name:20s} {a.tokens / sec:8.1f} tokens/s")
+    if limits is not None:
+        limits.restore_original_limits()
     head = dict(machine=_cpu(), date=datetime.date.today().isoformat(), threads=1, load_before=round(load, 2),
                 model=f"{L_LAYERS} layers, d_model {D}, {HQ}/{HKV} heads, E {E}, batch 1, float32",
                 numpy=np.__version__, pyattn=pyattn.__version__)
