@@ -141,6 +141,21 @@ def fail_allocations_in_turn(call, on_failure=lambda: None, limit=20):
     pytest.fail("every allocation failed")
 
 
+# ---- under the sanitizers: no PyTorch ----------------------------------------------------
+# .ci/run's sanitizer steps set PYATTN_SANITIZED=1: PyTorch's own code aborts under the
+# preloaded ASan runtime, so `import torch` fails there (its comparisons skip through
+# importorskip, and pyattn's optional torch paths see no torch); they run in every other step.
+if __import__("os").environ.get("PYATTN_SANITIZED") == "1":
+    class _NoTorchUnderSanitizers:
+        def find_spec(self, name, path=None, target=None):
+            if name == "torch" or name.startswith("torch."):
+                raise ModuleNotFoundError("torch is not imported under the sanitizers (PYATTN_SANITIZED=1)",
+                                          name=name)
+            return None
+
+    __import__("sys").meta_path.insert(0, _NoTorchUnderSanitizers())
+
+
 # ---- test selection for CI (.ci/run): markers and a generated subset -------------------
 # Markers, set by a file's `pytestmark` (a new file carries none, and so runs
 # everywhere by default):
