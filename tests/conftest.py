@@ -113,9 +113,10 @@ def unchanged(before, after):
 
 def pytest_configure(config):
     # CI sets PYATTN_REQUIRE_TORCH=1 so the PyTorch comparisons cannot be
-    # skipped silently there; elsewhere they skip when torch is absent.
+    # skipped silently there; elsewhere they skip when torch is absent, and under
+    # the sanitizers (PYATTN_SANITIZED=1, below) torch is kept out on purpose.
     import os
-    if os.environ.get("PYATTN_REQUIRE_TORCH") == "1":
+    if os.environ.get("PYATTN_REQUIRE_TORCH") == "1" and os.environ.get("PYATTN_SANITIZED") != "1":
         try:
             import torch  # noqa: F401
         except ImportError as exc:
