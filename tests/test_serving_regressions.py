@@ -156,3 +156,45 @@ def test_empty_batch_packed(cdt):
                                       cache_seqlens=np.zeros(0, np.int32), block_table=np.zeros((0, 2), np.int32),
                                       cu_seqlens_q=np.zeros(1, np.int32), k_scale=ks, v_scale=vs)
     assert o.shape == (0, H, E)
+
+
+# ---- found by the serving grid under ASan: the split decode's exact NaN rows on a quantized cache --
+
+@pytest.mark.parametrize("qdt", ["int8", "int4"])
+@pytest.mark.parametrize("paged", [False, True])
+def test_split_decode_nan_rows_read_the_quantized_cache_as_numbers(qdt, paged):
+    """A NaN query row in a split decode (S >= 4096) is recomputed by the exact path, which
+    read an int8 / int4 cache as 16-bit floats, past its end (ASan: heap-use-after-free);
+    it reads dequantize()'s values now. The NaN row stays NaN, the others equal the
+    float32 call over the dequantized cache."""
+    rng = _rng(30)
+    B, Hkv, S, E = 1, 1, 4200, 8
+    kf = rng.standard_normal((B, Hkv, S, E)).astype(np.float32)
+    vf = rng.standard_normal((B, Hkv, S, E)).astype(np.float32)
+    kq, ks = pyattn.quantize(kf, qdt, group_size=4)
+    vq, vs = pyattn.quantize(vf, qdt, group_size=4)
+    q = rng.standard_normal((B, 4, 1, E)).astype(np.float32)
+    q[0, 1, 0, 3] = np.nan
+    kw = dict(cache_seqlens=[S], return_lse=True)
+    if paged:
+        bs = 64
+        perm = rng.permutation(S // bs + 3)[:-(3 - (S % bs > 0))]
+        table = perm[None].astype(np.int32)
+        pools = []
+        for a in (kq, vq, ks, vs):
+            pool = np.zeros((S // bs + 3, Hkv, bs, a.shape[-1]), a.dtype)
+            for j, blk in enumerate(table[0]):
+                rows = a[0, :, j * bs:(j + 1) * bs]
+                pool[blk, :, :rows.shape[1]] = rows
+            pools.append(pool)
+        o, lse = pyattn.attention_with_kvcache(q, pools[0], pools[1], k_scale=pools[2], v_scale=pools[3],
+                                               block_table=table, **kw)
+    else:
+        o, lse = pyattn.attention_with_kvcache(q, kq, vq, k_scale=ks, v_scale=vs, **kw)
+    kd = pyattn.dequantize(kq, ks, group_size=4)
+    vd = pyattn.dequantize(vq, vs, group_size=4)
+    want, wl = pyattn.attention_with_kvcache(q, kd, vd, **kw)
+    assert np.isnan(o[0, 1]).all() and np.isnan(lse[0, 1]).all()
+    ok = [0, 2, 3]
+    np.testing.assert_allclose(o[0, ok], want[0, ok], rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(lse[0, ok], wl[0, ok], rtol=2e-6, atol=2e-5)

@@ -2,7 +2,9 @@
  * (attention_ref.inc, once per dtype). */
 #include <math.h>
 #include "attention.h"
+#include "quant.h"
 #include "threads.h"
+#include "kernels/ref/quant_ref.h"
 
 /* s[BQ*BK] + acc[BQ*Ev] + m[BQ] + l[BQ] elements; 0 on overflow */
 size_t pa_attn_ref_ws(int dtype, pa_ssize E, pa_ssize Ev)
@@ -13,6 +15,22 @@ size_t pa_attn_ref_ws(int dtype, pa_ssize E, pa_ssize Ev)
     if (!pa_mul_ok(PA_REF_BQ, (size_t)Ev, &a) || a > SIZE_MAX - n) return 0;
     if (!pa_mul_ok(a + n, pa_elsize(dtype), &b)) return 0;
     return b;
+}
+
+/* Element e of key row j / element d of value row j as the exact path reads
+ * it, for an int8 / int4 K or V (a->ks / a->vs): dequantize()'s value, the
+ * stored integer times its group's float32 scale, exact in float32 -- the
+ * contract's "attention over dequantize(cache)". Other operands are read
+ * with pa_ld_* (attention_ref.inc). Quantized caches compute in float32. */
+static inline float ref_qk(const pa_attn_args *a, pa_ssize j, pa_ssize e)
+{
+    return (float)pa_qval((const char *)a->k + pa_attn_krow(a, j), e, pa_qbits(a->k_dt)) *
+           a->ks[pa_attn_ksrow(a, j) + e / a->kG];
+}
+static inline float ref_qv(const pa_attn_args *a, pa_ssize j, pa_ssize d)
+{
+    return (float)pa_qval((const char *)a->v + pa_attn_vrow(a, j), d, pa_qbits(a->v_dt)) *
+           a->vs[pa_attn_vsrow(a, j) + d / a->vG];
 }
 
 #define PA_TEMPLATE "ops/attention_ref.inc"
