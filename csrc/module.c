@@ -774,14 +774,16 @@ static void call_args_init(call_args *a, int allow)
     a->cuq = a->cuk = Py_None;
 }
 
-/* One of a varlen call's offsets: a 1-D contiguous int64 array of nseq + 1
- * entries, 0 first, non-decreasing, total last. */
+/* One of a varlen call's offsets: a 1-D contiguous, aligned int64 array of
+ * nseq + 1 entries, 0 first, non-decreasing, total last. */
 static int get_cu1(PyObject *o, const char *name, pa_ssize total, const int64_t **cu, pa_ssize *n)
 {
     PyArrayObject *a = (PyArrayObject *)o;
     if (!PyArray_Check(o) || PyArray_TYPE(a) != NPY_INT64 || PyArray_NDIM(a) != 1 ||
-        !PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISNOTSWAPPED(a) || PyArray_DIMS(a)[0] < 1) {
-        PyErr_Format(PyExc_TypeError, "%s must be a 1-D contiguous int64 array of at least 1 entry", name);
+        !PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISNOTSWAPPED(a) || !PyArray_ISALIGNED(a) ||
+        PyArray_DIMS(a)[0] < 1) {
+        PyErr_Format(PyExc_TypeError, "%s must be a 1-D contiguous, aligned int64 array of at least 1 entry",
+                     name);
         return -1;
     }
     const int64_t *c = (const int64_t *)PyArray_DATA(a);

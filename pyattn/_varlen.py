@@ -29,7 +29,7 @@ def _cu(x, name, total, of):
     if a.dtype.kind == "u" and a.max() > np.iinfo(np.int64).max:
         bad = int(np.argmax(a > np.iinfo(np.int64).max))
         raise ValueError(f"{name}[{bad}] = {a[bad]} is past the {total} rows of {of}")
-    c = np.ascontiguousarray(a, dtype=np.int64)
+    c = np.require(a, np.int64, ["C_CONTIGUOUS", "ALIGNED"])     # an unaligned or swapped array: one copy
     badm = np.zeros(c.shape, bool)
     badm[0] = c[0] != 0
     badm[1:] = c[1:] < c[:-1]
