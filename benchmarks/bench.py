@@ -23,6 +23,17 @@ measured by a float32 FMA probe at the start (per core, times threads), at
 the vector width of pyattn's kernels in use (16 lanes on AVX-512, else 8);
 the 1-thread worker also times the GEMM micro-kernel alone on L1-resident
 panels (_C.gemm_probe), the ceiling for everything built on it.
+
+Decode rows (sections decode, generation / kvdecode, quant, paged, flash) also
+get their roofline (issue 37): bound = max(bytes / read bandwidth,
+multiply-adds / peak of the instruction used), from the probes of the same
+worker, and the time as % of it (a column, the "Decode roofline" table with
+each cache dtype's speed against the float32 cache, and roof_* fields in the
+JSON rows): see _roof and _roofline. `--only percall` times the fixed cost of
+a tiny decode call per entry point against PyTorch's SDPA, with a breakdown
+of attention_with_kvcache (issue 38). The worker imports pyattn from outside
+the source tree: to time a build in place, put its folder on PYTHONPATH
+(`PYTHONPATH=$PWD python benchmarks/bench.py ...`).
 """
 from __future__ import annotations
 
@@ -1117,7 +1128,7 @@ def roofline_table(rows):
     if not rr:
         return ""
     out = ["| op | shape | thr | impl | cache | precision | MB read | M mult-adds | bound ms (limit; GB/s; peak) "
-           "| min ms | % of roofline | float32 time / this time |", "|" + "---|" * 12]
+           "| min ms | % of roofline | pyattn float32-cache time / this time |", "|" + "---|" * 12]
     for r in rr:
         rf = r["roof"]
         b = _roof_base(rows, r)
