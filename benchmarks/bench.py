@@ -23,6 +23,17 @@ measured by a float32 FMA probe at the start (per core, times threads), at
 the vector width of pyattn's kernels in use (16 lanes on AVX-512, else 8);
 the 1-thread worker also times the GEMM micro-kernel alone on L1-resident
 panels (_C.gemm_probe), the ceiling for everything built on it.
+
+Decode rows (sections decode, generation / kvdecode, quant, paged, flash) also
+get their roofline (issue 37): bound = max(bytes / read bandwidth,
+multiply-adds / peak of the instruction used), from the probes of the same
+worker, and the time as % of it (a column, the "Decode roofline" table with
+each cache dtype's speed against the float32 cache, and roof_* fields in the
+JSON rows): see _roof and _roofline. `--only percall` times the fixed cost of
+a tiny decode call per entry point against PyTorch's SDPA, with a breakdown
+of attention_with_kvcache (issue 38). The worker imports pyattn from outside
+the source tree: to time a build in place, put its folder on PYTHONPATH
+(`PYTHONPATH=$PWD python benchmarks/bench.py ...`).
 """
 from __future__ import annotations
 
@@ -103,6 +114,7 @@ def _blas_kernel():
     return ", ".join(f"{i.get('internal_api')} {i.get('architecture', '?')}" for i in info) or "none found"
 
 
+ROOF_SECTIONS = ("decode", "generation", "kvdecode", "quant", "paged", "flash")   # rows with a roofline
 KERNEL_CASES = (("float32", 256), ("float32", 64), ("float64", 256))
 
 
@@ -132,6 +144,26 @@ def _kernel_pct(best):
     pk = best["peak"]
     return {f"{dt} KC={kc}": 100 * best[dt, kc] / (pk if dt == "float32" else pk / 2)
             for dt, kc in KERNEL_CASES}
+
+
+# ---- the decode roofline (issue 37): what a decode row must read and multiply
+ROOF_ELEM = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "int8": 1.0, "int4": 0.5}
+
+
+def _roof(B, Hkv, rows, G, E, Ev, cache="float32", precision=None, group=32):
+    """What the roofline of one decode call counts (the driver's _roofline
+    turns it into a bound from the probed peak and bandwidth): bytes = the
+    K and V rows read, (E + Ev) x element size (+ int8 / int4: the float32
+    scales, (E + Ev) / group x 4) x rows x KV heads x batch; multiply-adds =
+    G x (E + Ev) x rows x KV heads x batch (G: query heads per KV head; the
+    query's own bytes and the output are left out: a few KiB). `peak` names
+    the instruction the products run on: "fma" (float32 FMAs: every cache
+    dtype is widened to float32 today) or "bf16" (precision="bf16": bfloat16
+    dot products)."""
+    per_row = (E + Ev) * ROOF_ELEM[cache] + ((E + Ev) / group * 4.0 if cache in ("int8", "int4") else 0.0)
+    n = float(rows) * Hkv * B
+    return {"bytes": per_row * n, "madds": float(G) * (E + Ev) * n, "cache": cache,
+            "precision": precision or "default", "peak": "bf16" if precision == "bf16" else "fma"}
 
 
 # the products of a transformer layer: (B*T, D) @ (D, 3D) and (B*T, D) @ (D, D)
@@ -200,6 +232,16 @@ def worker(args):
     kbest = {}
     mm, attn = _cases(args.quick, args.target_shapes)
     want = lambda section: args.only is None or section in args.only.split(",")  # noqa: E731
+    if any(want(x) for x in ROOF_SECTIONS):   # the bfloat16 dot-product peak, for the decode roofline
+        from pyattn import _C
+        best = None
+        for _ in range(3):
+            t = time.perf_counter()
+            fl = _C.bf16_probe(3_000_000)
+            if fl is not None:
+                best = max(best or 0.0, fl / (time.perf_counter() - t) / 1e9)
+        emit({"kind": "bf16peak", "threads": args.threads, "gflops_core": best,
+              "kernel": _C.config()["gemm_bf16"], "isa": _C.config()["isa"]})
     rep = args.repeat
 
     probe_buf = []                        # the read probe's buffer, made once
@@ -215,7 +257,7 @@ def worker(args):
         buf = probe_buf[0]
         return buf.nbytes, lambda: _C.read_probe(buf)
 
-    def run(case, flops, impls, bytes_of=None, rounds=None, side=None):
+    def run(case, flops, impls, bytes_of=None, rounds=None, side=None, roof=None):
         if args.avx2_peers:               # the peers pinned to AVX2 (AVX2_PINS), labelled so
             impls = {(k if k == "pyattn" else AVX2_LABELS.get(k, k)): f for k, f in impls.items()}
             case = dict(case, run="avx2")
@@ -240,6 +282,8 @@ def worker(args):
                      median_ms=1e3 * statistics.median(ts), min_ms=1e3 * min(ts))
             if bytes_of and bytes_of.get(k):
                 r["bytes"] = bytes_of[k]
+            if roof and roof.get(k):      # a decode row: what its roofline counts (driver: _roofline)
+                r["roof"] = roof[k]
             rows.append(r)
             emit(r)
 
@@ -293,7 +337,9 @@ def worker(args):
         if torch is not None:
             tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
             impls["torch"] = lambda: torch.nn.functional.scaled_dot_product_attention(tq, tk, tv)
-        run({"op": "sdpa", "shape": f"decode B=1 H=8 L=1 S={S} E=64"}, 4.0 * 8 * S * 64, impls)
+        rf = _roof(1, 8, S, 1, 64, 64)
+        run({"op": "sdpa", "shape": f"decode B=1 H=8 L=1 S={S} E=64"}, 4.0 * 8 * S * 64, impls,
+            roof={n: rf for n in impls})
         del q, k, v, impls
         if not args.quick:                # the decode step of the issues: 32 heads, E=128, 8192 keys
             H, S, E = 32, 8192, 128
@@ -303,12 +349,15 @@ def worker(args):
             if torch is not None:
                 tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
                 impls["torch"] = lambda: torch.nn.functional.scaled_dot_product_attention(tq, tk, tv)
+            rf = _roof(1, H, S, 1, E, E)
             run({"op": "sdpa", "shape": f"decode B=1 H={H} L=1 S={S} E={E}", "bytes": k.nbytes + v.nbytes},
-                4.0 * H * S * E, impls, side=read_side())
+                4.0 * H * S * E, impls, side=read_side(), roof={n: rf for n in impls})
             del q, k, v, impls
 
     if want("generation"):
         generation(args, rng, run, torch, read_side)
+    elif want("kvdecode"):                # the generation section's decode rows alone
+        kv_decode(args, rng, run, torch, read_side)
     if want("flash"):
         flash(args, rng, run, torch)
     if want("quant"):
@@ -319,6 +368,8 @@ def worker(args):
         varlen(args, rng, run, torch)
     if want("paged"):
         paged(args, rng, run)
+    if want("percall"):                   # issue 38: the fixed cost of a tiny decode call
+        percall(args, rng, torch, emit)
     if want("hf"):                        # pyattn in PyTorch and transformers: benchmarks/_bench_hf.py
         sys.path.insert(0, HERE)
         from _bench_hf import hf
@@ -412,32 +463,12 @@ def blockmask(args, rng, run, emit):
 
 
 def generation(args, rng, run, torch, read_side):
-    """The rows of the issue "Generate": decode over KV caches of three dtypes,
-    a sliding window, and prefill with ALiBi / softcap / sinks."""
+    """The rows of the issue "Generate": decode over KV caches of three dtypes
+    (kv_decode: `--only kvdecode` runs them alone), a sliding window, and
+    prefill with ALiBi / softcap / sinks."""
     import numpy as np
     import pyattn
-    try:
-        import ml_dtypes
-        bf16 = ml_dtypes.bfloat16
-    except ImportError:
-        bf16 = None
-    # decode: B=1, 32 query heads over 8 cache heads (GQA), E=128, one new query
-    Hq, Hkv, E = 32, 8, 128
-    for S in ([4096, 16384] if args.quick else [4096, 16384, 65536]):
-        q = rng.standard_normal((1, Hq, 1, E), dtype=np.float32)
-        k32 = rng.standard_normal((1, Hkv, S, E), dtype=np.float32)
-        v32 = rng.standard_normal((1, Hkv, S, E), dtype=np.float32)
-        caches = {"pyattn": (k32, v32), "pyattn float16 cache": (k32.astype(np.float16), v32.astype(np.float16))}
-        if bf16 is not None:
-            caches["pyattn bfloat16 cache"] = (k32.astype(bf16), v32.astype(bf16))
-        impls = {name: (lambda kc=kc, vc=vc: pyattn.attention_with_kvcache(q, kc, vc, cache_seqlens=S))
-                 for name, (kc, vc) in caches.items()}
-        if torch is not None:
-            tq, tk, tv = (torch.from_numpy(x) for x in (q, k32, v32))
-            impls["torch"] = lambda: torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True)
-        run({"op": "decode", "shape": f"B=1 Hq={Hq} Hkv={Hkv} L=1 S={S} E={E}"}, 4.0 * Hq * S * E, impls,
-            {n: kc.nbytes + vc.nbytes for n, (kc, vc) in caches.items()}, side=read_side())
-        del caches, impls, k32, v32
+    kv_decode(args, rng, run, torch, read_side)
     # a sliding window over a long causal sequence, against full causal attention
     # and against plain attention with as many keys per row as the window holds
     H, E = 8, 64
@@ -460,6 +491,45 @@ def generation(args, rng, run, torch, read_side):
              "pyattn softcap": lambda: pyattn.scaled_dot_product_attention(q, k, v, is_causal=True, softcap=30.0),
              "pyattn sinks": lambda: pyattn.scaled_dot_product_attention(q, k, v, is_causal=True, sinks=np.zeros(H))}
     run({"op": "prefill", "shape": f"B=1 H={H} L=S={L} E={E} causal"}, 2.0 * H * L * L * E, impls)
+
+
+def kv_decode(args, rng, run, torch, read_side):
+    """Decode (GQA 32/8, E=128, one new query) over float32, float16 and
+    bfloat16 caches (and the bfloat16 cache with precision="bf16"), PyTorch's
+    SDPA on the float32 cache beside them."""
+    import numpy as np
+    import pyattn
+    try:
+        import ml_dtypes
+        bf16 = ml_dtypes.bfloat16
+    except ImportError:
+        bf16 = None
+    # decode: B=1, 32 query heads over 8 cache heads (GQA), E=128, one new query
+    Hq, Hkv, E = 32, 8, 128
+    for S in ([4096, 16384] if args.quick else [4096, 16384, 65536]):
+        q = rng.standard_normal((1, Hq, 1, E), dtype=np.float32)
+        k32 = rng.standard_normal((1, Hkv, S, E), dtype=np.float32)
+        v32 = rng.standard_normal((1, Hkv, S, E), dtype=np.float32)
+        caches = {"pyattn": (k32, v32), "pyattn float16 cache": (k32.astype(np.float16), v32.astype(np.float16))}
+        if bf16 is not None:
+            caches["pyattn bfloat16 cache"] = (k32.astype(bf16), v32.astype(bf16))
+        impls = {name: (lambda kc=kc, vc=vc: pyattn.attention_with_kvcache(q, kc, vc, cache_seqlens=S))
+                 for name, (kc, vc) in caches.items()}
+        if torch is not None:
+            tq, tk, tv = (torch.from_numpy(x) for x in (q, k32, v32))
+            impls["torch"] = lambda: torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True)
+        roof = {"pyattn": _roof(1, Hkv, S, Hq // Hkv, E, E), "torch": _roof(1, Hkv, S, Hq // Hkv, E, E)}
+        for dt in ("float16", "bfloat16"):
+            roof[f"pyattn {dt} cache"] = _roof(1, Hkv, S, Hq // Hkv, E, E, dt)
+        if bf16 is not None:                  # precision="bf16" on the bfloat16 cache: bfloat16 dot products
+            kc, vc = caches["pyattn bfloat16 cache"]
+            name = "pyattn bfloat16 cache, precision=bf16"
+            impls[name] = lambda kc=kc, vc=vc: pyattn.attention_with_kvcache(q, kc, vc, cache_seqlens=S,
+                                                                             precision="bf16")
+            roof[name] = _roof(1, Hkv, S, Hq // Hkv, E, E, "bfloat16", "bf16")
+        run({"op": "decode", "shape": f"B=1 Hq={Hq} Hkv={Hkv} L=1 S={S} E={E}"}, 4.0 * Hq * S * E, impls,
+            {n: kc.nbytes + vc.nbytes for n, (kc, vc) in caches.items()}, side=read_side(), roof=roof)
+        del caches, impls, k32, v32
 
 
 def flash(args, rng, run, torch):
@@ -495,8 +565,9 @@ def flash(args, rng, run, torch):
              "pyattn.flash": lambda: fl.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=n, causal=True),
              "pyattn, rotary": lambda: pyattn.attention_with_kvcache(
                  t(q), t(kc), t(vc), t(kn), t(vn), rotary_cos=cos, rotary_sin=sin, **kw)}
+    rf = _roof(1, Hkv, S, Hq // Hkv, E, E)               # n = S - 1 cached rows + the one appended
     run({"op": "flash kvcache", "shape": f"B=1 Hq={Hq} Hkv={Hkv} T=1 S={S} E={E} token-major"},
-        4.0 * Hq * S * E, impls)
+        4.0 * Hq * S * E, impls, roof={n: rf for n in impls})
 
 
 def paged(args, rng, run):
@@ -525,7 +596,9 @@ def paged(args, rng, run):
         kp, vp = pool(kc, bs, tab), pool(vc, bs, tab)
         impls[f"pyattn paged bs={bs}"] = (lambda kp=kp, vp=vp, tab=tab: pyattn.attention_with_kvcache(
             q, kp, vp, cache_seqlens=S, block_table=tab))
-    run({"op": "paged decode", "shape": f"B={B} Hq={Hq} Hkv={Hkv} L=1 S={S} E={E}"}, 4.0 * B * Hq * S * E, impls)
+    rf = _roof(B, Hkv, S, Hq // Hkv, E, E)
+    run({"op": "paged decode", "shape": f"B={B} Hq={Hq} Hkv={Hkv} L=1 S={S} E={E}"}, 4.0 * B * Hq * S * E, impls,
+        roof={n: rf for n in impls})
     del impls, kc, vc
     # mixed: 2 sequences bring a prefill chunk of 512 after 3584 cached rows, 30 decode one token after 4095
     Hq, Hkv, E, bs, P, D = 8, 2, 64, 16, 2, 30
@@ -580,8 +653,12 @@ def quant_caches(args, rng, run, read_side):
         impls["pyattn int8 cache, appending a token"] = lambda: pyattn.attention_with_kvcache(
             q, kq, vq, k1, v1, cache_seqlens=S - 1, k_scale=ks, v_scale=vs)
         nbytes = {n: sum(a.nbytes for a in c if a is not None) for n, c in caches.items()}
+        roof = {"pyattn": _roof(1, Hkv, S, Hq // Hkv, E, E),
+                "pyattn int8 cache": _roof(1, Hkv, S, Hq // Hkv, E, E, "int8", group=G),
+                "pyattn int4 cache": _roof(1, Hkv, S, Hq // Hkv, E, E, "int4", group=G),
+                "pyattn int8 cache, appending a token": _roof(1, Hkv, S, Hq // Hkv, E, E, "int8", group=G)}
         run({"op": "qdecode", "shape": f"B=1 Hq={Hq} Hkv={Hkv} L=1 S={S} E={E} G={G}"}, 4.0 * Hq * S * E,
-            impls, nbytes, side=read_side())
+            impls, nbytes, side=read_side(), roof=roof)
         del caches, impls, k32, v32, kq, vq, ks, vs
 
 
@@ -733,6 +810,147 @@ def bf16(args, rng, run, torch):
         {"pyattn": lambda: pyattn.matmul(a, b, precision="bf16"), "pyattn float32": lambda: pyattn.matmul(a, b)})
 
 
+PERCALL_REF = "torch SDPA (reference)"
+PERCALL_KV = "pyattn.attention_with_kvcache, read only"
+
+
+def percall(args, rng, torch, emit):
+    """Issue 38, item 1 (measurement): the fixed cost of a tiny decode call,
+    B = 1, Hq = 8, Hkv = 2, E = 64, 64 cached rows, one new token (about
+    1 us of arithmetic), per entry point: the median over thousands of calls,
+    each timed alone (perf_counter_ns), the entries interleaved in blocks of
+    calls. Rows appending a token start every call from 64 rows (KVCache:
+    its lengths set back; PagedKVCache: a fresh fork of a 64-row sequence,
+    freed after the call; both outside the timed span). Then a breakdown of
+    attention_with_kvcache (read only): the time spent in attn_spec, in
+    _sdpa around the binding, in the _C.sdpa call, and the rest (checks
+    before the spec), from timers wrapped around those functions; and the
+    _C.sdpa call alone on the arguments captured from such a call."""
+    import gc
+    import numpy as np
+    import pyattn
+    import pyattn._api as api
+    from pyattn import flash as fl
+    B, Hq, Hkv, E, S, Smax = 1, 8, 2, 64, 64, 128
+    f32 = np.float32
+    q = rng.standard_normal((B, Hq, 1, E), dtype=f32)
+    k, v = (rng.standard_normal((B, Hkv, S, E), dtype=f32) for _ in range(2))
+    kc, vc = (np.zeros((B, Hkv, Smax, E), f32) for _ in range(2))
+    kc[:, :, :S], vc[:, :, :S] = k, v
+    k1, v1 = (rng.standard_normal((B, Hkv, 1, E), dtype=f32) for _ in range(2))
+    qt = np.ascontiguousarray(q.transpose(0, 2, 1, 3))               # token-major, for pyattn.flash
+    kct, vct = (np.ascontiguousarray(c.transpose(0, 2, 1, 3)) for c in (kc, vc))
+    cache = pyattn.KVCache(B, Hkv, Smax, E)
+    cache.attend(np.repeat(k, Hq // Hkv, axis=1), k, v)               # 64 rows
+    pc = pyattn.PagedKVCache(num_blocks=16, block_size=16, num_kv_heads=Hkv, head_dim=E)
+    base = pc.add_sequence()
+    pc.attend([base], np.repeat(k, Hq // Hkv, axis=1), k, v)
+    fork = []
+    qv = q[:, :, 0].reshape(B * 1, Hq, E)                             # varlen: packed (total, H, E)
+    kv_, vv_ = (x[0].transpose(1, 0, 2).copy() for x in (k, v))       # (64, Hkv, E)
+    cuq, cuk = np.array([0, 1], np.int64), np.array([0, S], np.int64)
+    calls = {}                                                        # name: (before, fn, after)
+    if torch is not None:
+        tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
+        F = torch.nn.functional
+        calls[PERCALL_REF] = (None, lambda: F.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True), None)
+    calls["pyattn.scaled_dot_product_attention (L=1, S=64)"] = (
+        None, lambda: pyattn.scaled_dot_product_attention(q, k, v, enable_gqa=True), None)
+    calls[PERCALL_KV] = (None, lambda: pyattn.attention_with_kvcache(q, kc, vc, cache_seqlens=S), None)
+    calls["pyattn.attention_with_kvcache, appending one row"] = (
+        None, lambda: pyattn.attention_with_kvcache(q, kc, vc, k1, v1, cache_seqlens=S), None)
+    if torch is not None:
+        import pyattn.torch as pt
+        calls["pyattn.torch.scaled_dot_product_attention"] = (
+            None, lambda: pt.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True), None)
+    calls["pyattn.flash.flash_attn_with_kvcache, read only"] = (
+        None, lambda: fl.flash_attn_with_kvcache(qt, kct, vct, cache_seqlens=S), None)
+    calls["KVCache.attend (appending one row)"] = (
+        lambda: cache.lengths.fill(S), lambda: cache.attend(q, k1, v1), None)
+    calls["PagedKVCache.attend (one sequence, appending one row)"] = (
+        lambda: fork.append(pc.fork(base)), lambda: pc.attend([fork[-1]], q, k1, v1), lambda: pc.free(fork.pop()))
+    calls["scaled_dot_product_attention_varlen (one sequence, L=1, S=64)"] = (
+        None, lambda: pyattn.scaled_dot_product_attention_varlen(qv, kv_, vv_, cuq, cuk, enable_gqa=True), None)
+    rounds, block = (4, 100) if args.quick else (20, 250)
+
+    def timed(before, fn, after, n, into):
+        ns = time.perf_counter_ns
+        for _ in range(n):
+            if before:
+                before()
+            t = ns()
+            fn()
+            into.append(ns() - t)
+            if after:
+                after()
+
+    for before, fn, after in calls.values():                          # warm-up
+        timed(before, fn, after, 50, [])
+    ts = {name: [] for name in calls}
+    gc.collect()
+    for _ in range(rounds):
+        for name, c in calls.items():
+            timed(*c, block, ts[name])
+    for name, t in ts.items():
+        t = np.array(t) / 1e3
+        emit({"kind": "percall", "call": name, "threads": args.threads, "calls": len(t),
+              "median_us": float(np.median(t)), "p10_us": float(np.percentile(t, 10)),
+              "p90_us": float(np.percentile(t, 90))})
+    # the breakdown of attention_with_kvcache (read only): timers around its parts
+    real_spec, real_sdpa, real_C = api.attn_spec, api._sdpa, api._C
+    acc, captured = {}, []
+
+    def clocked(key, f):
+        def w(*a, **kw):
+            t = time.perf_counter_ns()
+            try:
+                return f(*a, **kw)
+            finally:
+                acc[key] = acc.get(key, 0) + time.perf_counter_ns() - t
+        return w
+
+    class CProxy:                         # api._C with its sdpa timed (and its arguments kept)
+        def __getattr__(self, name):
+            return getattr(real_C, name)
+
+        def sdpa(self, *a, **kw):
+            if not captured:
+                captured.append((a, kw))
+            return clocked("c", real_C.sdpa)(*a, **kw)
+
+    parts = {x: [] for x in ("total", "spec", "sdpa", "c")}
+    api.attn_spec, api._sdpa, api._C = clocked("spec", real_spec), clocked("sdpa", real_sdpa), CProxy()
+    try:
+        fn = calls[PERCALL_KV][1]
+        for i in range(rounds * block + 50):
+            acc.clear()
+            t = time.perf_counter_ns()
+            fn()
+            t = time.perf_counter_ns() - t
+            if i >= 50:
+                parts["total"].append(t)
+                for x in ("spec", "sdpa", "c"):
+                    parts[x].append(acc.get(x, 0))
+    finally:
+        api.attn_spec, api._sdpa, api._C = real_spec, real_sdpa, real_C
+    a, kw = captured[0]
+    alone = []
+    timed(None, lambda: real_C.sdpa(*a, **kw), None, 50, [])
+    timed(None, lambda: real_C.sdpa(*a, **kw), None, rounds * block, alone)
+    P = {x: np.array(t) / 1e3 for x, t in parts.items()}
+    phases = [("argument checks before the spec (cache layouts, dtypes, shapes, seqlens, scale)",
+               P["total"] - P["spec"] - P["sdpa"]),
+              ("attn_spec: the call's spec (shapes, GQA, causal, options)", P["spec"]),
+              ("_sdpa around the binding (views, GQA stacking, keyword dict)", P["sdpa"] - P["c"]),
+              ("_C.sdpa inside the call (binding parse + kernel + result)", P["c"]),
+              ("the whole call, with the timers around its parts", P["total"]),
+              ("_C.sdpa alone, on pre-built arguments (50 warm-up calls, then as many as above)",
+               np.array(alone) / 1e3)]
+    for name, t in phases:
+        emit({"kind": "percall_phase", "call": PERCALL_KV, "phase": name, "threads": args.threads,
+              "median_us": float(np.median(t)), "calls": len(t)})
+
+
 def memory_probe():
     """Peak RSS growth of causal attention, L=S=32768, E=64, one head: the
     peak resident memory during the call (Linux VmHWM, reset just before it
@@ -855,11 +1073,102 @@ def spawn(threads, args, first=True, numpy_only=False, avx2_peers=False):
     return rows
 
 
+def _roofline(rows):
+    """Issue 37's roofline, on every row that carries a "roof" (the decode
+    rows: _roof): bound = max(bytes / read bandwidth, multiply-adds / peak of
+    the instruction used), from the probes of the same worker: the read
+    bandwidth probed at its start or beside the case in the same rounds,
+    whichever is higher (the bound never flatters); the float32 FMA peak
+    (fma_probe, per core x threads; 2 flops per multiply-add) or, for
+    precision="bf16", the vdpbf16ps peak (bf16_probe) where the family has
+    it, else the FMA peak (the bfloat16 products then run as float32 FMAs).
+    Annotates the rows in place (roof_ms, roof_limit, roof_pct = bound /
+    min time, in %; roof_gbs, roof_peak) -- they go into the JSON."""
+    peak = {r["threads"]: r["gflops_core"] for r in rows if r.get("kind") == "peak"}
+    bpk = {r["threads"]: r["gflops_core"] for r in rows if r.get("kind") == "bf16peak"}
+    bw = {r["threads"]: r["gbs"] for r in rows if r.get("kind") == "bandwidth"}
+    side = {(r["op"], r["shape"], r["threads"]): r["gbs"] for r in rows if r.get("kind") == "side_bw"}
+    for r in rows:
+        rf = r.get("roof")
+        thr = r.get("threads")
+        if "kind" in r or not rf or not peak.get(thr) or not bw.get(thr):
+            continue
+        gbs = max(bw[thr], side.get((r["op"], r["shape"], thr), 0.0))
+        if rf["peak"] == "bf16" and bpk.get(thr):
+            pk, src = bpk[thr], "bf16 dot (vdpbf16ps)"
+        else:
+            pk, src = peak[thr], "float32 FMA"
+        t_mem = rf["bytes"] / (gbs * 1e9)
+        t_cmp = rf["madds"] / (pk * 1e9 / 2 * thr)
+        r["roof_ms"] = 1e3 * max(t_mem, t_cmp)
+        r["roof_limit"] = "memory" if t_mem >= t_cmp else "compute"
+        r["roof_pct"] = 100 * r["roof_ms"] / r["min_ms"]
+        r["roof_gbs"] = gbs
+        r["roof_peak"] = f"{src} {pk * thr:.0f} GFLOP/s"
+    return rows
+
+
+def _roof_base(rows, r):
+    """The float32-cache row of r's case (same op, shape, threads, run): the
+    contiguous cache for the paged rows"""
+    for name in ("pyattn", "pyattn contiguous"):
+        b = next((x for x in rows if "kind" not in x and x["op"] == r["op"] and x["shape"] == r["shape"]
+                  and x["threads"] == r["threads"] and x.get("run") == r.get("run") and x["impl"] == name), None)
+        if b:
+            return b
+    return None
+
+
+def roofline_table(rows):
+    """Every decode row with its roofline: what it reads and multiplies, the
+    bound and what sets it, the time as % of the bound, and its speed
+    against the float32 cache of the same shape (float32 time / its time;
+    paged rows: against the contiguous cache)."""
+    rr = [r for r in rows if "kind" not in r and r.get("roof_pct") is not None]
+    if not rr:
+        return ""
+    out = ["| op | shape | thr | impl | cache | precision | MB read | M mult-adds | bound ms (limit; GB/s; peak) "
+           "| min ms | % of roofline | pyattn float32-cache time / this time |", "|" + "---|" * 12]
+    for r in rr:
+        rf = r["roof"]
+        b = _roof_base(rows, r)
+        ratio = "" if b is None or b is r else f"{b['min_ms'] / r['min_ms']:.2f}x"
+        if b is not None and b is not r and b["impl"] == "pyattn contiguous":
+            ratio += " (vs contiguous)"
+        impl = r["impl"] + (" (AVX2-pinned peers' run)" if r.get("run") else "")
+        out.append(f"| {r['op']} | {r['shape']} | {r['threads']} | {impl} | {rf['cache']} | {rf['precision']} | "
+                   f"{rf['bytes'] / 1e6:.1f} | {rf['madds'] / 1e6:.1f} | {r['roof_ms']:.3f} ({r['roof_limit']}; "
+                   f"{r['roof_gbs']:.1f}; {r['roof_peak']}) | {r['min_ms']:.3f} | {r['roof_pct']:.0f} % | {ratio} |")
+    return "\n".join(out)
+
+
+def percall_tables(rows):
+    """Issue 38's per-call table (median us, x PyTorch's SDPA in the same
+    worker) and the breakdown of attention_with_kvcache, per thread count"""
+    pcs = [r for r in rows if r.get("kind") == "percall"]
+    if not pcs:
+        return ""
+    out = ["## Per-call cost (tiny decode: B=1 Hq=8 Hkv=2 E=64, 64 cached rows, one new token)", "",
+           "| call | threads | median us | p10 us | p90 us | calls | x PyTorch (median) |", "|" + "---|" * 7]
+    for r in pcs:
+        ref = next((x for x in pcs if x["call"] == PERCALL_REF and x["threads"] == r["threads"]), None)
+        x = f"{r['median_us'] / ref['median_us']:.2f}x" if ref else "n/a"
+        out.append(f"| {r['call']} | {r['threads']} | {r['median_us']:.1f} | {r['p10_us']:.1f} | "
+                   f"{r['p90_us']:.1f} | {r['calls']} | {x} |")
+    ph = [r for r in rows if r.get("kind") == "percall_phase"]
+    if ph:
+        out += ["", f"Breakdown of `{PERCALL_KV}` (medians of each part over the same calls; the parts' medians "
+                "need not add up to the whole's):", "", "| part | threads | median us |", "|---|---|---|"]
+        out += [f"| {r['phase']} | {r['threads']} | {r['median_us']:.1f} |" for r in ph]
+    return "\n".join(out)
+
+
 def table(rows):
     out = []
-    hdr = ("| op | shape | threads | impl | median ms | min ms | GFLOP/s | % of peak | pyattn speed-up |")
+    hdr = ("| op | shape | threads | impl | median ms | min ms | GFLOP/s | % of peak | pyattn speed-up "
+           "| % of roofline |")
     out.append(hdr)
-    out.append("|" + "---|" * 9)
+    out.append("|" + "---|" * 10)
     data = [r for r in rows if "kind" not in r]
     peak = {r["threads"]: r["gflops_core"] for r in rows if r.get("kind") == "peak"}
     bpeak = {r["threads"]: r["gflops_core"] for r in rows if r.get("kind") == "bf16peak"}
@@ -878,8 +1187,9 @@ def table(rows):
                 pct = f"{100 * gf / (bp * r['threads']):.0f} % (bf16 peak)" if bp else "n/a"
             sp = "" if (mine is None or r is mine) else f"{r['median_ms'] / mine['median_ms']:.2f}x"
             impl = r["impl"] + (" (beside the AVX2-pinned peers)" if r.get("run") and r is mine else "")
+            roof = "" if r.get("roof_pct") is None else f"{r['roof_pct']:.0f} % ({r['roof_limit']})"
             out.append(f"| {r['op']} | {r['shape']} | {r['threads']} | {impl} | {r['median_ms']:.2f} | "
-                       f"{r['min_ms']:.2f} | {gf:.1f} | {pct} | {sp} |")
+                       f"{r['min_ms']:.2f} | {gf:.1f} | {pct} | {sp} | {roof} |")
     return "\n".join(out)
 
 
@@ -1143,6 +1453,57 @@ def targets(rows, mem):
                 frac = 100 * b["build_ms"] / bm_["min_ms"]
                 line(f"BlockMask build, {b['mask']} (L=S={b['L']}): % of one forward",
                      f"{frac:.2f} % ({b['build_ms']:.1f} ms)", "<= 5 %", frac <= 5)
+    # issue 37 (decode at the speed of memory): every pyattn decode row >= 85 % of
+    # its roofline (_roofline); 16-bit caches >= 1.8x the float32 cache, int8
+    # (default precision) >= 2.2x, at S >= 16384 (the issue's shapes);
+    # precision="bf16" never slower than the default (>= 0.95x); paged 16-row
+    # blocks >= 0.95x the contiguous cache
+    for r in data:
+        if r.get("roof_pct") is None or not r["impl"].startswith("pyattn"):
+            continue
+        rf = r["roof"]
+        line(f"issue 37: {r['op']} {r['shape']} {r['impl']} ({rf['cache']} cache, precision {rf['precision']}), "
+             f"{r['threads']} thr, % of roofline", f"{r['roof_pct']:.0f} % ({r['roof_limit']}-bound: "
+             f"{r['roof_ms']:.3f} ms vs {r['min_ms']:.3f} ms)", ">= 85 %", r["roof_pct"] >= 85)
+    for r in data:
+        if r["op"] not in ("decode", "qdecode") or r["impl"] != "pyattn" or " S=" not in r["shape"]:
+            continue
+        if int(r["shape"].split(" S=")[1].split()[0]) < 16384:
+            continue
+        for name, goal in (("pyattn float16 cache", 1.8), ("pyattn bfloat16 cache", 1.8),
+                           ("pyattn int8 cache", 2.2)):
+            h = get(r["op"], r["shape"], name, r["threads"])
+            if h:
+                ratio = r["min_ms"] / h["min_ms"]
+                line(f"issue 37: {r['op']} {r['shape']}, {r['threads']} thr, {name[7:]} vs float32 cache",
+                     f"{ratio:.2f}x", f">= {goal}x", ratio >= goal)
+    for r in data:
+        if r.get("roof") and r["roof"]["precision"] == "bf16" and r["impl"].startswith("pyattn"):
+            d = get(r["op"], r["shape"], r["impl"].split(", precision=")[0], r["threads"])
+            if d:
+                ratio = d["min_ms"] / r["min_ms"]
+                line(f"issue 37: {r['op']} {r['shape']}, {r['threads']} thr, {r['impl'][7:]} vs the default "
+                     "precision", f"{ratio:.2f}x", ">= 0.95x", ratio >= 0.95)
+        if r["op"] == "paged decode" and r["impl"] == "pyattn paged bs=16":
+            c = get("paged decode", r["shape"], "pyattn contiguous", r["threads"])
+            if c:
+                ratio = c["min_ms"] / r["min_ms"]
+                line(f"issue 37: paged decode {r['shape']} bs=16, {r['threads']} thr, vs contiguous",
+                     f"{ratio:.2f}x", ">= 0.95x", ratio >= 0.95)
+    # issue 38: the fixed cost of a tiny decode call (medians, same worker)
+    pcs = {(r["call"], r["threads"]): r["median_us"] for r in rows if r.get("kind") == "percall"}
+    for thr in sorted({t for _, t in pcs}):
+        ref, kv = pcs.get((PERCALL_REF, thr)), pcs.get((PERCALL_KV, thr))
+        for name, goal in ((PERCALL_KV, 1.5), ("PagedKVCache.attend (one sequence, appending one row)", 2.0)):
+            me = pcs.get((name, thr))
+            if me and ref:
+                line(f"issue 38: {name}, {thr} thr, per call vs PyTorch SDPA", f"{me / ref:.2f}x ({me:.1f} vs "
+                     f"{ref:.1f} us)", f"<= {goal}x", me / ref <= goal)
+        for name in ("pyattn.torch.scaled_dot_product_attention", "pyattn.flash.flash_attn_with_kvcache, read only"):
+            me = pcs.get((name, thr))
+            if me and kv:
+                line(f"issue 38: {name}, {thr} thr, per call minus attention_with_kvcache's",
+                     f"{me - kv:+.1f} us ({me:.1f} vs {kv:.1f})", "<= +10 us", me - kv <= 10)
     peers.target_lines(data, line)                  # pyattn >= 1.15x ONNX Runtime, OpenVINO
     sys.path.insert(0, HERE)
     from _bench_hf import hf_targets      # pyattn in PyTorch and transformers
@@ -1215,7 +1576,8 @@ def main():
     ap.add_argument("--md", default=None, help="also write the table with its context to this Markdown file")
     ap.add_argument("--no-memory", action="store_true", help="skip the 32768-token memory probe")
     ap.add_argument("--only", default=None, help="comma-separated sections to run: matmul, sdpa, decode, "
-                    "generation, quant, training, varlen, bf16, mha, flash, paged, blockmask, hf (default: all)")
+                    "generation (kvdecode: its decode rows alone), quant, training, varlen, bf16, mha, flash, paged, "
+                    "percall, blockmask, hf (default: all)")
     ap.add_argument("--from-json", default=None, help="re-render the table, targets and plot from a saved "
                     "results.json instead of measuring")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -1251,10 +1613,14 @@ def main():
                 sys.stderr.write(f"  threads={t}: the peers again, pinned to AVX2 ({', '.join(AVX2_PINS)})\n")
                 rows += spawn(t, args, avx2_peers=True)
         mem = None if args.no_memory else memory_probe()
+    _roofline(rows)
     tab = table(rows)
     peak = {r["threads"]: r["gflops_core"] for r in rows if r.get("kind") == "peak"}
     if args.from_json and "head" in saved:
         head = list(saved["head"])
+        if len(head) > 2 and head[2].startswith("measured float32 FMA peak") and peak:   # every run's rows
+            head[2] = "measured float32 FMA peak per core: " + ", ".join(
+                f"{v:.1f} GFLOP/s ({k} thr run)" for k, v in peak.items() if v)
     else:
         head = [f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
                 f"machine: {platform.machine()}, {ncpu} CPUs, {_cpu_name()}",
@@ -1271,6 +1637,19 @@ def main():
     bw = {r["threads"]: r["gbs"] for r in rows if r.get("kind") == "bandwidth"}
     if bw:
         head.append("measured read bandwidth: " + ", ".join(f"{v:.1f} GB/s ({k} thr)" for k, v in bw.items()))
+    if any(r.get("roof_pct") is not None for r in rows):
+        fam = next((r.get("isa") for r in rows if r.get("kind") == "bf16peak" and r.get("isa")), "?")
+        bp = {r["threads"]: r["gflops_core"] for r in rows if r.get("kind") == "bf16peak"}
+        bnote = ", ".join(f"{v:.1f} GFLOP/s per core = {v / peak[k]:.2f}x the float32 FMA peak ({k} thr run)"
+                          if v and peak.get(k) else f"none in this family ({k} thr run): the float32 FMA peak"
+                          for k, v in bp.items())
+        head.append(f"decode roofline (issue 37; pyattn family {fam}): bound = max(bytes / read bandwidth, "
+                    "multiply-adds / peak); bytes = K and V rows read ((E + Ev) x element size, + int8/int4 "
+                    "scales (E + Ev) / group x 4) x rows x KV heads x batch; multiply-adds = G x (E + Ev) x rows x "
+                    "KV heads x batch; the read bandwidth of the same worker (its start or beside the case, the "
+                    "higher); the peak: the float32 FMA peak x threads (every cache dtype is widened to float32), "
+                    "for precision=\"bf16\" the bfloat16 dot-product peak probed by _C.bf16_probe (vdpbf16ps "
+                    f"chains): {bnote or 'not probed'}; % of roofline = bound / min time")
     for r in rows:
         if r.get("kind") == "wakeup":
             head.append(f"handing a small job to the pool of {r['threads']} threads (_C.read_probe of 8 MiB, 2 tasks): "
@@ -1297,8 +1676,11 @@ def main():
     if mem is not None:
         head.append(f"causal attention L=S=32768, E=64, one head: peak resident memory grew by {mem:.1f} MB "
                     "during the call, beyond its inputs and output (the (L, S) float32 matrix would be 4096 MB)")
-    text = "\n".join("- " + h for h in head) + "\n\n" + tab + "\n\n## Performance targets\n\n" + \
-        targets(rows, mem) + "\n"
+    roof = roofline_table(rows)
+    pc = percall_tables(rows)
+    text = "\n".join("- " + h for h in head) + "\n\n" + tab + \
+        ("\n\n## Decode roofline\n\n" + roof if roof else "") + (("\n\n" + pc) if pc else "") + \
+        "\n\n## Performance targets\n\n" + targets(rows, mem) + "\n"
     if args.md and not args.from_json:
         with open(os.path.splitext(os.path.abspath(args.md))[0].lower() + ".json", "w") as f:
             json.dump({"rows": rows, "memory_mb": mem, "head": head[:4]}, f)
