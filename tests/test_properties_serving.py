@@ -66,14 +66,15 @@ def threads(call):
     return r1
 
 
-def to_pool(rng, cache, bs, spare=2):
+def to_pool(rng, cache, bs, spare=2, table=None):
     """A (B, Hkv, S_max, D) cache as a shuffled pool of bs-row blocks and its
-    block table (B, ceil(S_max / bs)); the pool's other rows hold garbage."""
+    block table (B, ceil(S_max / bs)), or laid out by the given table (the
+    other operands of one call); the pool's other rows hold garbage."""
     B, H, S, D = cache.shape
     nb = -(-S // bs)
-    perm = rng.permutation(B * nb + spare)
     pool = rng.standard_normal((B * nb + spare, H, bs, D)).astype(cache.dtype)
-    table = perm[:B * nb].reshape(B, nb).astype(np.int32)
+    if table is None:
+        table = rng.permutation(B * nb + spare)[:B * nb].reshape(B, nb).astype(np.int32)
     for b in range(B):
         for j in range(nb):
             rows = cache[b, :, j * bs:(j + 1) * bs]
@@ -135,13 +136,7 @@ def test_paged_packed_tree_product(seed, sname, path, place, value, precision, n
     d = dense_cache_call(c, dt, precision, new)
     B, T, n, S_max = c["B"], c["T"], c["n"], c["S_max"]
     kp, table = to_pool(rng, d["kc0"], bs)
-    vp, _ = to_pool(np.random.default_rng(seed), d["vc0"], bs)
-    vp = vp.copy()
-    # the same table for V: rebuild V's pool with K's table
-    for b in range(B):
-        for j in range(table.shape[1]):
-            rows = d["vc0"][b, :, j * bs:(j + 1) * bs]
-            vp[table[b, j], :, :rows.shape[1]] = rows
+    vp, _ = to_pool(np.random.default_rng(seed), d["vc0"], bs, table=table)
     kw = dict(cache_seqlens=n, block_table=table, window=c["window"], return_lse=True, precision=precision)
     if form == "packed":
         Ts = np.full(B, T) if new else rng.integers(0, T + 1, size=B)      # mixed: the last T_b rows
@@ -199,14 +194,9 @@ def test_quantized_cache_product(seed, path, place, value, qdt, new, paged):
         value_ = np.stack([c["vc"][b, :, n[b]:n[b] + T] for b in range(B)]).astype(np.float32)
     kw = dict(cache_seqlens=n, window=c["window"], return_lse=True)
     arrs = [kq, vq, ks, vs]
-    if paged:
-        arrs = [to_pool(np.random.default_rng(seed), a, 4)[0] for a in arrs]
+    if paged:                               # one table for the four pools
         kw["block_table"] = to_pool(np.random.default_rng(seed), kq, 4)[1]
-        for i, a in enumerate((kq, vq, ks, vs)):      # one table for the four pools
-            for b in range(B):
-                for j in range(kw["block_table"].shape[1]):
-                    rows = a[b, :, j * 4:(j + 1) * 4]
-                    arrs[i][kw["block_table"][b, j], :, :rows.shape[1]] = rows
+        arrs = [to_pool(np.random.default_rng(seed), a, 4, table=kw["block_table"])[0] for a in arrs]
 
     def call():
         w = [a.copy() for a in arrs]
@@ -491,7 +481,7 @@ def _write_case(kind, dt=np.float32):
         return (kc, vc), lambda: pyattn.attention_with_kvcache(q, kc, vc, k, v, cache_seqlens=n,
                                                                 cache_leftpad=[1, 2], cache_batch_idx=[1, 0])
     kp, table = to_pool(rng, kc, 4)
-    vp, _ = to_pool(np.random.default_rng(21), vc, 4)
+    vp, _ = to_pool(np.random.default_rng(21), vc, 4, table=table)
     if kind == "paged":
         return (kp, vp), lambda: pyattn.attention_with_kvcache(q, kp, vp, k, v, cache_seqlens=n, block_table=table)
     if kind == "tree":
