@@ -23,10 +23,10 @@ TESTS="tests/test_reference.py tests/test_seeds.py tests/test_errors.py tests/te
 TESTS_SIMD="tests/test_generate.py tests/test_storage16.py tests/test_backward.py tests/test_bf16.py tests/test_quant.py tests/test_backward_split.py tests/test_rotary.py tests/test_flash_blocks.py"
 # the frame paths and entry-point grids (marker `frame`, tests/conftest.py: varlen,
 # paged, packed, block masks, the stride and property grids), selected by marker so
-# a new one runs here too: a generated eighth of each test function's cases on
+# a new one runs here too: a generated sixteenth of each test function's cases on
 # neon, one case of each function on generic (--subset)
 FRAME_FILES=$(grep -l "pytest.mark.frame" tests/test_*.py | tr '\n' ' ')
-FRAME_SUBSET_SIMD=8
+FRAME_SUBSET_SIMD=16
 FRAME_SUBSET_GENERIC=1000
 PACKAGES="python3,python3-numpy,python3-pytest,python3-dev,python3-setuptools,gcc,libc6-dev"
 SUITE=bookworm

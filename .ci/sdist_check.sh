@@ -17,7 +17,9 @@ python -m venv "$work/venv"
 "$work/venv/bin/python" -m pip install -q "$sdist[test]"
 mkdir -p "$work/src" "$work/run"
 tar -xzf "$sdist" -C "$work/src"
-# no torch in this environment: its comparisons skip here (they run in .ci/run)
+# no torch in this environment: its comparisons skip here (they run in .ci/run). Every
+# test file is collected (a file the sdist lacks fails here); a generated quarter of each
+# test function's cases runs (--subset 4: the full suite ran in step 1)
 cd "$work/run"
-env -u PYATTN_REQUIRE_TORCH "$work/venv/bin/python" -m pytest -q -p no:cacheprovider \
+env -u PYATTN_REQUIRE_TORCH "$work/venv/bin/python" -m pytest -q -p no:cacheprovider --subset 4 \
     "$work"/src/pyattn-*/tests
