@@ -6,7 +6,7 @@ import numbers
 
 import numpy as np
 
-from . import _C, _kvextra
+from . import _C, _kvextra, _kvfast
 from ._spec import attn_spec
 from ._checks import (
     as_array, bcast, broadcast_shapes, causal_code, check_numeric, check_out, compute_dtype,
@@ -821,6 +821,33 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
     >>> bool(np.allclose(o, pyattn.scaled_dot_product_attention(q, k, v, is_causal=True), atol=1e-6))
     True
     """
+    # a decode step's call: its signature's plan, made when the full path first accepted a call of
+    # that signature (pyattn/_kvfast.py); every other call takes the full path
+    sig = _kvfast.signature(query, k_cache, v_cache, key, value, is_causal, scale, window, softcap,
+                            return_lse, precision) if (
+        alibi_slopes is None and sinks is None and out is None and rotary_cos is None and rotary_sin is None
+        and cache_leftpad is None and cache_batch_idx is None and block_table is None and cu_seqlens_q is None
+        and tree_mask is None and k_scale is None and v_scale is None and block_mask is None) else None
+    if sig is not None:
+        res = _kvfast.run(sig, query, k_cache, v_cache, key, value, cache_seqlens)
+        if res is not None:
+            return res
+    args = {k: v for k, v in locals().items() if k not in ("sig", "res")}
+    res = _kvcache_full(**args)
+    if sig is not None:
+        _kvfast.remember(sig, query, k_cache, v_cache, key, is_causal, scale, window, softcap, return_lse,
+                         precision)
+    return res
+
+
+def _kvcache_full(query, k_cache, v_cache, key=None, value=None, *, cache_seqlens,
+                  is_causal=True, scale=None, window=None, alibi_slopes=None,
+                  softcap=None, sinks=None, return_lse=False, out=None, precision=None,
+                  rotary_cos=None, rotary_sin=None, rotary_interleaved=False,
+                  cache_leftpad=None, cache_batch_idx=None, block_table=None, cu_seqlens_q=None,
+                  tree_mask=None, k_scale=None, v_scale=None,
+                  block_mask=None):
+    """attention_with_kvcache's full path: every check, every kind of call."""
     args = dict(locals())
     if (key is None) != (value is None):
         raise ValueError("give both key and value to append, or neither")

@@ -1,0 +1,220 @@
+"""The fast path of a small ``attention_with_kvcache`` call (decode per-call cost).
+
+A model calls ``attention_with_kvcache`` once per layer per generated token
+with the same shapes, dtypes and options every time; only the arrays' contents
+and ``cache_seqlens`` change. The full entry point checks every argument and
+derives the kernel call (views, keywords) anew each time -- tens of
+microseconds of Python around about one microsecond of arithmetic.
+
+Here a call's *signature* -- the shapes, dtypes and layouts of the arrays and
+the values (with their types) of the scalar options -- keys a memo of
+:class:`_Plan`: the kernel call that signature leads to. A plan is made only
+after the full entry point has accepted a call of that signature (so every
+check that depends on the signature alone has passed); a later call with the
+same signature runs the plan: it converts ``cache_seqlens``, copies the new
+rows, builds the views and calls ``_C.sdpa`` with the keywords the full path
+would give it (tests/test_kvfast.py compares the two calls argument by
+argument). What depends on the values is still checked on every call:
+``cache_seqlens``'s range by the C binding (which writes nothing when it
+refuses), the arrays' alignment and writeability here. A call the plan's C call
+refuses (TypeError / ValueError) is handed to the full entry point, which
+raises its own message.
+
+Covered: contiguous caches of float32, float64, float16 or bfloat16 (any
+layout the kernels read in place), with or without new rows, GQA, ``is_causal``,
+``scale``, ``window``, ``softcap``, ``precision``, ``return_lse``. Everything
+else (``out``, ALiBi, sinks, rotary, paged / packed / tree calls, left padding,
+batch indices, quantized caches, block masks, caches copied for their layout,
+non-ndarray inputs) takes the full path.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import _C
+from ._checks import is16, store16, to_dtype
+
+_F32 = np.dtype(np.float32)
+_MAX_PLANS = 256                    # signatures remembered (a model has a handful)
+_plans: dict = {}
+# counters for the tests and show_config: calls run by a plan, calls handed to the full path
+stats = {"fast": 0, "full": 0}
+
+_SCALAR_TYPES = (bool, int, float, str, type(None))
+
+
+def _opt(x):
+    """A scalar option as a memo key: its type and value (True, 1 and 1.0 are
+    distinct arguments to the checks); tuples (window) element by element.
+    None for anything else (the call takes the full path)."""
+    t = type(x)
+    if t in _SCALAR_TYPES:
+        return (t, x)
+    if t is tuple and all(type(e) in _SCALAR_TYPES for e in x):
+        return (t,) + tuple((type(e), e) for e in x)
+    return None
+
+
+def signature(query, k_cache, v_cache, key, value, is_causal, scale, window, softcap, return_lse,
+              precision):
+    """The memo key of a call, or None when the call is not one the fast path
+    covers (the caller then takes the full path)."""
+    nd = np.ndarray
+    if type(query) is not nd or type(k_cache) is not nd or type(v_cache) is not nd:
+        return None
+    if key is None:
+        if value is not None:
+            return None
+        rows = None
+    else:
+        if type(key) is not nd or type(value) is not nd:
+            return None
+        rows = (key.shape, key.dtype, value.shape, value.dtype)
+    opts = (_opt(is_causal), _opt(scale), _opt(window), _opt(softcap), _opt(return_lse), _opt(precision))
+    if None in opts:
+        return None
+    return (query.shape, query.dtype, k_cache.shape, k_cache.strides, k_cache.dtype,
+            v_cache.shape, v_cache.strides, v_cache.dtype, rows) + opts
+
+
+def _layout_ok(query, k_cache, v_cache, new):
+    """What depends on the arrays' addresses: the query C-contiguous and
+    aligned, the caches aligned (and writeable when rows are appended)."""
+    qf, kf, vf = query.flags, k_cache.flags, v_cache.flags
+    return (qf.c_contiguous and qf.aligned and kf.aligned and vf.aligned
+            and (not new or (kf.writeable and vf.writeable)))
+
+
+def _seqlens(cache_seqlens, B):
+    """(B,) int64 from an int or a (B,) integer ndarray, or None (full path).
+    The range is checked by the C call."""
+    t = type(cache_seqlens)
+    if t is int:
+        if cache_seqlens < 0 or cache_seqlens >= 1 << 62:
+            return None
+        return np.full(B, cache_seqlens, np.int64)
+    if t is np.ndarray and cache_seqlens.shape == (B,) and cache_seqlens.dtype.kind in "iu":
+        if cache_seqlens.dtype.kind == "u" and cache_seqlens.dtype.itemsize == 8:
+            return None                 # may not fit int64: the full path says so
+        return cache_seqlens.astype(np.int64)     # a copy: the call never holds the caller's array
+    return None
+
+
+class _Plan:
+    """The kernel call of one signature (see the module docstring)."""
+    __slots__ = ("cd", "q_conv", "B", "Hq", "Hkv", "G", "T", "Tk", "E", "Ev", "stack", "extra",
+                 "k_view", "v_view", "rows_dt", "out_shape", "lse_shape")
+
+    def __init__(self, query, k_cache, v_cache, key, is_causal, scale, window, softcap, return_lse,
+                 precision):
+        from ._spec import attn_spec         # (import here: _spec imports nothing of this module)
+        kc, vc = k_cache, v_cache
+        cd = _F32 if is16(kc.dtype) else kc.dtype
+        B, Hkv, S_max, E = kc.shape
+        Ev = vc.shape[3]
+        Hq, T = query.shape[1], query.shape[2]
+        G = Hq // Hkv
+        Tk = 0 if key is None else key.shape[2]
+        self.cd, self.B, self.Hq, self.Hkv, self.G, self.T, self.Tk, self.E, self.Ev = \
+            cd, B, Hq, Hkv, G, T, Tk, E, Ev
+        # the query as attention_with_kvcache converts it: 16-bit read in place
+        # when the caches compute in float32, anything else in the compute dtype
+        self.q_conv = not (is16(query.dtype) and cd == _F32) and query.dtype != cd
+        # the options as attn_spec checks them and _sdpa passes them (the spec
+        # of a stand-in call of the same signature: the same helpers decide)
+        spec = attn_spec(query.astype(cd) if self.q_conv else query, kc, vc, None, 0.0,
+                         "bottom_right" if is_causal else False, scale, Hq != Hkv, window=window,
+                         softcap=softcap, precision=precision, return_lse=return_lse)
+        self.stack = G > 1 and T == 1 and G <= 48
+        extra = spec.c_kwargs()
+        if self.stack:
+            extra["row_div"] = G
+        if spec.bf16:
+            extra["bf16"] = True
+        if spec.return_lse:
+            extra["want_lse"] = True
+        self.extra = extra
+        self.k_view = kc.dtype.kind == "V"  # bfloat16: its bits as uint16
+        self.v_view = vc.dtype.kind == "V"
+        self.rows_dt = (kc.dtype, vc.dtype)
+        self.out_shape = (B, Hq, T, Ev)
+        self.lse_shape = (B, Hq, T) if spec.return_lse else None
+
+    def run(self, query, k_cache, v_cache, key, value, n):
+        """The call with cache_seqlens n ((B,) int64, a copy); None when the
+        C call refuses it (the full path then raises its own message)."""
+        cd = self.cd
+        q = to_dtype(query, cd) if self.q_conv else query
+        q = store16(q, cd)
+        k = store16(k_cache, cd)
+        v = store16(v_cache, cd)
+        extra = dict(self.extra)
+        if key is not None:
+            r0 = key.astype(self.rows_dt[0], order="C", copy=True)
+            r1 = value.astype(self.rows_dt[1], order="C", copy=True)
+            c0, c1 = k_cache, v_cache
+            if self.k_view:
+                c0, r0 = c0.view(np.uint16), r0.view(np.uint16)
+            if self.v_view:
+                c1, r1 = c1.view(np.uint16), r1.view(np.uint16)
+            extra["append"] = (c0, c1, r0, r1, n)
+            n = n + self.Tk
+        B, Hkv, G = self.B, self.Hkv, self.G
+        if self.stack:                      # GQA decode: a group's query heads are rows of one call
+            q = q.reshape(B, Hkv, G, self.E)
+            extra["kv_len"] = np.repeat(n, Hkv)
+        elif G > 1:
+            q = q.reshape(B, Hkv, G, self.T, self.E)
+            S = k.shape[2]
+            k = np.broadcast_to(k[:, :, None], (B, Hkv, G, S, k.shape[3]))
+            v = np.broadcast_to(v[:, :, None], (B, Hkv, G, S, v.shape[3]))
+            extra["kv_len"] = np.repeat(n, self.Hq)
+        else:
+            extra["kv_len"] = np.repeat(n, self.Hq)
+        try:
+            res, _, lse = _C.sdpa(q, k, v, None, None, **extra)
+        except (TypeError, ValueError):
+            return None
+        if G > 1:
+            res = res.reshape(self.out_shape)
+            if lse is not None:
+                lse = lse.reshape(self.lse_shape)
+        return res if self.lse_shape is None else (res, lse)
+
+
+def run(sig, query, k_cache, v_cache, key, value, cache_seqlens):
+    """The call by its signature's plan; None when there is no plan yet or
+    this call is not one the plan covers (the caller takes the full path)."""
+    plan = _plans.get(sig)
+    if plan is None or not _layout_ok(query, k_cache, v_cache, key is not None):
+        return None
+    n = _seqlens(cache_seqlens, plan.B)
+    if n is None:
+        return None
+    res = plan.run(query, k_cache, v_cache, key, value, n)
+    if res is not None:
+        stats["fast"] += 1
+    return res
+
+
+def remember(sig, query, k_cache, v_cache, key, is_causal, scale, window, softcap, return_lse, precision):
+    """Make the plan of a signature the full path has just accepted (and ran):
+    only for the calls the fast path covers."""
+    stats["full"] += 1
+    if sig is None or sig in _plans:
+        return
+    if not _layout_ok(query, k_cache, v_cache, key is not None):
+        return
+    if k_cache.dtype not in (np.float32, np.float64) and not is16(k_cache.dtype):
+        return                              # quantized caches: the full path
+    if not (k_cache.dtype.isnative and v_cache.dtype.isnative and query.dtype.isnative):
+        return
+    if len(_plans) >= _MAX_PLANS:
+        _plans.clear()
+    _plans[sig] = _Plan(query, k_cache, v_cache, key, is_causal, scale, window, softcap, return_lse,
+                        precision)
+
+
+def clear():
+    """Forget every plan (tests; set_num_threads and select_isa need not)."""
+    _plans.clear()

@@ -1,0 +1,184 @@
+"""attention_with_kvcache's fast path (pyattn/_kvfast.py): a call whose
+signature has a plan makes the same kernel call the full path makes --
+argument by argument -- and a call the plan cannot take (bad cache_seqlens,
+another layout, another option type) gets the full path's answer or error."""
+import itertools
+
+import numpy as np
+import pytest
+
+import pyattn
+from pyattn import _api, _kvfast
+
+pytestmark = pytest.mark.frame
+
+try:
+    import ml_dtypes
+    BF16 = np.dtype(ml_dtypes.bfloat16)
+except ImportError:                     # bfloat16 rows skip
+    BF16 = None
+
+
+def _capture(monkeypatch):
+    calls = []
+    real = _api._C.sdpa
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(real_mod, name)
+
+        @staticmethod
+        def sdpa(*a, **k):
+            calls.append((a, k))
+            return real(*a, **k)
+
+    real_mod = _api._C
+    spy = Spy()
+    monkeypatch.setattr(_api, "_C", spy)
+    monkeypatch.setattr(_kvfast, "_C", spy)
+    return calls
+
+
+def _same(a, b, where):
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        assert isinstance(a, np.ndarray) and isinstance(b, np.ndarray), where
+        st = [tuple(s for s, n in zip(x.strides, x.shape) if n > 1 and x.size) for x in (a, b)]   # a length-1
+        assert (a.shape, st[0], a.dtype) == (b.shape, st[1], b.dtype), where     # axis's stride (or an empty array's) is never used
+        assert a.tobytes() == b.tobytes(), where
+    elif isinstance(a, tuple):
+        assert isinstance(b, tuple) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same(x, y, f"{where}[{i}]")
+    else:
+        assert type(a) is type(b) and a == b, where
+
+
+def _arrays(rng, B, Hq, Hkv, T, E, Ev, S, dt, qdt, new):
+    def mk(shape, d):
+        return rng.standard_normal(shape).astype(d)
+    q = mk((B, Hq, T, E), qdt)
+    kc, vc = mk((B, Hkv, S, E), dt), mk((B, Hkv, S, Ev), dt)
+    kv = (mk((B, Hkv, T, E), dt), mk((B, Hkv, T, Ev), dt)) if new else (None, None)
+    return q, kc, vc, kv
+
+
+DTYPES = [("f32", np.float32, np.float32), ("f64", np.float64, np.float64), ("f16", np.float16, np.float16),
+          ("f16q32", np.float16, np.float32), ("f32q64", np.float32, np.float64), ("bf16", "bf16", "bf16")]
+SHAPES = [(1, 8, 2, 1, 64, 64), (2, 4, 4, 1, 32, 32), (2, 6, 2, 3, 16, 24), (1, 64, 1, 1, 16, 16),
+          (3, 2, 1, 2, 40, 40), (2, 4, 2, 0, 16, 16)]
+OPTS = [dict(), dict(is_causal=False), dict(scale=0.3, window=(5, 0)), dict(softcap=12.5, return_lse=True),
+        dict(precision="bf16"), dict(window=(3, None), return_lse=True)]
+
+
+@pytest.mark.parametrize("dname,dt,qdt", DTYPES, ids=[d[0] for d in DTYPES])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("oi", range(len(OPTS)))
+@pytest.mark.parametrize("new", [False, True])
+def test_the_plan_makes_the_full_paths_kernel_call(monkeypatch, dname, dt, qdt, shape, oi, new):
+    if "bf16" in (dt, qdt):
+        if BF16 is None:
+            pytest.skip("ml_dtypes is not installed")
+        dt = qdt = BF16
+    opts = OPTS[oi]
+    if opts.get("precision") == "bf16" and np.dtype(dt) == np.float64:
+        pytest.skip("precision='bf16' with float64 caches: refused (test_errors)")
+    B, Hq, Hkv, T, E, S = shape
+    Ev = E + 8 if E % 16 == 0 else E
+    rng = np.random.default_rng(abs(hash((dname, shape, oi, new))) % 2**32)
+    q, kc, vc, (kn, vn) = _arrays(rng, B, Hq, Hkv, T, E, Ev, S, dt, qdt, new)
+    seq = rng.integers(0, S - T + 1, B).astype(np.int32) if B > 1 else S - T - 1
+    _kvfast.clear()
+    calls = _capture(monkeypatch)
+    results, caches = [], []
+    for _ in range(2):                      # the full path (and the plan made), then the plan
+        kc1, vc1 = kc.copy(), vc.copy()
+        fast0 = _kvfast.stats["fast"]
+        results.append(pyattn.attention_with_kvcache(q, kc1, vc1, kn, vn, cache_seqlens=seq, **opts))
+        caches.append((kc1, vc1))
+    assert _kvfast.stats["fast"] == fast0 + 1, "the second call did not run by the plan"
+    assert len(calls) == 2
+    (a0, k0), (a1, k1) = calls
+    assert set(k0) == set(k1)
+    for i, (x, y) in enumerate(zip(a0, a1)):   # the caches are per-call copies, written alike
+        _same(x, y, f"arg {i}")
+    for name in k0:
+        _same(k0[name], k1[name], name)
+    _same(results[0], results[1], "result")
+    for x, y in zip(caches[0], caches[1]):
+        assert x.tobytes() == y.tobytes()
+
+
+def _plan_for(q, kc, vc, kn=None, vn=None, **kw):
+    _kvfast.clear()
+    pyattn.attention_with_kvcache(q, kc, vc, kn, vn, **kw)      # the full path makes the plan
+    assert _kvfast._plans, "no plan was made"
+
+
+def test_bad_cache_seqlens_gets_the_full_paths_error_and_writes_nothing():
+    rng = np.random.default_rng(1)
+    q, kc, vc, (kn, vn) = _arrays(rng, 2, 4, 2, 1, 16, 16, 8, np.float32, np.float32, True)
+    _plan_for(q, kc.copy(), vc.copy(), kn, vn, cache_seqlens=3)
+    before = kc.copy(), vc.copy()
+    for bad, msg in ((8, r"must be in \[0, S_max - T\] = \[0, 7\]"), (-1, r"\[0, 7\]"),
+                     (np.array([0, 8]), r"got \[0, 8\]"), (np.array([2**63 - 1, 0], np.int64), r"\[0, 7\]"),
+                     (np.array([2**64 - 1, 0], np.uint64), r"\[0, 7\]")):
+        with pytest.raises(ValueError, match=msg):
+            pyattn.attention_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=bad)
+        assert kc.tobytes() == before[0].tobytes() and vc.tobytes() == before[1].tobytes()
+    with pytest.raises(ValueError, match=r"cache_seqlens must be in \[0, S_max\] = \[0, 8\]"):
+        pyattn.attention_with_kvcache(q, kc, vc, cache_seqlens=9)
+
+
+def test_another_option_type_or_layout_gets_the_full_paths_answer():
+    rng = np.random.default_rng(2)
+    q, kc, vc, (kn, vn) = _arrays(rng, 1, 4, 2, 1, 16, 16, 8, np.float32, np.float32, True)
+    _plan_for(q, kc, vc, cache_seqlens=4, is_causal=True)
+    with pytest.raises(TypeError, match="is_causal must be a bool"):
+        pyattn.attention_with_kvcache(q, kc, vc, cache_seqlens=4, is_causal=1)
+    ro = kc.copy()
+    ro.flags.writeable = False
+    _plan_for(q, kc, vc, kn, vn, cache_seqlens=4)
+    with pytest.raises(ValueError, match="k_cache is read-only"):
+        pyattn.attention_with_kvcache(q, ro, vc, kn, vn, cache_seqlens=4)
+    # an unaligned cache of the same strides: the full path copies it and writes it back
+    buf = np.zeros(kc.nbytes + 1, np.uint8)
+    un = np.ndarray(kc.shape, kc.dtype, buf[1:].data)
+    un[...] = kc
+    assert not un.flags.aligned
+    ref = pyattn.attention_with_kvcache(q, kc.copy(), vc.copy(), kn, vn, cache_seqlens=4)
+    got = pyattn.attention_with_kvcache(q, un, vc.copy(), kn, vn, cache_seqlens=4)
+    assert got.tobytes() == ref.tobytes()
+    assert np.array_equal(un[:, :, 4:5], kn)
+
+
+@pytest.mark.parametrize("seq", [3, np.int64(3), [3, 5], (3, 5), np.array([3, 5], np.uint8)])
+def test_every_cache_seqlens_form_gives_one_answer(seq):
+    rng = np.random.default_rng(3)
+    q, kc, vc, _ = _arrays(rng, 2, 4, 2, 1, 16, 16, 8, np.float32, np.float32, False)
+    n = np.broadcast_to(np.asarray(seq, np.int64), (2,))
+    _kvfast.clear()
+    want = [pyattn.attention_with_kvcache(q[b:b + 1], kc[b:b + 1], vc[b:b + 1], cache_seqlens=int(n[b]))
+            for b in range(2)]
+    for _ in range(2):
+        got = pyattn.attention_with_kvcache(q, kc, vc, cache_seqlens=seq)
+        for b in range(2):
+            assert got[b:b + 1].tobytes() == want[b].tobytes()
+
+
+def test_plans_are_bounded_and_thread_count_free():
+    rng = np.random.default_rng(4)
+    _kvfast.clear()
+    for S in range(8, 8 + _kvfast._MAX_PLANS + 5):
+        q, kc, vc, _ = _arrays(rng, 1, 2, 1, 1, 4, 4, S, np.float32, np.float32, False)
+        pyattn.attention_with_kvcache(q, kc, vc, cache_seqlens=S)
+    assert len(_kvfast._plans) <= _kvfast._MAX_PLANS
+    q, kc, vc, _ = _arrays(rng, 2, 8, 2, 1, 64, 64, 4096, np.float32, np.float32, False)
+    old = pyattn.get_num_threads()
+    try:
+        outs = []
+        for nt in itertools.chain([1, 2], [1, 2]):
+            pyattn.set_num_threads(nt)
+            outs.append(pyattn.attention_with_kvcache(q, kc, vc, cache_seqlens=4000).tobytes())
+        assert len(set(outs)) == 1
+    finally:
+        pyattn.set_num_threads(old)
