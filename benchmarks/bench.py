@@ -857,6 +857,8 @@ def percall(args, rng, torch, emit):
     calls["pyattn.scaled_dot_product_attention (L=1, S=64)"] = (
         None, lambda: pyattn.scaled_dot_product_attention(q, k, v, enable_gqa=True), None)
     calls[PERCALL_KV] = (None, lambda: pyattn.attention_with_kvcache(q, kc, vc, cache_seqlens=S), None)
+    calls["pyattn.attention_with_kvcache, full path (a signature's first call: no plan yet)"] = (
+        None, lambda: api._kvcache_full(q, kc, vc, cache_seqlens=S), None)
     calls["pyattn.attention_with_kvcache, appending one row"] = (
         None, lambda: pyattn.attention_with_kvcache(q, kc, vc, k1, v1, cache_seqlens=S), None)
     if torch is not None:
@@ -896,7 +898,9 @@ def percall(args, rng, torch, emit):
         emit({"kind": "percall", "call": name, "threads": args.threads, "calls": len(t),
               "median_us": float(np.median(t)), "p10_us": float(np.percentile(t, 10)),
               "p90_us": float(np.percentile(t, 90))})
-    # the breakdown of attention_with_kvcache (read only): timers around its parts
+    # the breakdown of attention_with_kvcache (read only): timers around its parts, on the full
+    # path (a signature's first call: every check) and on the plan (pyattn/_kvfast.py: later calls)
+    from pyattn import _kvfast
     real_spec, real_sdpa, real_C = api.attn_spec, api._sdpa, api._C
     acc, captured = {}, []
 
@@ -909,7 +913,7 @@ def percall(args, rng, torch, emit):
                 acc[key] = acc.get(key, 0) + time.perf_counter_ns() - t
         return w
 
-    class CProxy:                         # api._C with its sdpa timed (and its arguments kept)
+    class CProxy:                         # _C with its sdpa timed (and its arguments kept)
         def __getattr__(self, name):
             return getattr(real_C, name)
 
@@ -918,32 +922,40 @@ def percall(args, rng, torch, emit):
                 captured.append((a, kw))
             return clocked("c", real_C.sdpa)(*a, **kw)
 
-    parts = {x: [] for x in ("total", "spec", "sdpa", "c")}
-    api.attn_spec, api._sdpa, api._C = clocked("spec", real_spec), clocked("sdpa", real_sdpa), CProxy()
-    try:
-        fn = calls[PERCALL_KV][1]
-        for i in range(rounds * block + 50):
-            acc.clear()
-            t = time.perf_counter_ns()
-            fn()
-            t = time.perf_counter_ns() - t
-            if i >= 50:
-                parts["total"].append(t)
-                for x in ("spec", "sdpa", "c"):
-                    parts[x].append(acc.get(x, 0))
-    finally:
-        api.attn_spec, api._sdpa, api._C = real_spec, real_sdpa, real_C
+    def clock_parts(fn):
+        parts = {x: [] for x in ("total", "spec", "sdpa", "c")}
+        api.attn_spec, api._sdpa, api._C = clocked("spec", real_spec), clocked("sdpa", real_sdpa), CProxy()
+        _kvfast._C = api._C
+        try:
+            for i in range(rounds * block + 50):
+                acc.clear()
+                t = time.perf_counter_ns()
+                fn()
+                t = time.perf_counter_ns() - t
+                if i >= 50:
+                    parts["total"].append(t)
+                    for x in ("spec", "sdpa", "c"):
+                        parts[x].append(acc.get(x, 0))
+        finally:
+            api.attn_spec, api._sdpa, api._C = real_spec, real_sdpa, real_C
+            _kvfast._C = real_C
+        return {x: np.array(t) / 1e3 for x, t in parts.items()}
+
+    P = clock_parts(lambda: api._kvcache_full(q, kc, vc, cache_seqlens=S))
+    F = clock_parts(calls[PERCALL_KV][1])
     a, kw = captured[0]
     alone = []
     timed(None, lambda: real_C.sdpa(*a, **kw), None, 50, [])
     timed(None, lambda: real_C.sdpa(*a, **kw), None, rounds * block, alone)
-    P = {x: np.array(t) / 1e3 for x, t in parts.items()}
-    phases = [("argument checks before the spec (cache layouts, dtypes, shapes, seqlens, scale)",
+    phases = [("full path: argument checks before the spec (cache layouts, dtypes, shapes, seqlens, scale)",
                P["total"] - P["spec"] - P["sdpa"]),
-              ("attn_spec: the call's spec (shapes, GQA, causal, options)", P["spec"]),
-              ("_sdpa around the binding (views, GQA stacking, keyword dict)", P["sdpa"] - P["c"]),
-              ("_C.sdpa inside the call (binding parse + kernel + result)", P["c"]),
-              ("the whole call, with the timers around its parts", P["total"]),
+              ("full path: attn_spec, the call's spec (shapes, GQA, causal, options)", P["spec"]),
+              ("full path: _sdpa around the binding (views, GQA stacking, keyword dict)", P["sdpa"] - P["c"]),
+              ("full path: _C.sdpa inside the call (binding parse + kernel + result)", P["c"]),
+              ("full path: the whole call (a signature's first call), with the timers", P["total"]),
+              ("plan: signature, seqlens, views, keyword dict (pyattn/_kvfast.py)", F["total"] - F["c"]),
+              ("plan: _C.sdpa inside the call", F["c"]),
+              ("plan: the whole call (every later call of the signature), with the timers", F["total"]),
               ("_C.sdpa alone, on pre-built arguments (50 warm-up calls, then as many as above)",
                np.array(alone) / 1e3)]
     for name, t in phases:

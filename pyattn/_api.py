@@ -339,10 +339,23 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     >>> lse.shape
     (2, 4, 8)
     """
-    return _sdpa(attn_spec(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                           rng=rng, window=window, alibi_slopes=alibi_slopes, softcap=softcap,
-                           sinks=sinks, precision=precision, return_weights=return_weights,
-                           return_lse=return_lse, align=align, block_mask=block_mask), out)
+    # a repeated plain call (a decode step's): its signature's plan (pyattn/_kvfast.py)
+    sig = _kvfast.sdpa_signature(query, key, value, out, dropout_p, is_causal, scale, enable_gqa, window,
+                                 softcap, return_lse, precision, align) if (
+        attn_mask is None and alibi_slopes is None and sinks is None and block_mask is None
+        and return_weights is False) else None
+    if sig is not None:
+        res = _kvfast.sdpa_run(sig, query, key, value, out)
+        if res is not None:
+            return res
+    spec = attn_spec(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                     rng=rng, window=window, alibi_slopes=alibi_slopes, softcap=softcap,
+                     sinks=sinks, precision=precision, return_weights=return_weights,
+                     return_lse=return_lse, align=align, block_mask=block_mask)
+    res = _sdpa(spec, out)
+    if sig is not None:
+        _kvfast.sdpa_remember(sig, spec, out)
+    return res
 
 
 def _sdpa(spec, out=None, *, nthreads=0, append=None, paged=None):
@@ -823,20 +836,20 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
     """
     # a decode step's call: its signature's plan, made when the full path first accepted a call of
     # that signature (pyattn/_kvfast.py); every other call takes the full path
-    sig = _kvfast.signature(query, k_cache, v_cache, key, value, is_causal, scale, window, softcap,
+    sig = _kvfast.signature(query, k_cache, v_cache, key, value, out, is_causal, scale, window, softcap,
                             return_lse, precision) if (
-        alibi_slopes is None and sinks is None and out is None and rotary_cos is None and rotary_sin is None
+        alibi_slopes is None and sinks is None and rotary_cos is None and rotary_sin is None
         and cache_leftpad is None and cache_batch_idx is None and block_table is None and cu_seqlens_q is None
         and tree_mask is None and k_scale is None and v_scale is None and block_mask is None) else None
     if sig is not None:
-        res = _kvfast.run(sig, query, k_cache, v_cache, key, value, cache_seqlens)
+        res = _kvfast.run(sig, query, k_cache, v_cache, key, value, out, cache_seqlens)
         if res is not None:
             return res
     args = {k: v for k, v in locals().items() if k not in ("sig", "res")}
     res = _kvcache_full(**args)
     if sig is not None:
-        _kvfast.remember(sig, query, k_cache, v_cache, key, is_causal, scale, window, softcap, return_lse,
-                         precision)
+        _kvfast.remember(sig, query, k_cache, v_cache, key, out, is_causal, scale, window, softcap,
+                         return_lse, precision)
     return res
 
 

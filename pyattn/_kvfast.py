@@ -21,11 +21,13 @@ refuses (TypeError / ValueError) is handed to the full entry point, which
 raises its own message.
 
 Covered: contiguous caches of float32, float64, float16 or bfloat16 (any
-layout the kernels read in place), with or without new rows, GQA, ``is_causal``,
-``scale``, ``window``, ``softcap``, ``precision``, ``return_lse``. Everything
-else (``out``, ALiBi, sinks, rotary, paged / packed / tree calls, left padding,
-batch indices, quantized caches, block masks, caches copied for their layout,
-non-ndarray inputs) takes the full path.
+layout the kernels read in place: pyattn.flash's token-major views too), with
+or without new rows, GQA, ``is_causal``, ``scale``, ``window``, ``softcap``,
+``precision``, ``return_lse`` and ``out`` (the result is computed apart and
+copied into it: the values the full path writes). Everything else (ALiBi,
+sinks, rotary, paged / packed / tree calls, left padding, batch indices,
+quantized caches, block masks, caches copied for their layout, non-ndarray
+inputs) takes the full path.
 """
 from __future__ import annotations
 
@@ -55,7 +57,7 @@ def _opt(x):
     return None
 
 
-def signature(query, k_cache, v_cache, key, value, is_causal, scale, window, softcap, return_lse,
+def signature(query, k_cache, v_cache, key, value, out, is_causal, scale, window, softcap, return_lse,
               precision):
     """The memo key of a call, or None when the call is not one the fast path
     covers (the caller then takes the full path)."""
@@ -70,19 +72,25 @@ def signature(query, k_cache, v_cache, key, value, is_causal, scale, window, sof
         if type(key) is not nd or type(value) is not nd:
             return None
         rows = (key.shape, key.dtype, value.shape, value.dtype)
+    if out is None:
+        o = None
+    elif type(out) is nd:
+        o = (out.shape, out.dtype)
+    else:
+        return None
     opts = (_opt(is_causal), _opt(scale), _opt(window), _opt(softcap), _opt(return_lse), _opt(precision))
     if None in opts:
         return None
-    return (query.shape, query.dtype, k_cache.shape, k_cache.strides, k_cache.dtype,
-            v_cache.shape, v_cache.strides, v_cache.dtype, rows) + opts
+    return (query.shape, query.strides, query.dtype, k_cache.shape, k_cache.strides, k_cache.dtype,
+            v_cache.shape, v_cache.strides, v_cache.dtype, rows, o) + opts
 
 
-def _layout_ok(query, k_cache, v_cache, new):
-    """What depends on the arrays' addresses: the query C-contiguous and
-    aligned, the caches aligned (and writeable when rows are appended)."""
-    qf, kf, vf = query.flags, k_cache.flags, v_cache.flags
-    return (qf.c_contiguous and qf.aligned and kf.aligned and vf.aligned
-            and (not new or (kf.writeable and vf.writeable)))
+def _layout_ok(query, k_cache, v_cache, new, out):
+    """What depends on the arrays' addresses and flags: the query and the
+    caches aligned, the caches writeable when rows are appended, out writeable."""
+    kf, vf = k_cache.flags, v_cache.flags
+    return (query.flags.aligned and kf.aligned and vf.aligned and (not new or (kf.writeable and vf.writeable))
+            and (out is None or out.flags.writeable))
 
 
 def _seqlens(cache_seqlens, B):
@@ -103,7 +111,7 @@ def _seqlens(cache_seqlens, B):
 class _Plan:
     """The kernel call of one signature (see the module docstring)."""
     __slots__ = ("cd", "q_conv", "B", "Hq", "Hkv", "G", "T", "Tk", "E", "Ev", "stack", "extra",
-                 "k_view", "v_view", "rows_dt", "out_shape", "lse_shape")
+                 "k_view", "v_view", "rows_dt", "out_shape", "lse_shape", "views_ok")
 
     def __init__(self, query, k_cache, v_cache, key, is_causal, scale, window, softcap, return_lse,
                  precision):
@@ -139,6 +147,16 @@ class _Plan:
         self.rows_dt = (kc.dtype, vc.dtype)
         self.out_shape = (B, Hq, T, Ev)
         self.lse_shape = (B, Hq, T) if spec.return_lse else None
+        # the query's head axis split into (Hkv, G) by reshape: a view with the
+        # strides the full path's split_axis gives (else no plan: reshape would copy)
+        self.views_ok = True
+        if G > 1:
+            qs = store16(to_dtype(query, cd) if self.q_conv else query, cd)
+            st = qs.strides
+            want = st[:1] + (st[1] * G, st[1]) + st[2:]
+            r = qs.reshape((B, Hkv, G, T, E))
+            self.views_ok = qs.size == 0 or (np.shares_memory(r, qs) and all(
+                a == b for a, b, m in zip(r.strides, want, r.shape) if m > 1))
 
     def run(self, query, k_cache, v_cache, key, value, n):
         """The call with cache_seqlens n ((B,) int64, a copy); None when the
@@ -182,37 +200,166 @@ class _Plan:
         return res if self.lse_shape is None else (res, lse)
 
 
-def run(sig, query, k_cache, v_cache, key, value, cache_seqlens):
+def run(sig, query, k_cache, v_cache, key, value, out, cache_seqlens):
     """The call by its signature's plan; None when there is no plan yet or
     this call is not one the plan covers (the caller takes the full path)."""
     plan = _plans.get(sig)
-    if plan is None or not _layout_ok(query, k_cache, v_cache, key is not None):
+    if plan is None or not _layout_ok(query, k_cache, v_cache, key is not None, out):
         return None
     n = _seqlens(cache_seqlens, plan.B)
     if n is None:
         return None
     res = plan.run(query, k_cache, v_cache, key, value, n)
-    if res is not None:
-        stats["fast"] += 1
-    return res
+    if res is None:
+        return None
+    stats["fast"] += 1
+    if out is None:
+        return res
+    # the result computed apart, then copied (rounded into a 16-bit out): the
+    # values the full path writes, whether its kernel wrote out in place or not
+    if plan.lse_shape is None:
+        out[...] = res
+        return out
+    out[...] = res[0]
+    return out, res[1]
 
 
-def remember(sig, query, k_cache, v_cache, key, is_causal, scale, window, softcap, return_lse, precision):
+def remember(sig, query, k_cache, v_cache, key, out, is_causal, scale, window, softcap, return_lse,
+             precision):
     """Make the plan of a signature the full path has just accepted (and ran):
     only for the calls the fast path covers."""
     stats["full"] += 1
     if sig is None or sig in _plans:
         return
-    if not _layout_ok(query, k_cache, v_cache, key is not None):
+    if not _layout_ok(query, k_cache, v_cache, key is not None, out):
         return
     if k_cache.dtype not in (np.float32, np.float64) and not is16(k_cache.dtype):
         return                              # quantized caches: the full path
     if not (k_cache.dtype.isnative and v_cache.dtype.isnative and query.dtype.isnative):
         return
-    if len(_plans) >= _MAX_PLANS:
-        _plans.clear()
-    _plans[sig] = _Plan(query, k_cache, v_cache, key, is_causal, scale, window, softcap, return_lse,
-                        precision)
+    plan = _Plan(query, k_cache, v_cache, key, is_causal, scale, window, softcap, return_lse, precision)
+    if plan.views_ok:
+        if len(_plans) >= _MAX_PLANS:
+            _plans.clear()
+        _plans[sig] = plan
+
+
+# ---- scaled_dot_product_attention: the same memo for a plain call -------------------------
+
+def sdpa_signature(query, key, value, out, dropout_p, is_causal, scale, enable_gqa, window, softcap,
+                   return_lse, precision, align):
+    """The memo key of a scaled_dot_product_attention call without a mask,
+    dropout, ALiBi, sinks, weights or a block mask (the caller checks those
+    are None / False), or None (the full path)."""
+    nd = np.ndarray
+    if type(query) is not nd or type(key) is not nd or type(value) is not nd:
+        return None
+    if out is None:
+        o = None
+    elif type(out) is nd:
+        o = (out.shape, out.dtype)
+    else:
+        return None
+    opts = (_opt(dropout_p), _opt(is_causal), _opt(scale), _opt(enable_gqa), _opt(window), _opt(softcap),
+            _opt(return_lse), _opt(precision), _opt(align))
+    if None in opts or dropout_p != 0:
+        return None
+    return ("sdpa", query.shape, query.strides, query.dtype, key.shape, key.strides, key.dtype,
+            value.shape, value.strides, value.dtype, o) + opts
+
+
+class _SdpaPlan:
+    """The kernel call of a scaled_dot_product_attention signature, from the
+    spec the full path made for a call of it (pyattn._spec.AttnSpec)."""
+    __slots__ = ("dt", "split", "stack", "kshape", "vshape", "extra", "out_shape", "lse_shape", "ok")
+
+    def __init__(self, spec):
+        q, k, v = spec.query, spec.key, spec.value
+        G, L, E = spec.groups, spec.L, spec.E
+        fb = spec.full_batch
+        self.dt = spec.dtype
+        self.ok = (spec.mask is None and spec.dropout_p == 0 and not spec.return_weights and spec.slopes is None
+                   and spec.sinks is None and spec.block_mask is None and spec.kv_len is None
+                   and spec.cu_seqlens_q is None and spec.kv_scales is None
+                   and all(x.dtype.isnative for x in (q, k, v)))
+        if G > 1:       # the batch axes given in full (no broadcasting): the views below are _sdpa's
+            hb = fb[:-1]
+            self.ok = self.ok and q.shape[:-3] == k.shape[:-3] == v.shape[:-3] == hb
+            self.split = hb + (spec.hkv, G, L, E)
+        else:
+            self.ok = self.ok and q.shape[:-2] == k.shape[:-2] == v.shape[:-2] == fb
+            self.split = None
+        self.stack = G > 1 and L == 1 and G <= 48
+        if G > 1 and not self.stack:
+            self.kshape = hb + (spec.hkv, G, spec.S, E)
+            self.vshape = hb + (spec.hkv, G, spec.S, spec.Ev)
+        extra = spec.c_kwargs()
+        if self.stack:
+            extra["row_div"] = G
+        if spec.bf16:
+            extra["bf16"] = True
+        if spec.qoff is not None:
+            extra["qoff"] = spec.qoff
+        if spec.return_lse:
+            extra["want_lse"] = True
+        self.extra = extra
+        self.out_shape = spec.out_shape
+        self.lse_shape = fb + (L,) if spec.return_lse else None
+        if self.ok and G > 1:           # the query's head axis split by reshape: a view, as split_axis
+            qs = store16(q, self.dt)
+            st = qs.strides
+            want = st[:-3] + (st[-3] * G, st[-3]) + st[-2:]
+            r = qs.reshape(self.split)
+            self.ok = qs.size == 0 or (np.shares_memory(r, qs) and all(
+                a == b for a, b, m in zip(r.strides, want, r.shape) if m > 1))
+
+    def run(self, query, key, value, out):
+        dt = self.dt
+        q, k, v = store16(query, dt), store16(key, dt), store16(value, dt)
+        if self.split is not None:
+            q = q.reshape(self.split)
+            if self.stack:
+                q = q[..., 0, :]
+            else:
+                k = np.broadcast_to(k[..., None, :, :], self.kshape)
+                v = np.broadcast_to(v[..., None, :, :], self.vshape)
+        try:
+            res, _, lse = _C.sdpa(q, k, v, None, None, **self.extra)
+        except (TypeError, ValueError):
+            return None
+        stats["fast"] += 1
+        if self.split is not None:
+            res = res.reshape(self.out_shape)
+            if lse is not None:
+                lse = lse.reshape(self.lse_shape)
+        if out is not None:
+            out[...] = res
+            res = out
+        return res if self.lse_shape is None else (res, lse)
+
+
+def sdpa_run(sig, query, key, value, out):
+    """scaled_dot_product_attention by its signature's plan, or None."""
+    plan = _plans.get(sig)
+    if plan is None or not (query.flags.aligned and key.flags.aligned and value.flags.aligned
+                            and (out is None or out.flags.writeable)):
+        return None
+    return plan.run(query, key, value, out)
+
+
+def sdpa_remember(sig, spec, out):
+    """Make the plan of a signature whose full call (spec) has just run."""
+    stats["full"] += 1
+    if sig is None or sig in _plans:
+        return
+    if not (spec.query.flags.aligned and spec.key.flags.aligned and spec.value.flags.aligned
+            and (out is None or out.flags.writeable)):
+        return
+    plan = _SdpaPlan(spec)
+    if plan.ok:
+        if len(_plans) >= _MAX_PLANS:
+            _plans.clear()
+        _plans[sig] = plan
 
 
 def clear():

@@ -1124,16 +1124,17 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     res = _api.attention_with_kvcache(
         t(qa), t(kca), t(vca), t(ka), t(va), cache_seqlens=cache_seqlens, is_causal=bool(causal),
         scale=softmax_scale, window=win, alibi_slopes=slopes, softcap=_softcap(softcap),
-        return_lse=True, out=t(out), rotary_cos=_arr(rotary_cos, "rotary_cos"),
+        return_lse=bool(return_softmax_lse), out=t(out), rotary_cos=_arr(rotary_cos, "rotary_cos"),
         rotary_sin=_arr(rotary_sin, "rotary_sin"), rotary_interleaved=bool(rotary_interleaved),
         cache_leftpad=_arr(cache_leftpad, "cache_leftpad"),
         cache_batch_idx=_arr(cache_batch_idx, "cache_batch_idx"), **kw)
-    lse = res[1]
     if return_softmax_lse:
+        lse = res[1]
         n = np.broadcast_to(np.asarray(cache_seqlens, np.int64), (B,))
         pos = (n + Tk - T)[:, None, None] + np.arange(T)
         lse = _fa_lse(lse, slopes, fa_causal, pos)
     if _is_tensor(q):
         out = _tensor(out)
-        lse = _tensor(np.ascontiguousarray(lse))
+        if return_softmax_lse:
+            lse = _tensor(np.ascontiguousarray(lse))
     return (out, lse) if return_softmax_lse else out

@@ -213,6 +213,20 @@ def _sdpa_autocast(keyset, query, key, value, attn_mask, *rest):
 _AUTOCAST_LIB.impl("sdpa", _sdpa_autocast, "AutocastCPU", with_keyset=True)
 
 
+def _plain(*ts) -> bool:
+    """True when a call on these tensors needs nothing of the dispatcher: plain
+    CPU tensors (no subclass: fake, functional or traced ones are), no gradient
+    wanted, no autocast, no torch.compile tracing, no torch function or
+    dispatch mode and no functorch transform (vmap, grad) active."""
+    if any(type(t) is not _Tensor for t in ts):
+        return False
+    if torch.is_grad_enabled() and any(t.requires_grad for t in ts):
+        return False
+    return not (torch.is_autocast_enabled("cpu") or torch.compiler.is_compiling()
+                or torch._C._is_torch_function_mode_enabled() or torch._C._len_torch_dispatch_stack() > 0
+                or torch._C._are_functorch_transforms_active())
+
+
 def _check_tensor(t, name, device=None):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__} "
@@ -361,6 +375,18 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     p = dropout_p_value(dropout_p)
     scale = None if scale is None else real_scalar(scale, "scale")
     softcap = softcap_value(softcap) or None
+    if (p == 0 and attn_mask is None and alibi_slopes is None and sinks is None and block_mask is None
+            and _plain(query, key, value)):
+        # nothing for autograd, autocast, torch.compile or a mode to see: the NumPy entry on the
+        # tensors' memory, without the custom op's dispatch (a decode step's per-call cost)
+        res = _api.scaled_dot_product_attention(
+            _numpy(query), _numpy(key), _numpy(value), None, 0.0, _CAUSAL[code], scale, bool(enable_gqa),
+            window=_window(wl, wr), softcap=softcap, precision=precision, return_lse=bool(return_lse))
+        out, lse = (res if return_lse else (res, None))
+        out, lse = torch.from_numpy(out), None if lse is None else torch.from_numpy(lse)
+        if out.dtype != dts[0]:
+            out = out.to(dts[0])
+        return (out, lse) if return_lse else out
     seed = None
     if p > 0:
         seed = torch.randint(0, 2**63 - 1, (), dtype=torch.int64)

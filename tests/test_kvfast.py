@@ -182,3 +182,100 @@ def test_plans_are_bounded_and_thread_count_free():
         assert len(set(outs)) == 1
     finally:
         pyattn.set_num_threads(old)
+
+
+@pytest.mark.parametrize("dname,dt,qdt", DTYPES, ids=[d[0] for d in DTYPES])
+@pytest.mark.parametrize("new", [False, True])
+@pytest.mark.parametrize("lse", [False, True])
+def test_token_major_views_and_out_equal_the_full_path(dname, dt, qdt, new, lse):
+    """pyattn.flash's call: (B, T, H, E) arrays seen as (B, H, T, E), and out
+    (of the compute dtype, or 16-bit): the plan's answer is the full path's."""
+    if "bf16" in (dt, qdt):
+        if BF16 is None:
+            pytest.skip("ml_dtypes is not installed")
+        dt = qdt = BF16
+    rng = np.random.default_rng(5)
+    B, Hq, Hkv, T, E, S = 2, 8, 2, 1, 32, 24
+    t = lambda x: x.transpose(0, 2, 1, 3)      # noqa: E731
+    q = rng.standard_normal((B, T, Hq, E)).astype(qdt)
+    kc, vc = (rng.standard_normal((B, S, Hkv, E)).astype(dt) for _ in range(2))
+    kn, vn = (rng.standard_normal((B, T, Hkv, E)).astype(dt) for _ in range(2)) if new else (None, None)
+    cd = np.float32 if np.dtype(dt).itemsize <= 4 and np.dtype(dt) != np.float64 else np.float64
+    for odt in (cd, dt):
+        answers = []
+        for run in range(3):                  # the full path (plan made), the plan, the plan again
+            if run == 0:
+                _kvfast.clear()
+            fast0 = _kvfast.stats["fast"]
+            out = np.full((B, T, Hq, E), 7, odt)
+            k1, v1 = kc.copy(), vc.copy()
+            res = pyattn.attention_with_kvcache(t(q), t(k1), t(v1), None if kn is None else t(kn),
+                                                None if vn is None else t(vn), cache_seqlens=np.array([3, 9]),
+                                                out=t(out), return_lse=lse)
+            assert _kvfast.stats["fast"] == fast0 + (run > 0)
+            o = res[0] if lse else res
+            assert np.shares_memory(o, out)
+            answers.append((out.tobytes(), res[1].tobytes() if lse else b"", k1.tobytes(), v1.tobytes()))
+        assert answers[0] == answers[1] == answers[2]
+
+
+SDPA_SHAPES = [((1, 8, 1, 64), (1, 2, 64, 64), 64), ((2, 4, 3, 16), (2, 4, 40, 16), 24),
+               ((2, 3, 6, 1, 32), (2, 3, 2, 50, 32), 32), ((8, 2, 16), (8, 30, 16), 16),
+               ((2, 64, 1, 16), (2, 1, 33, 16), 16), ((3, 4, 5, 8), (1, 4, 7, 8), 8)]
+SDPA_OPTS = [dict(), dict(is_causal=True), dict(is_causal="bottom_right", window=(4, 0), return_lse=True),
+             dict(align="bottom_right", softcap=5.0, scale=0.25), dict(precision="bf16", return_lse=True),
+             dict(dropout_p=0.0, rng=7, is_causal="top_left")]
+
+
+@pytest.mark.parametrize("dname,dt,qdt", DTYPES, ids=[d[0] for d in DTYPES])
+@pytest.mark.parametrize("si", range(len(SDPA_SHAPES)))
+@pytest.mark.parametrize("oi", range(len(SDPA_OPTS)))
+@pytest.mark.parametrize("with_out", [False, True])
+def test_scaled_dot_product_attention_by_a_plan_equals_the_full_path(dname, dt, qdt, si, oi, with_out):
+    if "bf16" in (dt, qdt):
+        if BF16 is None:
+            pytest.skip("ml_dtypes is not installed")
+        dt = qdt = BF16
+    opts = dict(SDPA_OPTS[oi])
+    qs, ks, Ev = SDPA_SHAPES[si]
+    rng = np.random.default_rng(si * 100 + oi)
+    q = rng.standard_normal(qs).astype(qdt)
+    k = rng.standard_normal(ks).astype(dt)
+    v = rng.standard_normal(ks[:-1] + (Ev,)).astype(dt)
+    gqa = len(qs) >= 3 and qs[-3] != ks[-3]
+    cd = np.float64 if np.float64 in (np.dtype(dt), np.dtype(qdt)) else np.float32
+    if opts.get("precision") == "bf16" and cd == np.float64:
+        pytest.skip("precision='bf16' with float64: refused (test_errors)")
+    broadcast = qs[:-3] != ks[:-3] or (not gqa and qs[:-2] != ks[:-2])
+    answers = []
+    _kvfast.clear()
+    for run in range(3):
+        fast0 = _kvfast.stats["fast"]
+        out = np.full(np.broadcast_shapes(qs[:-2], ks[:-2]) if not gqa else qs[:-2], 3, cd)
+        out = np.full(out.shape + (qs[-2], Ev), 3, cd) if with_out else None
+        res = pyattn.scaled_dot_product_attention(q, k, v, enable_gqa=gqa, out=out, **opts)
+        assert _kvfast.stats["fast"] == fast0 + (run > 0 and not broadcast)
+        r = res if isinstance(res, tuple) else (res,)
+        if with_out:
+            assert r[0] is out
+        answers.append(tuple(x.tobytes() for x in r) + tuple(x.shape for x in r))
+    assert answers[0] == answers[1] == answers[2]
+    if broadcast:                       # no plan: the batch axes broadcast (the full path's views)
+        assert not _kvfast._plans
+
+
+def test_scaled_dot_product_attention_plan_errors_are_the_full_paths():
+    rng = np.random.default_rng(9)
+    q, k, v = (rng.standard_normal((2, 4, 3, 8), dtype=np.float32) for _ in range(3))
+    _kvfast.clear()
+    pyattn.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert _kvfast._plans
+    with pytest.raises(ValueError, match="is_causal must be True, False"):
+        pyattn.scaled_dot_product_attention(q, k, v, is_causal=1.0)
+    with pytest.raises(ValueError, match="dropout_p"):
+        pyattn.scaled_dot_product_attention(q, k, v, dropout_p=1.5)
+    ro = np.zeros((2, 4, 3, 8), np.float32)
+    ro.flags.writeable = False
+    pyattn.scaled_dot_product_attention(q, k, v, out=np.zeros((2, 4, 3, 8), np.float32))
+    with pytest.raises(ValueError, match="out must be writeable"):
+        pyattn.scaled_dot_product_attention(q, k, v, out=ro)
