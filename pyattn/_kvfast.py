@@ -85,6 +85,18 @@ def signature(query, k_cache, v_cache, key, value, out, is_causal, scale, window
             v_cache.shape, v_cache.strides, v_cache.dtype, rows, o) + opts
 
 
+def paged_signature(query, k_pool, v_pool, key, value, out, block_table, is_causal, scale, window, softcap,
+                    return_lse, precision):
+    """The memo key of an attention_with_kvcache call with a block_table (and
+    none of cu_seqlens_q, tree_mask, rotary, quantized pools...), or None."""
+    sig = signature(query, k_pool, v_pool, key, value, out, is_causal, scale, window, softcap, return_lse,
+                    precision)
+    if sig is None or type(block_table) is not np.ndarray or block_table.ndim != 2 or \
+            block_table.dtype.kind not in "iu" or (block_table.dtype.kind == "u" and block_table.dtype.itemsize == 8):
+        return None
+    return ("paged", block_table.shape, block_table.dtype) + sig
+
+
 def _layout_ok(query, k_cache, v_cache, new, out):
     """What depends on the arrays' addresses and flags: the query and the
     caches aligned, the caches writeable when rows are appended, out writeable."""
@@ -110,16 +122,22 @@ def _seqlens(cache_seqlens, B):
 
 class _Plan:
     """The kernel call of one signature (see the module docstring)."""
-    __slots__ = ("cd", "q_conv", "B", "Hq", "Hkv", "G", "T", "Tk", "E", "Ev", "stack", "extra",
+    __slots__ = ("cd", "q_conv", "B", "Hq", "Hkv", "G", "T", "Tk", "E", "Ev", "S", "bs", "stack", "extra",
                  "k_view", "v_view", "rows_dt", "out_shape", "lse_shape", "views_ok")
 
     def __init__(self, query, k_cache, v_cache, key, is_causal, scale, window, softcap, return_lse,
-                 precision):
+                 precision, table=None):
         from ._spec import attn_spec         # (import here: _spec imports nothing of this module)
         kc, vc = k_cache, v_cache
         cd = _F32 if is16(kc.dtype) else kc.dtype
         B, Hkv, S_max, E = kc.shape
         Ev = vc.shape[3]
+        self.bs = None
+        if table is not None:               # pools (num_blocks, Hkv, block_size, E): the call's k, v
+            self.bs = S_max                 # stand in as (B, Hkv, table columns x block_size, E)
+            B, S_max = table.shape[0], table.shape[1] * S_max
+            kc, vc = (np.broadcast_to(c[:1, :, :1, :], (B, Hkv, S_max, c.shape[3])) for c in (kc, vc))
+        self.S = S_max
         Hq, T = query.shape[1], query.shape[2]
         G = Hq // Hkv
         Tk = 0 if key is None else key.shape[2]
@@ -158,24 +176,32 @@ class _Plan:
             self.views_ok = qs.size == 0 or (np.shares_memory(r, qs) and all(
                 a == b for a, b, m in zip(r.strides, want, r.shape) if m > 1))
 
-    def run(self, query, k_cache, v_cache, key, value, n):
+    def run(self, query, k_cache, v_cache, key, value, n, table=None):
         """The call with cache_seqlens n ((B,) int64, a copy); None when the
         C call refuses it (the full path then raises its own message)."""
         cd = self.cd
         q = to_dtype(query, cd) if self.q_conv else query
         q = store16(q, cd)
-        k = store16(k_cache, cd)
-        v = store16(v_cache, cd)
         extra = dict(self.extra)
+        c0, c1 = k_cache, v_cache
+        if self.k_view:
+            c0 = c0.view(np.uint16)
+        if self.v_view:
+            c1 = c1.view(np.uint16)
+        if table is None:
+            k, v = store16(k_cache, cd), store16(v_cache, cd)
+        else:                               # a paged call: k, v stand in for their shape (C reads the pools)
+            k, v = (store16(np.broadcast_to(c[:1, :, :1, :], (self.B, self.Hkv, self.S, c.shape[3])), cd)
+                    for c in (k_cache, v_cache))
+            extra["paged"] = (c0, c1, table)
         if key is not None:
             r0 = key.astype(self.rows_dt[0], order="C", copy=True)
             r1 = value.astype(self.rows_dt[1], order="C", copy=True)
-            c0, c1 = k_cache, v_cache
             if self.k_view:
-                c0, r0 = c0.view(np.uint16), r0.view(np.uint16)
+                r0 = r0.view(np.uint16)
             if self.v_view:
-                c1, r1 = c1.view(np.uint16), r1.view(np.uint16)
-            extra["append"] = (c0, c1, r0, r1, n)
+                r1 = r1.view(np.uint16)
+            extra["append"] = (c0, c1, r0, r1, n) if table is None else (r0, r1, n)
             n = n + self.Tk
         B, Hkv, G = self.B, self.Hkv, self.G
         if self.stack:                      # GQA decode: a group's query heads are rows of one call
@@ -200,7 +226,7 @@ class _Plan:
         return res if self.lse_shape is None else (res, lse)
 
 
-def run(sig, query, k_cache, v_cache, key, value, out, cache_seqlens):
+def run(sig, query, k_cache, v_cache, key, value, out, cache_seqlens, block_table=None):
     """The call by its signature's plan; None when there is no plan yet or
     this call is not one the plan covers (the caller takes the full path)."""
     plan = _plans.get(sig)
@@ -209,7 +235,19 @@ def run(sig, query, k_cache, v_cache, key, value, out, cache_seqlens):
     n = _seqlens(cache_seqlens, plan.B)
     if n is None:
         return None
-    res = plan.run(query, k_cache, v_cache, key, value, n)
+    table = None
+    if block_table is not None:
+        table = block_table if block_table.dtype == np.int64 else block_table.astype(np.int64)
+        table = np.ascontiguousarray(table)
+        if key is not None and (plan.B > 1 or plan.Tk > 1):
+            # two writes of one physical row: the full path's check (and its error), as it makes it
+            from ._paged import _written_rows
+            Tk = plan.Tk
+            if ((n < 0) | (n > plan.S - Tk)).any() or (table < 0).any():
+                return None                 # out of range: the full path says which
+            _written_rows(table, n, np.full(plan.B, Tk, np.int64), np.arange(plan.B + 1, dtype=np.int64) * Tk,
+                          plan.bs)
+    res = plan.run(query, k_cache, v_cache, key, value, n, table)
     if res is None:
         return None
     stats["fast"] += 1
@@ -225,7 +263,7 @@ def run(sig, query, k_cache, v_cache, key, value, out, cache_seqlens):
 
 
 def remember(sig, query, k_cache, v_cache, key, out, is_causal, scale, window, softcap, return_lse,
-             precision):
+             precision, block_table=None):
     """Make the plan of a signature the full path has just accepted (and ran):
     only for the calls the fast path covers."""
     stats["full"] += 1
@@ -237,7 +275,10 @@ def remember(sig, query, k_cache, v_cache, key, out, is_causal, scale, window, s
         return                              # quantized caches: the full path
     if not (k_cache.dtype.isnative and v_cache.dtype.isnative and query.dtype.isnative):
         return
-    plan = _Plan(query, k_cache, v_cache, key, is_causal, scale, window, softcap, return_lse, precision)
+    if block_table is not None and (block_table.shape[0] == 0 or 0 in k_cache.shape or 0 in v_cache.shape):
+        return                              # no sequence, or empty pools: the full path
+    plan = _Plan(query, k_cache, v_cache, key, is_causal, scale, window, softcap, return_lse, precision,
+                 block_table)
     if plan.views_ok:
         if len(_plans) >= _MAX_PLANS:
             _plans.clear()

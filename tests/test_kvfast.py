@@ -279,3 +279,68 @@ def test_scaled_dot_product_attention_plan_errors_are_the_full_paths():
     pyattn.scaled_dot_product_attention(q, k, v, out=np.zeros((2, 4, 3, 8), np.float32))
     with pytest.raises(ValueError, match="out must be writeable"):
         pyattn.scaled_dot_product_attention(q, k, v, out=ro)
+
+
+PAGED = [(1, 8, 2, 1, 64, 16, 5), (3, 4, 4, 1, 16, 4, 4), (2, 6, 2, 3, 24, 8, 3), (2, 64, 1, 1, 16, 2, 4)]
+
+
+@pytest.mark.parametrize("dname,dt,qdt", DTYPES, ids=[d[0] for d in DTYPES])
+@pytest.mark.parametrize("case", range(len(PAGED)))
+@pytest.mark.parametrize("oi", [0, 1, 3, 4])
+@pytest.mark.parametrize("new", [False, True])
+def test_a_paged_plan_makes_the_full_paths_kernel_call(monkeypatch, dname, dt, qdt, case, oi, new):
+    if "bf16" in (dt, qdt):
+        if BF16 is None:
+            pytest.skip("ml_dtypes is not installed")
+        dt = qdt = BF16
+    opts = OPTS[oi]
+    if opts.get("precision") == "bf16" and np.dtype(dt) == np.float64:
+        pytest.skip("precision='bf16' with float64 caches: refused (test_errors)")
+    B, Hq, Hkv, T, E, bs, W = PAGED[case]
+    rng = np.random.default_rng(case * 10 + oi)
+    nblk = B * W + 3
+    q = rng.standard_normal((B, Hq, T, E)).astype(qdt)
+    kp, vp = (rng.standard_normal((nblk, Hkv, bs, E)).astype(dt) for _ in range(2))
+    kn, vn = (rng.standard_normal((B, Hkv, T, E)).astype(dt) for _ in range(2)) if new else (None, None)
+    table = rng.permutation(nblk)[:B * W].reshape(B, W).astype(np.int32)
+    seq = rng.integers(0, W * bs - T + 1, B)
+    _kvfast.clear()
+    calls = _capture(monkeypatch)
+    results, pools = [], []
+    for _ in range(2):
+        k1, v1 = kp.copy(), vp.copy()
+        fast0 = _kvfast.stats["fast"]
+        results.append(pyattn.attention_with_kvcache(q, k1, v1, kn, vn, cache_seqlens=seq, block_table=table,
+                                                     **opts))
+        pools.append((k1, v1))
+    assert _kvfast.stats["fast"] == fast0 + 1, "the second call did not run by the plan"
+    (a0, k0), (a1, k1_) = calls
+    assert set(k0) == set(k1_)
+    for i, (x, y) in enumerate(zip(a0, a1)):
+        _same(x, y, f"arg {i}")
+    for name in k0:
+        _same(k0[name], k1_[name], name)
+    _same(results[0], results[1], "result")
+    for x, y in zip(pools[0], pools[1]):
+        assert x.tobytes() == y.tobytes()
+
+
+def test_a_paged_plan_refuses_what_the_full_path_refuses():
+    rng = np.random.default_rng(6)
+    B, Hq, Hkv, E, bs, W = 2, 4, 2, 8, 4, 3
+    q = rng.standard_normal((B, Hq, 1, E)).astype(np.float32)
+    kp, vp = (rng.standard_normal((10, Hkv, bs, E)).astype(np.float32) for _ in range(2))
+    kn, vn = (rng.standard_normal((B, Hkv, 1, E)).astype(np.float32) for _ in range(2))
+    table = np.array([[0, 1, 2], [3, 4, 5]])
+    _kvfast.clear()
+    pyattn.attention_with_kvcache(q, kp.copy(), vp.copy(), kn, vn, cache_seqlens=[5, 5], block_table=table)
+    assert _kvfast._plans
+    before = kp.tobytes(), vp.tobytes()
+    cases = [(np.array([[0, 1, 2], [3, 1, 5]]), [5, 5], "would all write row 1 of block 1"),
+             (np.array([[0, 1, 2], [3, 40, 5]]), [5, 5], r"block_table\[1, 1\] is 40"),
+             (np.array([[0, 1, 2], [3, -4, 5]]), [5, 5], r"block_table\[1, 1\] is -4"),
+             (table, [5, 12], "the cache is too short"), (table, [-1, 3], "cache_seqlens")]
+    for tb, n, msg in cases:
+        with pytest.raises(ValueError, match=msg):
+            pyattn.attention_with_kvcache(q, kp, vp, kn, vn, cache_seqlens=np.array(n), block_table=tb)
+        assert (kp.tobytes(), vp.tobytes()) == before
