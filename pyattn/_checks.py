@@ -147,6 +147,15 @@ def broadcast_shapes(named, what="batch axes"):
         raise ValueError(f"the {what} do not broadcast: {desc}") from None
 
 
+def standin(shape, dtype):
+    """An array of ``shape`` and ``dtype`` over one zero row (every axis but
+    the last of stride 0): a paged call's k / v, which describe the call by
+    their shape and dtype while C reads the pools."""
+    dtype = np.dtype(dtype)
+    row = np.zeros(max(shape[-1], 1), dtype)
+    return np.ndarray(shape, dtype, row, 0, (0,) * (len(shape) - 1) + (dtype.itemsize,))
+
+
 def split_axis(a, axis, n1, n2):
     """View of a with axis `axis` (negative) split into (n1, n2); never a copy."""
     ax = a.ndim + axis

@@ -34,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _C
-from ._checks import is16, store16, to_dtype
+from ._checks import is16, standin, store16, to_dtype
 
 _F32 = np.dtype(np.float32)
 _MAX_PLANS = 256                    # signatures remembered (a model has a handful)
@@ -122,7 +122,7 @@ def _seqlens(cache_seqlens, B):
 
 class _Plan:
     """The kernel call of one signature (see the module docstring)."""
-    __slots__ = ("cd", "q_conv", "B", "Hq", "Hkv", "G", "T", "Tk", "E", "Ev", "S", "bs", "stack", "extra",
+    __slots__ = ("cd", "q_conv", "B", "Hq", "Hkv", "G", "T", "Tk", "E", "Ev", "S", "bs", "kv", "stack", "extra",
                  "k_view", "v_view", "rows_dt", "out_shape", "lse_shape", "views_ok")
 
     def __init__(self, query, k_cache, v_cache, key, is_causal, scale, window, softcap, return_lse,
@@ -136,8 +136,9 @@ class _Plan:
         if table is not None:               # pools (num_blocks, Hkv, block_size, E): the call's k, v
             self.bs = S_max                 # stand in as (B, Hkv, table columns x block_size, E)
             B, S_max = table.shape[0], table.shape[1] * S_max
-            kc, vc = (np.broadcast_to(c[:1, :, :1, :], (B, Hkv, S_max, c.shape[3])) for c in (kc, vc))
+            kc, vc = (standin((B, Hkv, S_max, c.shape[3]), c.dtype) for c in (kc, vc))
         self.S = S_max
+        self.kv = None if table is None else (store16(kc, cd), store16(vc, cd))
         Hq, T = query.shape[1], query.shape[2]
         G = Hq // Hkv
         Tk = 0 if key is None else key.shape[2]
@@ -191,8 +192,7 @@ class _Plan:
         if table is None:
             k, v = store16(k_cache, cd), store16(v_cache, cd)
         else:                               # a paged call: k, v stand in for their shape (C reads the pools)
-            k, v = (store16(np.broadcast_to(c[:1, :, :1, :], (self.B, self.Hkv, self.S, c.shape[3])), cd)
-                    for c in (k_cache, v_cache))
+            k, v = self.kv
             extra["paged"] = (c0, c1, table)
         if key is not None:
             r0 = key.astype(self.rows_dt[0], order="C", copy=True)

@@ -24,7 +24,7 @@ import numpy as np
 from ._api import _cache_array, _qcache, _sdpa, _seqlens
 from . import _C
 from ._checks import (as_array, not_flag_mask, bcast, cache_dtype, check_numeric, check_out, is16, number, per_head,
-                      precision_value, real_scalar, split_axis, store16, to_dtype)
+                      precision_value, real_scalar, split_axis, standin, store16, to_dtype)
 from ._spec import attn_spec
 
 __all__ = ["PagedKVCache", "CacheFullError"]
@@ -316,10 +316,8 @@ def _packed(qd, kc, vc, u16, table, kn, vn, n, kv_len, cu, S, Hkv, E, Ev, is_cau
     rows, as the dense call of a decode step (_api._sdpa)."""
     total, Hq = qd.shape[0], qd.shape[1]
     B = len(kv_len)
-    views = []
-    for c, D in ((kc, E), (vc, Ev)):          # the call's k, v: shape only (C reads the pools)
-        first = c[:1, :, :1, :][0] if c.shape[0] and c.shape[2] else np.zeros((Hkv, 1, D), c.dtype)
-        views.append(np.broadcast_to(first, (Hkv, S, D)))
+    views = [standin((Hkv, S, D), c.dtype) for c, D in ((kc, E), (vc, Ev))]    # the call's k, v: shape
+    # only (C reads the pools)
     spec = attn_spec(qd.transpose(1, 0, 2), views[0], views[1], None, 0.0,
                      "bottom_right" if is_causal else False, sc, Hq != Hkv, window=window, softcap=softcap,
                      sinks=sinks, precision=precision, return_lse=return_lse)
@@ -363,8 +361,7 @@ def _group(qd, kc, vc, u16, table, kn, vn, idx, Tg, n, kv_len, cu, packed, whole
     else:
         qg = qd if whole else qd[ix]
     def stand_in(c, D):                         # the call's k, v: shape only (C reads the pools)
-        first = c[:1, :, :1, :] if c.shape[0] and c.shape[2] else np.zeros((1, Hkv, 1, D), c.dtype)
-        return np.broadcast_to(first, (len(idx), Hkv, S, D))
+        return standin((len(idx), Hkv, S, D), c.dtype)
     views = [stand_in(kc, kc.shape[3]), stand_in(vc, vc.shape[3])]
     quant = ks is not None or vs is not None
     svs = [None if x is None else stand_in(x, x.shape[3]) for x in (ks, vs)]
@@ -667,8 +664,8 @@ class PagedKVCache:
         if need > len(self._free):
             raise CacheFullError(f"PagedKVCache: the call needs {need} free blocks, {len(self._free)} "
                                  f"are free (of {self.k.shape[0]}); nothing was written")
-        free = list(self._free)
-        left = {}
+        free = self._free[len(self._free) - need:] if need else []    # popped from the end, as they
+        left = {}                                                       # are taken
         lists, copies = [], []
         for s, t in zip(ids, Ts):
             blocks, n = self._seqs[s]
@@ -684,7 +681,7 @@ class PagedKVCache:
                 while len(blocks) * bs < n + t:
                     blocks.append(free.pop())
             lists.append(blocks)
-        return lists, free, copies
+        return lists, self._free[:len(self._free) - need] + free, copies
 
     def attend(self, seqs, query, key, value, *, cu_seqlens_q=None, **kw):
         """Write ``key``/``value`` after each sequence's rows, attend, advance the lengths.
@@ -786,9 +783,12 @@ class PagedKVCache:
                                  f"per query row (T = {q.shape[2]}, query shape {q.shape})")
         lists, free, copies = self._plan(ids, Ts)
         width = max([len(b) for b in lists] + [1])
-        table = np.full((len(ids), width), -1, np.int64)
-        for i, b in enumerate(lists):
-            table[i, :len(b)] = b
+        if all(len(b) == width for b in lists):
+            table = np.array(lists, np.int64).reshape(len(ids), width)
+        else:
+            table = np.full((len(ids), width), -1, np.int64)
+            for i, b in enumerate(lists):
+                table[i, :len(b)] = b
         lengths = np.array([self._seqs[s][1] for s in ids], np.int64)
         for name in ("k_scale", "v_scale"):
             if name in kw:
@@ -796,7 +796,7 @@ class PagedKVCache:
         pools = [x for x in (self.k, self.v, self.k_scale, self.v_scale) if x is not None]
         dst = [d for _, d in copies]
         before = [p[dst] for p in pools] if copies else None    # the free blocks, put back on an error
-        from ._api import attention_with_kvcache
+        from ._api import attention_with_kvcache    # (here: _api imports this module)
         try:
             for src, d in copies:                    # into free blocks: no live row changes
                 for p in pools:                      # (the scales of a quantized block with it)
