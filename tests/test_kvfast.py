@@ -66,7 +66,7 @@ DTYPES = [("f32", np.float32, np.float32), ("f64", np.float64, np.float64), ("f1
           ("f16q32", np.float16, np.float32), ("f32q64", np.float32, np.float64), ("bf16", "bf16", "bf16")]
 SHAPES = [(1, 8, 2, 1, 64, 64), (2, 4, 4, 1, 32, 32), (2, 6, 2, 3, 16, 24), (1, 64, 1, 1, 16, 16),
           (3, 2, 1, 2, 40, 40), (2, 4, 2, 0, 16, 16)]
-OPTS = [dict(), dict(is_causal=False), dict(scale=0.3, window=(5, 0)), dict(softcap=12.5, return_lse=True),
+OPTS = [dict(), dict(is_causal=np.bool_(False)), dict(scale=0.3, window=(5, 0)), dict(softcap=12.5, return_lse=True),
         dict(precision="bf16"), dict(window=(3, None), return_lse=True)]
 
 
@@ -223,7 +223,7 @@ SDPA_SHAPES = [((1, 8, 1, 64), (1, 2, 64, 64), 64), ((2, 4, 3, 16), (2, 4, 40, 1
                ((2, 3, 6, 1, 32), (2, 3, 2, 50, 32), 32), ((8, 2, 16), (8, 30, 16), 16),
                ((2, 64, 1, 16), (2, 1, 33, 16), 16), ((3, 4, 5, 8), (1, 4, 7, 8), 8)]
 SDPA_OPTS = [dict(), dict(is_causal=True), dict(is_causal="bottom_right", window=(4, 0), return_lse=True),
-             dict(align="bottom_right", softcap=5.0, scale=0.25), dict(precision="bf16", return_lse=True),
+             dict(align="bottom_right", softcap=5.0, scale=1 / np.sqrt(np.float32(16))), dict(precision="bf16", return_lse=True),
              dict(dropout_p=0.0, rng=7, is_causal="top_left")]
 
 
