@@ -15,6 +15,73 @@
 
 #include <string.h>
 
+/* The keywords of _C.sdpa (F) and _C.sdpa_backward (B), one row each, in
+ * each entry's positional order: X(PA_KW_<entry>_<who>, keyword, PyArg
+ * format unit, destination), who = FB (both entries), F or B (that entry
+ * only; qoff has a row for each, at its place in each); the required
+ * keywords first, then the optional ones (PyArg's "|" between the two
+ * lists). Each entry generates its kwlist, format and destinations from the
+ * rows (PA_SDPA_KWLIST, PA_SDPA_FORMAT, PA_SDPA_DESTS); a destination names
+ * the entry's locals (a: its pa_call_args), and both entries give the
+ * shared ones the same names. pyattn/_spec.py's AttnSpec.c_kwargs passes
+ * these keywords; a new option is a row here and a field in pa_call_args
+ * (bind_call.h). */
+#define PA_SDPA_KWARGS_REQUIRED(X, dir)                                       \
+    X(PA_KW_##dir##_FB, q, "O", &a.q)                                         \
+    X(PA_KW_##dir##_FB, k, "O", &a.k)                                         \
+    X(PA_KW_##dir##_FB, v, "O", &a.v)                                         \
+    X(PA_KW_##dir##_B, o, "O", &io[0])                                        \
+    X(PA_KW_##dir##_B, go, "O", &io[1])                                       \
+    X(PA_KW_##dir##_B, lse, "O", &io[2])
+#define PA_SDPA_KWARGS_OPTIONAL(X, dir)                                       \
+    X(PA_KW_##dir##_F, out, "O", &outo)                                       \
+    X(PA_KW_##dir##_FB, mask, "O", &a.mask)                                   \
+    X(PA_KW_##dir##_FB, causal, "i", &a.causal)                               \
+    X(PA_KW_##dir##_FB, scale, "d", &a.scale)                                 \
+    X(PA_KW_##dir##_FB, dropout_p, "d", &a.dropout_p)                         \
+    X(PA_KW_##dir##_FB, dropout_key, "K", &a.key)                             \
+    X(PA_KW_##dir##_F, want_weights, "p", &a.want_w)                          \
+    X(PA_KW_##dir##_F, want_lse, "p", &want_lse)                              \
+    X(PA_KW_##dir##_FB, left, "n", &a.left)                                   \
+    X(PA_KW_##dir##_FB, right, "n", &a.right)                                 \
+    X(PA_KW_##dir##_FB, softcap, "d", &a.softcap)                             \
+    X(PA_KW_##dir##_FB, slopes, "O", &a.slopes)                               \
+    X(PA_KW_##dir##_FB, sinks, "O", &a.sinks)                                 \
+    X(PA_KW_##dir##_F, kv_len, "O", &a.kv_len)                                \
+    X(PA_KW_##dir##_F, row_div, "n", &a.row_div)                              \
+    X(PA_KW_##dir##_F, qoff, "O", &a.qoff)                                    \
+    X(PA_KW_##dir##_B, reduce, "O", &redo)                                    \
+    X(PA_KW_##dir##_FB, nthreads, "i", &req_threads)                          \
+    X(PA_KW_##dir##_F, bf16, "p", &a.bf16)                                    \
+    X(PA_KW_##dir##_F, append, "O", &appo)                                    \
+    X(PA_KW_##dir##_FB, cu_seqlens_q, "O", &a.cuq)                            \
+    X(PA_KW_##dir##_FB, cu_seqlens_k, "O", &a.cuk)                            \
+    X(PA_KW_##dir##_F, paged, "O", &pago)                                     \
+    X(PA_KW_##dir##_F, k_scale, "O", &a.k_scale)                              \
+    X(PA_KW_##dir##_F, v_scale, "O", &a.v_scale)                              \
+    X(PA_KW_##dir##_B, qoff, "O", &a.qoff)                                    \
+    X(PA_KW_##dir##_FB, block_mask, "O", &bmo)                                \
+    X(PA_KW_##dir##_FB, seq_align, "p", &a.seq_align)
+
+/* PA_KW_<entry>_<who>(...): the row's piece where the entry takes it */
+#define PA_KW_F_FB(...) __VA_ARGS__
+#define PA_KW_F_F(...) __VA_ARGS__
+#define PA_KW_F_B(...)
+#define PA_KW_B_FB(...) __VA_ARGS__
+#define PA_KW_B_B(...) __VA_ARGS__
+#define PA_KW_B_F(...)
+#define PA_KW_NAME(on, name, fmt, dest) on(#name,)
+#define PA_KW_FMT(on, name, fmt, dest) on(fmt)
+#define PA_KW_DEST(on, name, fmt, dest) on(, dest)
+/* an entry's kwlist (NULL-terminated), its format (":" and the entry's name
+ * follow) and its destinations (after kwlist in the call) */
+#define PA_SDPA_KWLIST(dir)                                                   \
+    {PA_SDPA_KWARGS_REQUIRED(PA_KW_NAME, dir) PA_SDPA_KWARGS_OPTIONAL(PA_KW_NAME, dir) NULL}
+#define PA_SDPA_FORMAT(dir)                                                   \
+    PA_SDPA_KWARGS_REQUIRED(PA_KW_FMT, dir) "|" PA_SDPA_KWARGS_OPTIONAL(PA_KW_FMT, dir)
+#define PA_SDPA_DESTS(dir)                                                    \
+    PA_SDPA_KWARGS_REQUIRED(PA_KW_DEST, dir) PA_SDPA_KWARGS_OPTIONAL(PA_KW_DEST, dir)
+
 const char pa_sdpa_doc[] =
     "sdpa(q, k, v, out=None, mask=None, causal=0, scale=1.0, dropout_p=0.0,\n"
     "     dropout_key=0, want_weights=False, want_lse=False, left=-1, right=-1,\n"
@@ -35,11 +102,7 @@ const char pa_sdpa_doc[] =
 
 PyObject *pa_py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"q", "k", "v", "out", "mask", "causal", "scale", "dropout_p",
-                             "dropout_key", "want_weights", "want_lse", "left", "right",
-                             "softcap", "slopes", "sinks", "kv_len", "row_div", "qoff", "nthreads",
-                             "bf16", "append", "cu_seqlens_q", "cu_seqlens_k", "paged", "k_scale", "v_scale",
-                             "block_mask", "seq_align", NULL};
+    static char *kwlist[] = PA_SDPA_KWLIST(F);
     pa_call_args a;
     pa_kv_scales qsc;
     pa_call_args_init(&a, PA_ALLOW_16 | PA_ALLOW_Q);
@@ -53,11 +116,7 @@ PyObject *pa_py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
     pa_attn_call c;
     pa_view qkv[3], o, w, lv;
     PyArrayObject *res = NULL, *wres = NULL, *lres = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOiddKppnndOOOnOipOOOOOOOp:sdpa", kwlist, &a.q, &a.k, &a.v,
-                                     &outo, &a.mask, &a.causal, &a.scale, &a.dropout_p, &a.key,
-                                     &a.want_w, &want_lse, &a.left, &a.right, &a.softcap, &a.slopes,
-                                     &a.sinks, &a.kv_len, &a.row_div, &a.qoff, &req_threads, &a.bf16,
-                                     &appo, &a.cuq, &a.cuk, &pago, &a.k_scale, &a.v_scale, &bmo, &a.seq_align))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, PA_SDPA_FORMAT(F) ":sdpa", kwlist PA_SDPA_DESTS(F)))
         return NULL;
     a.paged = pago != Py_None;
     if (pa_attn_call_of(&a, &c, qkv) < 0) goto fail;
@@ -219,10 +278,7 @@ const char pa_sdpa_backward_doc[] =
 
 PyObject *pa_py_sdpa_backward(PyObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"q", "k", "v", "o", "go", "lse", "mask", "causal", "scale",
-                             "dropout_p", "dropout_key", "left", "right", "softcap", "slopes",
-                             "sinks", "reduce", "nthreads", "cu_seqlens_q", "cu_seqlens_k", "qoff", "block_mask", "seq_align",
-                             NULL};
+    static char *kwlist[] = PA_SDPA_KWLIST(B);
     pa_call_args a;
     pa_call_args_init(&a, 0);
     PyObject *io[3], *redo = NULL, *bmo = Py_None;
@@ -232,10 +288,7 @@ PyObject *pa_py_sdpa_backward(PyObject *self, PyObject *args, PyObject *kw)
     pa_attn_grads g;
     pa_view qkv[3], dqv, dkv, dvv;
     PyArrayObject *dq = NULL, *dk = NULL, *dv = NULL, *ds = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOO|OiddKnndOOOiOOOOp:sdpa_backward", kwlist, &a.q, &a.k,
-                                     &a.v, &io[0], &io[1], &io[2], &a.mask, &a.causal, &a.scale,
-                                     &a.dropout_p, &a.key, &a.left, &a.right, &a.softcap, &a.slopes,
-                                     &a.sinks, &redo, &req_threads, &a.cuq, &a.cuk, &a.qoff, &bmo, &a.seq_align))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, PA_SDPA_FORMAT(B) ":sdpa_backward", kwlist PA_SDPA_DESTS(B)))
         return NULL;
     memset(&g, 0, sizeof g);
     if (pa_attn_call_of(&a, &c, qkv) < 0 || get_bwd_inputs(io, qkv, &c, &g) < 0 || pa_bm_get(bmo, &c, &bma) < 0)
