@@ -312,7 +312,8 @@ PyObject *pa_py_sdpa_backward(PyObject *self, PyObject *args, PyObject *kw)
         ds = new_zeros(1, &n, PA_F64, "sink gradient");
         if (!ds) goto fail;
     }
-    if (pa_get_view((PyObject *)dq, "dq", nd, 0, 1, &dqv) < 0 || pa_get_view((PyObject *)dk, "dk", nd, 0, 1, &dkv) < 0 ||
+    if (pa_get_view((PyObject *)dq, "dq", nd, 0, 1, &dqv) < 0 ||
+        pa_get_view((PyObject *)dk, "dk", nd, 0, 1, &dkv) < 0 ||
         pa_get_view((PyObject *)dv, "dv", nd, 0, 1, &dvv) < 0)
         goto fail;
     for (int d = 0; d < nb; d++)
