@@ -1,7 +1,7 @@
 /*
  * bind_paged.h -- the binding of paged KV caches (bind_paged.c): _C.sdpa's
  * paged=(k_pool, v_pool, block_table) and its append of new rows into the
- * pools' pages. module.c's py_sdpa calls it once attn_call_of has filled
+ * pools' pages. bind_sdpa.c's pa_py_sdpa calls it once pa_attn_call_of has filled
  * the call, before anything is allocated.
  */
 #ifndef PYATTN_BIND_PAGED_H

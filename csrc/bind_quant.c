@@ -5,7 +5,7 @@
  * shapes, alignment, strides), so a direct call can raise but never crash.
  */
 #include "bind_quant.h"
-/* this file's own NumPy API table (module.c's is static to it), imported
+/* this file's own NumPy API table (not bind_views.h's shared one), imported
  * on the first call */
 #include <numpy/arrayobject.h>
 

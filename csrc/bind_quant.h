@@ -8,7 +8,7 @@
 
 #include "ops/quant.h"
 
-/* attn_call_of (module.c): the scales of c's int8 / int4 k, v (c->k_dt,
+/* pa_attn_call_of (bind_call.c): the scales of c's int8 / int4 k, v (c->k_dt,
  * c->v_dt; their element strides are bytes) into *qs, c->kv_scales = qs when
  * either is quantized. ks / vs: float32 arrays (..., S, E / G) with c's batch
  * axes, or None where that operand is not quantized; ValueError / TypeError
@@ -16,7 +16,7 @@
  * quantized paths do not take (weights, precision "bf16", head dims over
  * 512, values not contiguous along a row). -1 with an exception set. */
 int pa_bind_kv_scales(PyObject *ks, PyObject *vs, pa_attn_call *c, int want_w, pa_kv_scales *qs);
-/* get_append (module.c): the scales (B, H, S_max, D / G) of quantized cache
+/* pa_get_append (bind_append.c): the scales (B, H, S_max, D / G) of quantized cache
  * x (0: k, 1: v) for its new rows: float32, aligned, writeable; sets *sc,
  * the element strides st[4] and the group size *G. -1 with an exception. */
 int pa_append_scales(PyObject *o, int x, pa_ssize B, pa_ssize H, pa_ssize S, pa_ssize D, float **sc,

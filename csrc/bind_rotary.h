@@ -1,6 +1,6 @@
 /*
  * bind_rotary.h -- rotary embedding's binding (bind_rotary.c): the rotary
- * tables of an append (module.c's get_append, bind_paged.c's get_rows) and
+ * tables of an append (bind_append.c's pa_get_append, bind_paged.c's get_rows) and
  * _C.rotary, the queries' rotation (module.c's method table).
  */
 #ifndef PYATTN_BIND_ROTARY_H

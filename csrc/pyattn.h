@@ -12,7 +12,7 @@
  *   M, N, K  matmul: (M, K) @ (K, N) -> (M, N)
  *
  * Every stride in the ops and kernels is counted in ELEMENTS, not bytes; the
- * binding (module.c) converts NumPy's byte strides once.
+ * binding (bind_views.c) converts NumPy's byte strides once.
  */
 #ifndef PYATTN_H
 #define PYATTN_H

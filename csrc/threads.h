@@ -25,7 +25,7 @@ typedef volatile int pa_stop_flag;
 
 typedef void (*pa_task_fn)(void *ctx, pa_ssize task, int tid);
 
-/* Stopping a call early (Ctrl-C; module.c sets the flag from a SIGINT
+/* Stopping a call early (Ctrl-C; bind_interrupt.c sets the flag from a SIGINT
  * handler). pa_stop_set(flag) names the calling thread's stop flag (NULL:
  * none) for the ops it calls next; pa_parallel_for hands it on to the threads
  * that run the op's tasks and, once it is set, skips the tasks not yet

@@ -4,7 +4,7 @@
 -- for ``scaled_dot_product_attention``, its backward and vjp,
 ``attention_with_kvcache`` and ``pyattn.dask`` -- into one immutable
 ``AttnSpec``; ``_api._sdpa`` runs a spec (forward), ``_grad`` differentiates
-one. The binding (csrc/module.c) converts what ``AttnSpec.c_kwargs`` gives
+one. The binding (csrc/bind_call.c) converts what ``AttnSpec.c_kwargs`` gives
 into one C struct, ``pa_attn_call``. Adding an option: a field here, its
 check in ``attn_spec``, its keyword in ``c_kwargs``, the struct field in C.
 
@@ -75,7 +75,7 @@ class AttnSpec(NamedTuple):
 
     def c_kwargs(self) -> dict:
         """The options as _C.sdpa / _C.sdpa_backward take them (keywords of
-        one converter in module.c: pa_attn_call); those at their C default
+        one converter in bind_call.c: pa_attn_call); those at their C default
         are left out (each keyword costs the C parser a search)."""
         kw: dict[str, Any] = {"scale": self.scale}
         if self.causal:

@@ -111,7 +111,7 @@ int pa_softmax_backward(int dtype, const pa_batch *bt, pa_ssize S, const pa_oper
                         const pa_operand *y, double scale, const pa_operand *out, int nthreads);
 
 /* One attention call (the C side of pyattn/_spec.py's AttnSpec; the
- * binding fills it with one converter, attn_call_of in module.c): every
+ * binding fills it with one converter, pa_attn_call_of in bind_call.c): every
  * attention op and its context take it. Per flat batch index b (all axes
  * but the last two; per-head values come as arrays over b, the binding
  * broadcast them): q (L, E), k (S, E), v (S, Ev), mask (L, S), out (L, Ev),

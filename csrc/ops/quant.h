@@ -60,7 +60,7 @@ int pa_dequantize(const pa_quant_call *c, int nthreads);
 
 /* One row: E float32 values at x (stride xcs) -> q, s (strides qcs, scs).
  * Returns 1 (writing nothing) when the row holds a NaN or an infinity. The
- * KV cache's append calls it row by row (module.c). */
+ * KV cache's append calls it row by row (bind_append.c). */
 int pa_quant_row(int bits, const float *x, pa_ssize xcs, pa_ssize E, pa_ssize G, void *q,
                  pa_ssize qcs, float *s, pa_ssize scs);
 /* 1 when the E values at x (stride xcs) are all finite */
@@ -73,7 +73,7 @@ int pa_quant_finite(const float *x, pa_ssize xcs, pa_ssize E);
  * strides st, shape = {B, H, T}: 1 when every row is finite as it will be
  * written -- rotated first when rope != NULL (row t of sequence b at position
  * pos[b] + t; D <= PA_QROT_MAXD) -- else 0 with the first bad (b, h, t) in
- * at. The contiguous (module.c) and paged (bind_paged.c) appends call it
+ * at. The contiguous (bind_append.c) and paged (bind_paged.c) appends call it
  * before anything is written. */
 int pa_quant_rows_finite(const float *rows, const pa_ssize st[4], const pa_ssize shape[3], pa_ssize D,
                          const pa_rope *rope, const int64_t *pos, pa_ssize at[3]);

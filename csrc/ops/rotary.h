@@ -1,7 +1,7 @@
 /*
  * rotary.h -- rotary position embedding (RoPE) of one row (rotary.c), as
  * attention_with_kvcache applies it (issue 29): to each new key row while
- * it is written into a cache (module.c's kv_append, bind_paged.c's paged
+ * it is written into a cache (bind_append.c's pa_kv_append, bind_paged.c's paged
  * append) and to the query rows (bind_rotary.c's _C.rotary, into a scratch
  * of the queries; never a copy of a cache).
  *
