@@ -18,7 +18,6 @@
  * whatever the thread count (they differ in the last bits from the same
  * rows computed among more than PA_SPLIT_MAXL queries).
  */
-#include <math.h>
 #include "ops.h"
 #include "attention.h"
 #include "threads.h"
@@ -35,8 +34,7 @@ typedef struct {
     pa_ssize nchunks;        /* key chunks per head (split mode), else 0 */
     pa_ssize chunk;          /* keys per chunk: PA_SPLIT_CHUNK, PA_BF16_SPLIT_CHUNK */
     char *partials;          /* (count, nchunks, L, 2 + Ev) in split mode */
-    float *sc;               /* bf16 split: (count, nchunks, L, chunk) scores, */
-    float *cmax;             /* (count, nchunks, L) each chunk's max score per row */
+    float *sc;               /* bf16 split: (count, nchunks, L, chunk) scores */
 } attn_ctx;
 
 static void attn_args(const attn_ctx *c, pa_ssize b, pa_attn_args *out)
@@ -97,7 +95,7 @@ static void chunk_task(void *ctx_, pa_ssize t, int tid)
 }
 
 /* bf16 split (the rows path on bfloat16 values, attn_flash.c): pass 1,
- * (b, key chunk) -> the chunk's scores of every row and their max per row */
+ * (b, key chunk) -> the chunk's scores of every row */
 static void bf16_scores_task(void *ctx_, pa_ssize t, int tid)
 {
     const attn_ctx *c = (const attn_ctx *)ctx_;
@@ -107,45 +105,19 @@ static void bf16_scores_task(void *ctx_, pa_ssize t, int tid)
     attn_args(c, b, &a);
     a.key_begin = ch * c->chunk;
     a.key_end = pa_min(a.key_begin + c->chunk, k->S);
-    pa_bf16_rows_scores(c->fam, &a, c->sc + (size_t)t * (size_t)(k->L * c->chunk), c->chunk,
-                        c->cmax + t * k->L, c->ws[tid]);
+    pa_bf16_rows_scores(c->fam, &a, c->sc + (size_t)t * (size_t)(k->L * c->chunk), c->chunk, c->ws[tid]);
 }
 
-/* pass 2, (b, key chunk) -> its partial (m, l, O) of every row, the softmax
- * steps starting from the running max of the chunks before it: the weights
- * rounded against the max of the tiles so far, as without the split */
-static void bf16_pv_task(void *ctx_, pa_ssize t, int tid)
-{
-    const attn_ctx *c = (const attn_ctx *)ctx_;
-    const pa_attn_call *k = c->call;
-    const pa_ssize b = t / c->nchunks, ch = t % c->nchunks;
-    float m0[PA_BF16_ROWS_MAXL];
-    pa_attn_args a;
-    attn_args(c, b, &a);
-    a.key_begin = ch * c->chunk;
-    a.key_end = pa_min(a.key_begin + c->chunk, k->S);
-    a.partial = c->partials + (t * k->L * (2 + k->Ev)) * (pa_ssize)sizeof(float);
-    for (pa_ssize r = 0; r < k->L; r++) {
-        float m = -INFINITY;
-        for (pa_ssize p = 0; p < ch; p++) {
-            const float x = c->cmax[(b * c->nchunks + p) * k->L + r];
-            m = x > m ? x : m;
-        }
-        m0[r] = m;
-    }
-    pa_bf16_rows_pv(c->fam, &a, c->sc + (size_t)t * (size_t)(k->L * c->chunk), c->chunk, m0, c->ws[tid]);
-}
-
-/* bf16 split, pass 3: b -> every row's chunks merged, in chunk order */
-static void bf16_merge_task(void *ctx_, pa_ssize b, int tid)
+/* pass 2, b -> its rows over all keys on those scores (the softmax steps,
+ * P rounded, P V, in the order of the call without the split) */
+static void bf16_finish_task(void *ctx_, pa_ssize b, int tid)
 {
     const attn_ctx *c = (const attn_ctx *)ctx_;
     const pa_attn_call *k = c->call;
     pa_attn_args a;
     attn_args(c, b, &a);
-    const pa_ssize stride = k->L * (2 + k->Ev);
-    const char *P = c->partials + (b * c->nchunks * stride) * (pa_ssize)sizeof(float);
-    for (pa_ssize i = 0; i < k->L; i++) pa_bf16_merge(c->fam, &a, i, P, c->nchunks, stride, c->ws[tid]);
+    pa_bf16_rows_finish(c->fam, &a, c->sc + (size_t)(b * c->nchunks) * (size_t)(k->L * c->chunk), c->chunk,
+                        k->L * c->chunk, c->ws[tid]);
 }
 
 /* split mode, pass 2: b -> merge every row's chunks, in chunk order */
@@ -188,12 +160,12 @@ static void attn_init(attn_ctx *c, const pa_family *fam, const pa_attn_call *cal
     c->nchunks = 0;
     c->chunk = call->bf16 ? PA_BF16_SPLIT_CHUNK : PA_SPLIT_CHUNK;
     c->partials = NULL;
-    c->sc = c->cmax = NULL;
+    c->sc = NULL;
 }
 
 /* Decode shapes take the split mode: tasks over (b, key chunk), then the
- * merge (precision "bf16": the rows path's shapes, pa_bf16_rows_shape, in
- * two passes over the chunks before the merge) */
+ * merge (precision "bf16": the rows path's shapes, pa_bf16_rows_shape; its
+ * scores by (b, key chunk), then per b the rest of the rows path on them) */
 static int attn_splits(const attn_ctx *c)
 {
     const pa_attn_call *k = c->call;
@@ -214,19 +186,18 @@ static int attn_scratch(attn_ctx *c, size_t *ntasks)
     if (!pa_mul_ok(count, (size_t)c->nblk, ntasks) || *ntasks > (size_t)PTRDIFF_MAX) return -1;
     if (attn_splits(c)) {
         c->nchunks = (k->S + c->chunk - 1) / c->chunk;
-        if (!pa_mul_ok(count, (size_t)c->nchunks, ntasks) || !pa_mul_ok(*ntasks, (size_t)(k->L * (2 + k->Ev)), &n) ||
-            !pa_mul_ok(n, pa_elsize(k->dtype), &n) || *ntasks > (size_t)PTRDIFF_MAX)
+        if (!pa_mul_ok(count, (size_t)c->nchunks, ntasks) || *ntasks > (size_t)PTRDIFF_MAX) return -1;
+        if (k->bf16) {                               /* the scores of every chunk */
+            if (!pa_mul_ok(*ntasks, (size_t)k->L, &n) || !pa_mul_ok(n, (size_t)c->chunk, &n) ||
+                !pa_mul_ok(n, sizeof(float), &n))
+                return -1;
+            c->sc = (float *)pa_alloc64(n);
+            return c->sc ? 0 : -1;
+        }
+        if (!pa_mul_ok(*ntasks, (size_t)(k->L * (2 + k->Ev)), &n) || !pa_mul_ok(n, pa_elsize(k->dtype), &n))
             return -1;
         c->partials = (char *)pa_alloc64(n);
-        if (!c->partials) return -1;
-        if (!k->bf16) return 0;
-        size_t ns, nm;                               /* the scores, the chunks' max */
-        if (!pa_mul_ok(*ntasks, (size_t)k->L, &nm) || !pa_mul_ok(nm, (size_t)c->chunk, &ns) ||
-            !pa_mul_ok(ns, sizeof(float), &ns) || !pa_mul_ok(nm, sizeof(float), &nm))
-            return -1;
-        c->sc = (float *)pa_alloc64(ns);
-        c->cmax = (float *)pa_alloc64(nm);
-        return c->sc && c->cmax ? 0 : -1;
+        return c->partials ? 0 : -1;
     }
     if (k->bf16 && c->nblk > 1 && k->S > 0 && !pa_bf16_rows_shape(k->L, k->row_div, k->E, k->Ev)) {
         c->kvp_tile = pa_bf16_kv_tile(c->fam, k->E, k->Ev);
@@ -244,10 +215,9 @@ static int attn_scratch(attn_ctx *c, size_t *ntasks)
 static void attn_run(attn_ctx *c, size_t ntasks, int nt)
 {
     const pa_ssize count = c->call->bt.count;
-    if (c->nchunks && c->sc) {
+    if (c->sc) {
         pa_parallel_for((pa_ssize)ntasks, bf16_scores_task, c, nt);
-        pa_parallel_for((pa_ssize)ntasks, bf16_pv_task, c, nt);
-        pa_parallel_for(count, bf16_merge_task, c, nt);
+        pa_parallel_for(count, bf16_finish_task, c, nt);
     } else if (c->nchunks) {
         pa_parallel_for((pa_ssize)ntasks, chunk_task, c, nt);
         pa_parallel_for(count, merge_task, c, nt);
@@ -296,7 +266,6 @@ fail:
     for (int i = 0; i < nt; i++) pa_free64(wsv[i]);
     pa_free64(c.partials);
     pa_free64(c.sc);
-    pa_free64(c.cmax);
     pa_free64(c.kvp);
     return ok ? 0 : -1;
 }

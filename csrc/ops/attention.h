@@ -26,8 +26,7 @@
  * values (attn_flash.c, pa_bf16_rows_*) where L <= PA_SPLIT_MAXL, or the
  * query heads of a key/value head stacked as rows (div > 1) up to
  * PA_BF16_ROWS_MAXL rows; its split's chunks lie on the key tiles' grid
- * (a multiple of PA_FLASH_BK), so the weights are rounded against the
- * running max of the same tiles as without the split */
+ * (a multiple of PA_FLASH_BK): no key tile crosses two chunks */
 #define PA_BF16_ROWS_MAXL 32
 #define PA_BF16_SPLIT_CHUNK (34 * PA_FLASH_BK)
 static inline int pa_bf16_rows_shape(pa_ssize L, pa_ssize div, pa_ssize E, pa_ssize Ev)
@@ -336,19 +335,18 @@ void pa_bf16_pack_kv(const pa_family *f, const pa_attn_args *a, pa_ssize j0, pa_
                      uint16_t *Kp, uint16_t *Vp);
 pa_ssize pa_bf16_kv_tile(const pa_family *f, pa_ssize E, pa_ssize Ev);
 /* precision "bf16", the rows path's split (pa_bf16_rows_shape, S >=
- * PA_SPLIT_MINS; attention.c): pass 1, pa_bf16_rows_scores, the scores of
- * every row over keys [a->key_begin, a->key_end) into sc (row r at
- * sc + r * ld) and each row's max into cmax; pass 2, pa_bf16_rows_pv, the
- * softmax steps on them from the running max m0 of the chunks before (per
- * row), P rounded, P V: (m, l, O) per row into a->partial; then
- * pa_bf16_merge per row (a row whose result holds NaN computed again
- * without the split). The workspace is pa_flash_ws's. */
-void pa_bf16_rows_scores(const pa_family *f, const pa_attn_args *a, float *sc, pa_ssize ld, float *cmax,
+ * PA_SPLIT_MINS; attention.c): pass 1, pa_bf16_rows_scores, per key chunk
+ * of PA_BF16_SPLIT_CHUNK keys (a->key_begin, a->key_end), the scores of
+ * every row into sc (row r at sc + r * ld, ld >= the chunk); pass 2,
+ * pa_bf16_rows_finish, per head over all its keys: the rows path on those
+ * scores (chunk c's at sc + c * cs), the output rows. The scores are the
+ * values the rows path computes itself, and pass 2 runs its steps in its
+ * order: the bits of the call without the split (so varlen and paged
+ * calls, which do not split these, give the same). The workspace is
+ * pa_flash_ws's. */
+void pa_bf16_rows_scores(const pa_family *f, const pa_attn_args *a, float *sc, pa_ssize ld, void *ws);
+void pa_bf16_rows_finish(const pa_family *f, const pa_attn_args *a, float *sc, pa_ssize ld, pa_ssize cs,
                          void *ws);
-void pa_bf16_rows_pv(const pa_family *f, const pa_attn_args *a, float *sc, pa_ssize ld, const float *m0,
-                     void *ws);
-void pa_bf16_merge(const pa_family *f, const pa_attn_args *a, pa_ssize i, const void *partials,
-                   pa_ssize nchunks, pa_ssize chunk_stride, void *ws);
 
 /* The exact path (attention_ref.c), rows [i0, i1), at most PA_REF_BQ. */
 size_t pa_attn_ref_ws(int dtype, pa_ssize E, pa_ssize Ev);

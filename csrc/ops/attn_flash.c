@@ -557,9 +557,13 @@ static pa_ssize bf16_rows_kend(const pa_attn_args *a)
     return a->bt_row ? pa_min(a->key_end, a->rule.S) : a->key_end;
 }
 
-/* Rows [i0, i1), keys [key_begin, key_end) in one pass: the output rows
- * (or, with a->partial, (m, l, O) per row) */
-static void bf16_rows_run(const pa_family *f, const pa_attn_args *a, pa_ssize i0, pa_ssize i1, void *ws)
+/* Rows [i0, i1), keys [key_begin, key_end): the output rows (or, with
+ * a->partial, (m, l, O) per row). sc NULL: each tile's scores by rowdot
+ * here; else the scores pa_bf16_rows_scores left, key j's of row r at
+ * sc + (j / PA_BF16_SPLIT_CHUNK) * cs + r * ld + j % PA_BF16_SPLIT_CHUNK
+ * (rows [0, L): i0 = 0), taken there -- the same values, so the same bits */
+static void bf16_rows_run(const pa_family *f, const pa_attn_args *a, pa_ssize i0, pa_ssize i1, void *ws,
+                          float *sc, pa_ssize ld, pa_ssize cs)
 {
     bf16_rows_blk b;
     bf16_rows_init(f, a, i0, i1, ws, &b);
@@ -570,14 +574,29 @@ static void bf16_rows_run(const pa_family *f, const pa_attn_args *a, pa_ssize i0
     for (; j0 < jend && !pa_stopping(stop); j0 += PA_FLASH_BK) {
         const pa_ssize j1 = pa_min(j0 + PA_FLASH_BK, kend);
         if (pa_attn_tile_empty(a, i0, i1, j0, j1)) continue;
-        bf16_rows_kernel(f, a, &b, 0, j0, j1, kend, b.sc, PA_FLASH_BK);
+        float *st = b.sc;
+        pa_ssize sld = PA_FLASH_BK;
+        if (sc) {
+            st = sc + (j0 / PA_BF16_SPLIT_CHUNK) * cs + j0 % PA_BF16_SPLIT_CHUNK;
+            sld = ld;
+        } else {
+            bf16_rows_kernel(f, a, &b, 0, j0, j1, kend, st, sld);
+        }
         for (pa_ssize r = 0; r < b.R; r++) {
-            float *sr = b.sc + r * PA_FLASH_BK;
+            float *sr = st + r * sld;
             pa_ssize jb, je;
-            const int has = bf16_rows_score(a, &b, r, j0, j1, sr, &jb, &je);
+            int has;
+            if (sc) {                                /* scored already: the row's keys here */
+                pa_key_range(&a->rule, i0 + r, &jb, &je);
+                jb = pa_max(jb, j0);
+                je = pa_min(je, j1);
+                has = jb < je;
+            } else {
+                has = bf16_rows_score(a, &b, r, j0, j1, sr, &jb, &je);
+            }
             bf16_rows_step(f, a, &b, r, j0, j1, sr, has, jb, je);
         }
-        bf16_rows_kernel(f, a, &b, 1, j0, j1, kend, b.sc, PA_FLASH_BK);
+        bf16_rows_kernel(f, a, &b, 1, j0, j1, kend, st, sld);
     }
     if (a->partial) {
         flash_put_partial_f32(a, i0, b.R, b.m, b.l, b.acc, b.evp);
@@ -586,11 +605,10 @@ static void bf16_rows_run(const pa_family *f, const pa_attn_args *a, pa_ssize i0
     for (pa_ssize r = 0; r < b.R; r++) (void)flash_put_row_f32(a, i0 + r, b.m[r], b.l[r], b.acc + r * b.evp);
 }
 
-void pa_bf16_rows_scores(const pa_family *f, const pa_attn_args *a, float *sc, pa_ssize ld, float *cmax, void *ws)
+void pa_bf16_rows_scores(const pa_family *f, const pa_attn_args *a, float *sc, pa_ssize ld, void *ws)
 {
     bf16_rows_blk b;
     bf16_rows_init(f, a, 0, a->L, ws, &b);
-    for (pa_ssize r = 0; r < b.R; r++) cmax[r] = -INFINITY;
     pa_ssize j0, jend;
     pa_attn_key_tiles(a, 0, a->L, &j0, &jend);
     const pa_ssize kend = bf16_rows_kend(a);
@@ -602,83 +620,14 @@ void pa_bf16_rows_scores(const pa_family *f, const pa_attn_args *a, float *sc, p
         bf16_rows_kernel(f, a, &b, 0, j0, j1, kend, st, ld);
         for (pa_ssize r = 0; r < b.R; r++) {
             pa_ssize jb, je;
-            if (!bf16_rows_score(a, &b, r, j0, j1, st + r * ld, &jb, &je)) continue;
-            const float *x = st + r * ld + (jb - j0);
-            float mx = cmax[r];
-            for (pa_ssize j = 0; j < je - jb; j++) mx = x[j] > mx ? x[j] : mx;   /* NaN: left out, as rowsm */
-            cmax[r] = mx;
+            (void)bf16_rows_score(a, &b, r, j0, j1, st + r * ld, &jb, &je);
         }
     }
 }
 
-void pa_bf16_rows_pv(const pa_family *f, const pa_attn_args *a, float *sc, pa_ssize ld, const float *m0, void *ws)
+void pa_bf16_rows_finish(const pa_family *f, const pa_attn_args *a, float *sc, pa_ssize ld, pa_ssize cs, void *ws)
 {
-    bf16_rows_blk b;
-    bf16_rows_init(f, a, 0, a->L, ws, &b);
-    for (pa_ssize r = 0; r < b.R; r++) b.m[r] = m0[r];
-    pa_ssize j0, jend;
-    pa_attn_key_tiles(a, 0, a->L, &j0, &jend);
-    const pa_ssize kend = bf16_rows_kend(a);
-    pa_stop_flag *const stop = pa_stop_get();
-    for (; j0 < jend && !pa_stopping(stop); j0 += PA_FLASH_BK) {
-        const pa_ssize j1 = pa_min(j0 + PA_FLASH_BK, kend);
-        if (pa_attn_tile_empty(a, 0, a->L, j0, j1)) continue;
-        float *st = sc + (j0 - a->key_begin);
-        for (pa_ssize r = 0; r < b.R; r++) {
-            pa_ssize jb, je;
-            pa_key_range(&a->rule, r, &jb, &je);
-            jb = pa_max(jb, j0);
-            je = pa_min(je, j1);
-            bf16_rows_step(f, a, &b, r, j0, j1, st + r * ld, jb < je, jb, je);
-        }
-        bf16_rows_kernel(f, a, &b, 1, j0, j1, kend, st, ld);
-    }
-    flash_put_partial_f32(a, 0, b.R, b.m, b.l, b.acc, b.evp);
-}
-
-/* flash_merge's rule on the chunks of the bfloat16 rows path; a row whose
- * result holds NaN is computed again by the rows path without the split
- * (which keeps NaN of weight-0 keys out), not by the exact float32 path */
-void pa_bf16_merge(const pa_family *f, const pa_attn_args *a, pa_ssize i, const void *partials, pa_ssize nchunks,
-                   pa_ssize chunk_stride, void *ws)
-{
-    const pa_ssize Ev = a->Ev;
-    const float *P = (const float *)partials + i * (2 + Ev);
-    float m = -INFINITY;
-    int nan = 0;
-    for (pa_ssize c = 0; c < nchunks; c++) {
-        const float mc = P[c * chunk_stride], lc = P[c * chunk_stride + 1];
-        if (mc > m) m = mc;
-        nan |= mc != mc || lc != lc;
-    }
-    float l = 0;
-    float *o = (float *)a->out + i * a->o_rs;
-    for (pa_ssize d = 0; d < Ev; d++) o[d * a->o_cs] = 0;
-    if (m != -INFINITY && !nan) {
-        for (pa_ssize c = 0; c < nchunks; c++) {
-            const float *pc = P + c * chunk_stride;
-            if (pc[0] == -INFINITY) continue;
-            const float fc = expf(pc[0] - m);
-            l += pc[1] * fc;
-            for (pa_ssize d = 0; d < Ev; d++) o[d * a->o_cs] += pc[2 + d] * fc;
-        }
-    }
-    double lse;
-    const float inv = (float)pa_attn_finish(a, m, l, 1.0 / (1.0 - a->dropout_p), &lse);
-    if (a->lse) ((float *)a->lse)[i * a->lse_s] = (float)lse;
-    nan |= l != l;
-    for (pa_ssize d = 0; d < Ev; d++) {
-        const float x = o[d * a->o_cs] * inv;
-        nan |= x != x;
-        o[d * a->o_cs] = x;
-    }
-    if (nan) {
-        pa_attn_args full = *a;
-        full.key_begin = 0;
-        full.key_end = a->S;
-        full.partial = NULL;
-        bf16_rows_run(f, &full, i, i + 1, ws);
-    }
+    bf16_rows_run(f, a, 0, a->L, ws, sc, ld, cs);
 }
 
 size_t pa_flash_ws(const pa_family *f, int dtype, pa_ssize E, pa_ssize Ev)
@@ -692,7 +641,7 @@ void pa_flash_run(const pa_family *f, int dtype, const pa_attn_args *a, pa_ssize
                   void *ws)
 {
     if (dtype == PA_F32 && a->bf16 && pa_bf16_rows_shape(a->L, a->rule.div, a->E, a->Ev))
-        bf16_rows_run(f, a, i0, i1, ws);             /* decode shapes: the rows path */
+        bf16_rows_run(f, a, i0, i1, ws, NULL, 0, 0);   /* decode shapes: the rows path */
     else if (dtype == PA_F32 && a->bf16) flash_bf16(f, a, i0, i1, ws, 0);
     else if (dtype == PA_F32) flash_run_f32(f, a, i0, i1, ws);
     else flash_run_f64(f, a, i0, i1, ws);
