@@ -17,6 +17,10 @@
  * The chunking depends on the shape only, so results stay bit-identical
  * whatever the thread count (they differ in the last bits from the same
  * rows computed among more than PA_SPLIT_MAXL queries).
+ * Precision "bf16" on decode shapes (pa_bf16_rows_shape) splits only the
+ * scores: tasks (b, chunk of PA_BF16_SPLIT_CHUNK keys, on the key tiles'
+ * grid) leave them in a scratch, then a task per b runs the rest of the
+ * rows path over them in key order -- the bits of the unsplit call.
  */
 #include "ops.h"
 #include "attention.h"
