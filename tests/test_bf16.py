@@ -493,3 +493,27 @@ def test_attention_bf16_decode_kvcache_bfloat16(rng, S):
             vp[table[b, i], :, :n] = vc[b, :, i * bs:i * bs + n]
     paged = pyattn.attention_with_kvcache(q, kp, vp, cache_seqlens=S, block_table=table, precision="bf16")
     assert bits(paged) == bits(out)
+
+
+@pytest.mark.parametrize("L, G, S", [(1, 2, 4500), (3, 1, 700)])
+def test_attention_bf16_decode_rows_dropout(rng, L, G, S):
+    """Dropout on the bfloat16 rows path: weights dropped before their rounding, as
+    the model has it; bit-identical for any thread count."""
+    from pyattn._checks import dropout_key
+    q = rng.standard_normal((2, 2 * G, L, 32)).astype(np.float32)
+    k = rng.standard_normal((2, 2, S, 32)).astype(np.float32)
+    v = rng.standard_normal((2, 2, S, 16)).astype(np.float32)
+    kw = dict(dropout_p=0.25, enable_gqa=G > 1, precision="bf16")
+    got = pyattn.scaled_dot_product_attention(q, k, v, rng=3, **kw)
+    want = R.scaled_dot_product_attention(q, k, v, dropout_key=dropout_key(3), **kw)
+    kr, vr = np.repeat(k, G, axis=1), np.repeat(v, G, axis=1)
+    check(got, want, bf16_attention_mag(q, kr, vr, 32 ** -0.5, {}) / 0.75)
+    n0 = pyattn.get_num_threads()
+    try:
+        pyattn.set_num_threads(1)
+        one = pyattn.scaled_dot_product_attention(q, k, v, rng=3, **kw)
+        pyattn.set_num_threads(2)
+        two = pyattn.scaled_dot_product_attention(q, k, v, rng=3, **kw)
+    finally:
+        pyattn.set_num_threads(n0)
+    assert bits(one) == bits(got) and bits(two) == bits(got)

@@ -37,6 +37,7 @@ typedef struct {
     pa_ssize kvp_tile, ntiles; /* ntiles tiles of kvp_tile elements each */
     pa_ssize nchunks;        /* key chunks per head (split mode), else 0 */
     pa_ssize chunk;          /* keys per chunk: PA_SPLIT_CHUNK, PA_BF16_SPLIT_CHUNK */
+    int nreq;                /* the threads asked for (bf16: whether to split) */
     char *partials;          /* (count, nchunks, L, 2 + Ev) in split mode */
     float *sc;               /* bf16 split: (count, nchunks, L, chunk) scores */
 } attn_ctx;
@@ -165,6 +166,7 @@ static void attn_init(attn_ctx *c, const pa_family *fam, const pa_attn_call *cal
     c->chunk = call->bf16 ? PA_BF16_SPLIT_CHUNK : PA_SPLIT_CHUNK;
     c->partials = NULL;
     c->sc = NULL;
+    c->nreq = 1;
 }
 
 /* Decode shapes take the split mode: tasks over (b, key chunk), then the
@@ -174,7 +176,9 @@ static int attn_splits(const attn_ctx *c)
 {
     const pa_attn_call *k = c->call;
     if (k->has_w || k->S < PA_SPLIT_MINS || k->E > PA_FLASH_MAXD || k->Ev > PA_FLASH_MAXD) return 0;
-    if (k->bf16) return pa_bf16_rows_shape(k->L, k->row_div, k->E, k->Ev);
+    /* bf16: the split leaves the bits as they are (a scores pass); only
+     * where there are few heads per thread is it worth its scratch */
+    if (k->bf16) return pa_bf16_rows_shape(k->L, k->row_div, k->E, k->Ev) && k->bt.count < 4 * (pa_ssize)c->nreq;
     return k->L <= PA_SPLIT_MAXL || (k->row_div > 1 && k->L <= c->bq);
 }
 
@@ -255,6 +259,7 @@ int pa_attention(const pa_family *fam, const pa_attn_call *call, int nthreads)
     void *wsv[PA_MAX_THREADS];
     int nt = 0, ok = 0;
     attn_init(&c, fam, call);
+    c.nreq = nthreads < 1 ? 1 : nthreads;
     if (attn_scratch(&c, &ntasks) != 0) goto fail;
     bytes = pa_flash_ws(fam, call->dtype, call->E, call->Ev);
     if (bytes == 0) goto fail;

@@ -408,7 +408,8 @@ static void flash_bf16(const pa_family *f, const pa_attn_args *a, pa_ssize i0, p
  * padded to the GEMM's MR x NR tiles, no packing) on bfloat16 values. The
  * query rounded to bfloat16 (times a power-of-two scale, folded as the
  * tiled path folds it), K and V rows rounded to bfloat16 (stored bfloat16:
- * read in place; other storage: rounded per key tile into a buffer), each
+ * read in place; other storage: rounded per key tile into a float32 buffer,
+ * read by the float32 kernels: the same values, the same bits), each
  * score the float32 sum of their exact products (rowdot[PA_BF16], by the
  * 16-partial rule: every SIMD family the same bits), times the scale, the
  * score rule, the online-softmax step (rowsm) on the same fixed grid of
@@ -419,7 +420,7 @@ static void flash_bf16(const pa_family *f, const pa_attn_args *a, pa_ssize i0, p
  * model as flash_bf16; the float32 sums run in another order (the last
  * bits differ from the tiled path's). */
 typedef struct {
-    uint16_t *Kb, *Vb;      /* (BK, E), (BK, Ev): a tile's keys, values rounded */
+    float *Kw, *Vw;         /* (BK, e1), (BK, evp): a tile's keys, values rounded */
     float *qs;              /* (R, e1) the rounded query rows */
     float *sc;              /* (R, BK) scores, then P (one-pass) */
     float *acc;             /* (R, evp) unnormalised outputs */
@@ -437,8 +438,8 @@ static void bf16_rows_init(const pa_family *f, const pa_attn_args *a, pa_ssize i
     b->e1 = E > 0 ? E : 1;
     b->evp = pa_round_up(a->Ev > 0 ? a->Ev : 1, f->gemm[PA_F32].nr);
     float *w = (float *)ws;
-    b->Kb = (uint16_t *)w;
-    b->Vb = (uint16_t *)(w + PA_FLASH_BK * b->e1);
+    b->Kw = w;
+    b->Vw = w + PA_FLASH_BK * b->e1;
     b->qs = w + PA_FLASH_BK * b->e1 + PA_FLASH_BK * b->evp;
     b->sc = b->qs + R * b->e1;
     b->acc = b->sc + R * PA_FLASH_BK;
@@ -460,23 +461,34 @@ static void bf16_rows_init(const pa_family *f, const pa_attn_args *a, pa_ssize i
     }
 }
 
-/* keys [j0, j0 + n) of K (v = 0) or V (v = 1) as bfloat16 rows of D
- * elements in buf (row stride D): rounded from their storage */
-static void bf16_rows_round(const pa_attn_args *a, int v, pa_ssize j0, pa_ssize n, uint16_t *buf)
+/* n float32 values rounded to bfloat16, kept as float32 (the low 16 bits
+ * 0): integer operations, vectorised; d may be s */
+static inline void bf16_round_f32(float *d, const float *s, pa_ssize n)
+{
+    for (pa_ssize e = 0; e < n; e++) d[e] = pa_bits_f32(pa_bf16_round(pa_f32_bits(s[e])) & 0xffff0000u);
+}
+
+/* keys [j0, j0 + n) of K (v = 0) or V (v = 1) stored other than as
+ * contiguous bfloat16, rounded to bfloat16 as float32 rows of D elements
+ * in buf (row stride ld): the same values rowdot / rowpv[PA_BF16] widen
+ * from bfloat16 storage, so the float32 kernels give the same bits */
+static void bf16_rows_round(const pa_family *f, const pa_attn_args *a, int v, pa_ssize j0, pa_ssize n, float *buf,
+                            pa_ssize ld)
 {
     const int dt = v ? a->v_dt : a->k_dt;
     const pa_ssize cs = v ? a->v_cs : a->k_cs, D = v ? a->Ev : a->E;
     const void *p = v ? a->v : a->k;
     for (pa_ssize j = 0; j < n; j++) {
         const pa_ssize o = v ? pa_attn_vrow(a, j0 + j) : pa_attn_krow(a, j0 + j);
-        uint16_t *restrict d = buf + j * D;
+        float *d = buf + j * ld;
         if (cs == 1 && dt == PA_F32) {
-            const float *restrict s = (const float *)p + o;
-            for (pa_ssize e = 0; e < D; e++) d[e] = (uint16_t)(pa_bf16_round(pa_f32_bits(s[e])) >> 16);
-        } else if (cs == 1 && dt == PA_BF16) {
-            memcpy(d, (const uint16_t *)p + o, (size_t)D * sizeof(uint16_t));
+            bf16_round_f32(d, (const float *)p + o, D);
+        } else if (cs == 1 && (dt == PA_F16 || dt == PA_BF16)) {
+            f->widen[dt].fn(d, (const uint16_t *)p + o, D);
+            bf16_round_f32(d, d, D);
         } else {
-            for (pa_ssize e = 0; e < D; e++) d[e] = pa_f32_to_bf16(pa_load_f32(p, o + e * cs, dt));
+            for (pa_ssize e = 0; e < D; e++)
+                d[e] = pa_bits_f32(pa_bf16_round(pa_f32_bits(pa_load_f32(p, o + e * cs, dt))) & 0xffff0000u);
         }
     }
 }
@@ -485,7 +497,7 @@ static void bf16_rows_round(const pa_attn_args *a, int v, pa_ssize j0, pa_ssize 
  * (v = 1: acc += P V, P at s) over keys [j0, j1): stored bfloat16 rows
  * with contiguous elements in place, run by run of rows in one block (a
  * paged cache), the next run or the rows up to kend as the prefetch hint;
- * other storage rounded into the tile buffer first */
+ * other storage rounded into the tile buffer first (the float32 kernels) */
 static void bf16_rows_kernel(const pa_family *f, const pa_attn_args *a, bf16_rows_blk *b, int v, pa_ssize j0,
                              pa_ssize j1, pa_ssize kend, float *s, pa_ssize ss)
 {
@@ -493,10 +505,13 @@ static void bf16_rows_kernel(const pa_family *f, const pa_attn_args *a, bf16_row
     const pa_ssize cs = v ? a->v_cs : a->k_cs, rs = v ? a->v_rs : a->k_rs;
     const uint16_t *p = (const uint16_t *)(v ? a->v : a->k);
     if (dt != PA_BF16 || cs != 1) {
-        uint16_t *buf = v ? b->Vb : b->Kb;
-        bf16_rows_round(a, v, j0, j1 - j0, buf);
-        if (v) f->rowpv[PA_BF16].fn(s, ss, b->R, buf, a->Ev, j1 - j0, a->Ev, b->acc, b->evp, NULL, 0);
-        else f->rowdot[PA_BF16].fn(b->qs, b->e1, b->R, buf, a->E, j1 - j0, a->E, s, ss, NULL, 0);
+        if (v) {
+            bf16_rows_round(f, a, 1, j0, j1 - j0, b->Vw, b->evp);
+            f->rowpv[PA_F32].fn(s, ss, b->R, b->Vw, b->evp, j1 - j0, a->Ev, b->acc, b->evp, NULL, 0);
+        } else {
+            bf16_rows_round(f, a, 0, j0, j1 - j0, b->Kw, b->e1);
+            f->rowdot[PA_F32].fn(b->qs, b->e1, b->R, b->Kw, b->e1, j1 - j0, a->E, s, ss, NULL, 0);
+        }
         return;
     }
     for (pa_ssize j = j0, je; j < j1; j = je) {
