@@ -279,7 +279,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         float32 and summed in float32 (16 partial sums, not ``vdpbf16ps``'s
         pair order: the last bits differ from the tiled kernel's, the same on
         every SIMD family), weights rounded per 60-key tile against the same
-        running max; for long ``S`` its scores are computed by key chunks in
+        running max; for long ``S`` and few heads per thread its scores are
+        computed by key chunks in
         parallel and the rest runs in key order, so the bits do not depend on
         the split or the thread count.
     align : None, "top_left" or "bottom_right"
