@@ -273,6 +273,16 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         the tiles so far) are rounded to bfloat16 before they multiply
         ``value``, as PyTorch's bfloat16 flash kernel rounds them; the
         softmax sums stay float32. ``pyattn._reference`` models it.
+        Decode shapes (at most 8 query rows, or GQA's query heads stacked as
+        up to 32 rows per key/value head) take a decode kernel with the same
+        roundings: bfloat16 query, key and value, their products exact in
+        float32 and summed in float32 (16 partial sums, not ``vdpbf16ps``'s
+        pair order: the last bits differ from the tiled kernel's, the same on
+        every SIMD family), weights rounded per 60-key tile against the same
+        running max; for long ``S`` and few heads per thread its scores are
+        computed by key chunks in
+        parallel and the rest runs in key order, so the bits do not depend on
+        the split or the thread count.
     align : None, "top_left" or "bottom_right"
         Where query row i sits on the key axis, ``d(i)``, for the causal
         rule, the window and ALiBi. ``None`` (default): ``i``, or ``i + S - L``
@@ -727,7 +737,8 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
     scale, window, alibi_slopes, softcap, sinks, return_lse, precision :
         As in :func:`scaled_dot_product_attention` (positions are cache positions;
         ``precision="bf16"`` with float32 / float16 / bfloat16 caches runs the
-        tiled bfloat16 path, not yet a decode-specialised kernel).
+        bfloat16 decode kernel on decode steps -- bfloat16 caches read in place
+        -- and the tiled bfloat16 path on longer query blocks).
     block_mask : pyattn.BlockMask, optional
         Over the cache: ``kv_idx`` is the cache row, ``q_idx`` the query's
         cache position; its S must be ``S_max`` and its L at least the

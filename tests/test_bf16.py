@@ -404,3 +404,116 @@ def test_attention_bf16_bfloat16_inputs_every_family(rng, family):
             if isa != "generic":
                 assert bits(got) == bits(want.setdefault(causal, got)), (isa, causal)
             assert np.isnan(got).any() and not np.isnan(got).all()
+
+
+# -- decode shapes: the rows path on bfloat16 values (issue 37) ---------------------
+
+@pytest.mark.parametrize("L, G, S", [(1, 1, 300), (1, 4, 4500), (4, 2, 4500), (3, 8, 2100)])
+@pytest.mark.parametrize("case", ["sinks", "window"])
+def test_attention_bf16_decode_rows(rng, family, L, G, S, case):
+    """precision="bf16" on decode shapes (L <= 8 query rows, or GQA's query heads
+    stacked as up to 32 rows) runs the rows path on bfloat16 values, its scores split
+    into key chunks for S >= 4096: the rounding model (each weight rounded against
+    the running max of the 60-key tiles so far -- the scores rise along the keys, so
+    the max moves from chunk to chunk), bit-identical for any thread count, the bits
+    of the unsplit call (a varlen call does not split), the same bits on every SIMD
+    family, bfloat16 storage = its float32 values, NaN in a value row of weight 0
+    kept out."""
+    ml = pytest.importorskip("ml_dtypes", reason="ml_dtypes (bfloat16 arrays) is not installed")
+    Hkv, E, Ev = 2, 64, 40
+    H = Hkv * G
+    q = rng.standard_normal((1, H, L, E)).astype(np.float32)
+    k = rng.standard_normal((1, Hkv, S, E)).astype(np.float32)
+    v = rng.standard_normal((1, Hkv, S, Ev)).astype(np.float32)
+    q[..., 0] = 3.0
+    k[..., 0] += np.linspace(0.0, 4.0, S, dtype=np.float32)          # the max moves right
+    kw = ({"sinks": np.linspace(-1.0, 2.0, H)} if case == "sinks"
+          else {"is_causal": "bottom_right", "window": (S - 100, 0)})
+    call = dict(kw, enable_gqa=G > 1, precision="bf16")
+    got, lse = pyattn.scaled_dot_product_attention(q, k, v, return_lse=True, **call)
+    want = R.scaled_dot_product_attention(q, k, v, enable_gqa=G > 1, precision="bf16", **kw)
+    kr, vr = np.repeat(k, G, axis=1), np.repeat(v, G, axis=1)
+    check(got, want, bf16_attention_mag(q, kr, vr, E ** -0.5, {n: x for n, x in kw.items() if n != "sinks"}))
+    assert not np.array_equal(got, pyattn.scaled_dot_product_attention(q, k, v, enable_gqa=G > 1, **kw))
+    n0 = pyattn.get_num_threads()
+    try:
+        for nt in (1, 2, 3):
+            pyattn.set_num_threads(nt)
+            assert bits(pyattn.scaled_dot_product_attention(q, k, v, **call)) == bits(got), nt
+    finally:
+        pyattn.set_num_threads(n0)
+    if case == "sinks":                                # varlen: one sequence, never split
+        vo = pyattn.scaled_dot_product_attention_varlen(
+            q[0].transpose(1, 0, 2).copy(), k[0].transpose(1, 0, 2).copy(), v[0].transpose(1, 0, 2).copy(),
+            np.array([0, L]), np.array([0, S]), **call)
+        assert bits(vo.transpose(1, 0, 2)[None]) == bits(got)
+    qb, kb, vb = (x.astype(ml.bfloat16) for x in (q, k, v))
+    wide = [x.astype(np.float32) for x in (qb, kb, vb)]
+    first = None
+    for isa in ("avx2", "avx512", "avx512emu", "neon"):
+        if _C.select_isa(ISA[isa]) != ISA[isa]:
+            continue
+        r = pyattn.scaled_dot_product_attention(qb, kb, vb, **call)
+        assert bits(r) == bits(pyattn.scaled_dot_product_attention(*wide, **call)), isa
+        assert bits(r) == bits(first if first is not None else r), isa
+        first = r if first is None else first
+    if case == "window":                               # a NaN value row outside every window
+        vn = v.copy()
+        vn[0, :, 50] = np.nan
+        assert bits(pyattn.scaled_dot_product_attention(q, k, vn, **call)) == bits(got)
+
+
+@pytest.mark.parametrize("S", [500, 5000])
+def test_attention_bf16_decode_kvcache_bfloat16(rng, S):
+    """attention_with_kvcache with bfloat16 caches and precision="bf16" on decode
+    steps: the dense call on the filled rows, bit for bit, and a paged pool of the
+    same rows (blocks shuffled) the same bits again."""
+    ml = pytest.importorskip("ml_dtypes", reason="ml_dtypes (bfloat16 arrays) is not installed")
+    B, Hq, Hkv, E, Smax, bs = 2, 8, 2, 32, S + 100, 64
+    q = rng.standard_normal((B, Hq, 2, E)).astype(np.float32)
+    kc = rng.standard_normal((B, Hkv, Smax, E)).astype(ml.bfloat16)
+    vc = rng.standard_normal((B, Hkv, Smax, E)).astype(ml.bfloat16)
+    out = pyattn.attention_with_kvcache(q, kc, vc, cache_seqlens=S, precision="bf16")
+    full = pyattn.scaled_dot_product_attention(q, kc[:, :, :S], vc[:, :, :S], enable_gqa=True,
+                                               is_causal="bottom_right", precision="bf16")
+    assert bits(out) == bits(full)
+    want = R.scaled_dot_product_attention(q, kc[:, :, :S].astype(np.float32), vc[:, :, :S].astype(np.float32),
+                                          enable_gqa=True, is_causal="bottom_right", precision="bf16")
+    kr, vr = (np.repeat(x[:, :, :S].astype(np.float32), 4, axis=1) for x in (kc, vc))
+    check(out, want, bf16_attention_mag(q, kr, vr, E ** -0.5, {"is_causal": "bottom_right"}))
+    nb = -(-Smax // bs)
+    perm = rng.permutation(B * nb)
+    table = perm.reshape(B, nb)
+    kp = np.zeros((B * nb, Hkv, bs, E), ml.bfloat16)
+    vp = np.zeros((B * nb, Hkv, bs, E), ml.bfloat16)
+    for b in range(B):
+        for i in range(nb):
+            n = min(bs, Smax - i * bs)
+            kp[table[b, i], :, :n] = kc[b, :, i * bs:i * bs + n]
+            vp[table[b, i], :, :n] = vc[b, :, i * bs:i * bs + n]
+    paged = pyattn.attention_with_kvcache(q, kp, vp, cache_seqlens=S, block_table=table, precision="bf16")
+    assert bits(paged) == bits(out)
+
+
+@pytest.mark.parametrize("L, G, S", [(1, 2, 4500), (3, 1, 700)])
+def test_attention_bf16_decode_rows_dropout(rng, L, G, S):
+    """Dropout on the bfloat16 rows path: weights dropped before their rounding, as
+    the model has it; bit-identical for any thread count."""
+    from pyattn._checks import dropout_key
+    q = rng.standard_normal((2, 2 * G, L, 32)).astype(np.float32)
+    k = rng.standard_normal((2, 2, S, 32)).astype(np.float32)
+    v = rng.standard_normal((2, 2, S, 16)).astype(np.float32)
+    kw = dict(dropout_p=0.25, enable_gqa=G > 1, precision="bf16")
+    got = pyattn.scaled_dot_product_attention(q, k, v, rng=3, **kw)
+    want = R.scaled_dot_product_attention(q, k, v, dropout_key=dropout_key(3), **kw)
+    kr, vr = np.repeat(k, G, axis=1), np.repeat(v, G, axis=1)
+    check(got, want, bf16_attention_mag(q, kr, vr, 32 ** -0.5, {}) / 0.75)
+    n0 = pyattn.get_num_threads()
+    try:
+        pyattn.set_num_threads(1)
+        one = pyattn.scaled_dot_product_attention(q, k, v, rng=3, **kw)
+        pyattn.set_num_threads(2)
+        two = pyattn.scaled_dot_product_attention(q, k, v, rng=3, **kw)
+    finally:
+        pyattn.set_num_threads(n0)
+    assert bits(one) == bits(got) and bits(two) == bits(got)

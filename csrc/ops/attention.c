@@ -17,6 +17,10 @@
  * The chunking depends on the shape only, so results stay bit-identical
  * whatever the thread count (they differ in the last bits from the same
  * rows computed among more than PA_SPLIT_MAXL queries).
+ * Precision "bf16" on decode shapes (pa_bf16_rows_shape) splits only the
+ * scores: tasks (b, chunk of PA_BF16_SPLIT_CHUNK keys, on the key tiles'
+ * grid) leave them in a scratch, then a task per b runs the rest of the
+ * rows path over them in key order -- the bits of the unsplit call.
  */
 #include "ops.h"
 #include "attention.h"
@@ -32,7 +36,10 @@ typedef struct {
     uint16_t *kvp;           /* bf16 with several query blocks: K, V packed per b, */
     pa_ssize kvp_tile, ntiles; /* ntiles tiles of kvp_tile elements each */
     pa_ssize nchunks;        /* key chunks per head (split mode), else 0 */
+    pa_ssize chunk;          /* keys per chunk: PA_SPLIT_CHUNK, PA_BF16_SPLIT_CHUNK */
+    int nreq;                /* the threads asked for (bf16: whether to split) */
     char *partials;          /* (count, nchunks, L, 2 + Ev) in split mode */
+    float *sc;               /* bf16 split: (count, nchunks, L, chunk) scores */
 } attn_ctx;
 
 static void attn_args(const attn_ctx *c, pa_ssize b, pa_attn_args *out)
@@ -86,10 +93,36 @@ static void chunk_task(void *ctx_, pa_ssize t, int tid)
     const pa_ssize b = t / c->nchunks, ch = t % c->nchunks;
     pa_attn_args a;
     attn_args(c, b, &a);
-    a.key_begin = ch * PA_SPLIT_CHUNK;
-    a.key_end = pa_min(a.key_begin + PA_SPLIT_CHUNK, k->S);
+    a.key_begin = ch * c->chunk;
+    a.key_end = pa_min(a.key_begin + c->chunk, k->S);
     a.partial = c->partials + (t * k->L * (2 + k->Ev)) * es;
     pa_flash_run(c->fam, k->dtype, &a, 0, k->L, c->ws[tid]);
+}
+
+/* bf16 split (the rows path on bfloat16 values, attn_flash.c): pass 1,
+ * (b, key chunk) -> the chunk's scores of every row */
+static void bf16_scores_task(void *ctx_, pa_ssize t, int tid)
+{
+    const attn_ctx *c = (const attn_ctx *)ctx_;
+    const pa_attn_call *k = c->call;
+    const pa_ssize b = t / c->nchunks, ch = t % c->nchunks;
+    pa_attn_args a;
+    attn_args(c, b, &a);
+    a.key_begin = ch * c->chunk;
+    a.key_end = pa_min(a.key_begin + c->chunk, k->S);
+    pa_bf16_rows_scores(c->fam, &a, c->sc + (size_t)t * (size_t)(k->L * c->chunk), c->chunk, c->ws[tid]);
+}
+
+/* pass 2, b -> its rows over all keys on those scores (the softmax steps,
+ * P rounded, P V, in the order of the call without the split) */
+static void bf16_finish_task(void *ctx_, pa_ssize b, int tid)
+{
+    const attn_ctx *c = (const attn_ctx *)ctx_;
+    const pa_attn_call *k = c->call;
+    pa_attn_args a;
+    attn_args(c, b, &a);
+    pa_bf16_rows_finish(c->fam, &a, c->sc + (size_t)(b * c->nchunks) * (size_t)(k->L * c->chunk), c->chunk,
+                        k->L * c->chunk, c->ws[tid]);
 }
 
 /* split mode, pass 2: b -> merge every row's chunks, in chunk order */
@@ -130,15 +163,23 @@ static void attn_init(attn_ctx *c, const pa_family *fam, const pa_attn_call *cal
     c->kvp = NULL;
     c->kvp_tile = c->ntiles = 0;
     c->nchunks = 0;
+    c->chunk = call->bf16 ? PA_BF16_SPLIT_CHUNK : PA_SPLIT_CHUNK;
     c->partials = NULL;
+    c->sc = NULL;
+    c->nreq = 1;
 }
 
-/* Decode shapes take the split mode: tasks over (b, key chunk), then the merge */
+/* Decode shapes take the split mode: tasks over (b, key chunk), then the
+ * merge (precision "bf16": the rows path's shapes, pa_bf16_rows_shape; its
+ * scores by (b, key chunk), then per b the rest of the rows path on them) */
 static int attn_splits(const attn_ctx *c)
 {
     const pa_attn_call *k = c->call;
-    return !k->has_w && !k->bf16 && (k->L <= PA_SPLIT_MAXL || (k->row_div > 1 && k->L <= c->bq)) &&
-           k->S >= PA_SPLIT_MINS && k->E <= PA_FLASH_MAXD && k->Ev <= PA_FLASH_MAXD;
+    if (k->has_w || k->S < PA_SPLIT_MINS || k->E > PA_FLASH_MAXD || k->Ev > PA_FLASH_MAXD) return 0;
+    /* bf16: the split leaves the bits as they are (a scores pass); only
+     * where there are few heads per thread is it worth its scratch */
+    if (k->bf16) return pa_bf16_rows_shape(k->L, k->row_div, k->E, k->Ev) && k->bt.count < 4 * (pa_ssize)c->nreq;
+    return k->L <= PA_SPLIT_MAXL || (k->row_div > 1 && k->L <= c->bq);
 }
 
 /* The call's task count in *ntasks, and the scratch its tasks share: the
@@ -152,14 +193,21 @@ static int attn_scratch(attn_ctx *c, size_t *ntasks)
     size_t n;
     if (!pa_mul_ok(count, (size_t)c->nblk, ntasks) || *ntasks > (size_t)PTRDIFF_MAX) return -1;
     if (attn_splits(c)) {
-        c->nchunks = (k->S + PA_SPLIT_CHUNK - 1) / PA_SPLIT_CHUNK;
-        if (!pa_mul_ok(count, (size_t)c->nchunks, ntasks) || !pa_mul_ok(*ntasks, (size_t)(k->L * (2 + k->Ev)), &n) ||
-            !pa_mul_ok(n, pa_elsize(k->dtype), &n) || *ntasks > (size_t)PTRDIFF_MAX)
+        c->nchunks = (k->S + c->chunk - 1) / c->chunk;
+        if (!pa_mul_ok(count, (size_t)c->nchunks, ntasks) || *ntasks > (size_t)PTRDIFF_MAX) return -1;
+        if (k->bf16) {                               /* the scores of every chunk */
+            if (!pa_mul_ok(*ntasks, (size_t)k->L, &n) || !pa_mul_ok(n, (size_t)c->chunk, &n) ||
+                !pa_mul_ok(n, sizeof(float), &n))
+                return -1;
+            c->sc = (float *)pa_alloc64(n);
+            return c->sc ? 0 : -1;
+        }
+        if (!pa_mul_ok(*ntasks, (size_t)(k->L * (2 + k->Ev)), &n) || !pa_mul_ok(n, pa_elsize(k->dtype), &n))
             return -1;
         c->partials = (char *)pa_alloc64(n);
         return c->partials ? 0 : -1;
     }
-    if (k->bf16 && c->nblk > 1 && k->S > 0) {
+    if (k->bf16 && c->nblk > 1 && k->S > 0 && !pa_bf16_rows_shape(k->L, k->row_div, k->E, k->Ev)) {
         c->kvp_tile = pa_bf16_kv_tile(c->fam, k->E, k->Ev);
         c->ntiles = (k->S + PA_FLASH_BK - 1) / PA_FLASH_BK;
         if (!pa_mul_ok(count, (size_t)c->ntiles, &n) || !pa_mul_ok(n, (size_t)c->kvp_tile, &n) ||
@@ -175,7 +223,10 @@ static int attn_scratch(attn_ctx *c, size_t *ntasks)
 static void attn_run(attn_ctx *c, size_t ntasks, int nt)
 {
     const pa_ssize count = c->call->bt.count;
-    if (c->nchunks) {
+    if (c->sc) {
+        pa_parallel_for((pa_ssize)ntasks, bf16_scores_task, c, nt);
+        pa_parallel_for(count, bf16_finish_task, c, nt);
+    } else if (c->nchunks) {
         pa_parallel_for((pa_ssize)ntasks, chunk_task, c, nt);
         pa_parallel_for(count, merge_task, c, nt);
     } else {
@@ -208,6 +259,7 @@ int pa_attention(const pa_family *fam, const pa_attn_call *call, int nthreads)
     void *wsv[PA_MAX_THREADS];
     int nt = 0, ok = 0;
     attn_init(&c, fam, call);
+    c.nreq = nthreads < 1 ? 1 : nthreads;
     if (attn_scratch(&c, &ntasks) != 0) goto fail;
     bytes = pa_flash_ws(fam, call->dtype, call->E, call->Ev);
     if (bytes == 0) goto fail;
@@ -222,6 +274,7 @@ int pa_attention(const pa_family *fam, const pa_attn_call *call, int nthreads)
 fail:
     for (int i = 0; i < nt; i++) pa_free64(wsv[i]);
     pa_free64(c.partials);
+    pa_free64(c.sc);
     pa_free64(c.kvp);
     return ok ? 0 : -1;
 }

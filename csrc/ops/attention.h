@@ -22,6 +22,17 @@
 #define PA_SPLIT_MAXL 8
 #define PA_SPLIT_MINS 4096
 #define PA_SPLIT_CHUNK 2048
+/* precision "bf16" on few query rows (decode): the rows path on bfloat16
+ * values (attn_flash.c, pa_bf16_rows_*) where L <= PA_SPLIT_MAXL, or the
+ * query heads of a key/value head stacked as rows (div > 1) up to
+ * PA_BF16_ROWS_MAXL rows; its split's chunks lie on the key tiles' grid
+ * (a multiple of PA_FLASH_BK): no key tile crosses two chunks */
+#define PA_BF16_ROWS_MAXL 32
+#define PA_BF16_SPLIT_CHUNK (34 * PA_FLASH_BK)
+static inline int pa_bf16_rows_shape(pa_ssize L, pa_ssize div, pa_ssize E, pa_ssize Ev)
+{
+    return (L <= PA_SPLIT_MAXL || (div > 1 && L <= PA_BF16_ROWS_MAXL)) && E <= PA_FLASH_MAXD && Ev <= PA_FLASH_MAXD;
+}
 /* query rows and keys per block of the reference path (its workspace) */
 #define PA_REF_BQ 16
 #define PA_REF_BK 64
@@ -323,6 +334,19 @@ int pa_attention_backward_dense(const pa_family *fam, const pa_attn_call *call, 
 void pa_bf16_pack_kv(const pa_family *f, const pa_attn_args *a, pa_ssize j0, pa_ssize nj,
                      uint16_t *Kp, uint16_t *Vp);
 pa_ssize pa_bf16_kv_tile(const pa_family *f, pa_ssize E, pa_ssize Ev);
+/* precision "bf16", the rows path's split (pa_bf16_rows_shape, S >=
+ * PA_SPLIT_MINS; attention.c): pass 1, pa_bf16_rows_scores, per key chunk
+ * of PA_BF16_SPLIT_CHUNK keys (a->key_begin, a->key_end), the scores of
+ * every row into sc (row r at sc + r * ld, ld >= the chunk); pass 2,
+ * pa_bf16_rows_finish, per head over all its keys: the rows path on those
+ * scores (chunk c's at sc + c * cs), the output rows. The scores are the
+ * values the rows path computes itself, and pass 2 runs its steps in its
+ * order: the bits of the call without the split (so varlen and paged
+ * calls, which do not split these, give the same). The workspace is
+ * pa_flash_ws's. */
+void pa_bf16_rows_scores(const pa_family *f, const pa_attn_args *a, float *sc, pa_ssize ld, void *ws);
+void pa_bf16_rows_finish(const pa_family *f, const pa_attn_args *a, float *sc, pa_ssize ld, pa_ssize cs,
+                         void *ws);
 
 /* The exact path (attention_ref.c), rows [i0, i1), at most PA_REF_BQ. */
 size_t pa_attn_ref_ws(int dtype, pa_ssize E, pa_ssize Ev);

@@ -55,7 +55,8 @@ static void qwiden_rows(const pa_family *f, int bits, const void *p, pa_ssize rs
  *   O += P V_tile on bfloat16 products -- the weights are rounded relative
  *   to the running max of the tiles so far, as PyTorch's and OpenVINO's
  *   bfloat16 flash kernels round them (pyattn/_reference.py models it).
- * No decode split, no weights path: the caller sends bf16 calls here. */
+ * No weights path; few query rows (decode shapes, pa_bf16_rows_shape) take
+ * the rows path below (bf16_rows_run) instead. */
 
 /* a stored bfloat16 as pa_f32_to_bf16(pa_load_f32(...)) gives it: itself,
  * a NaN quieted (integer operations, so loops over it vectorise) */
@@ -402,6 +403,248 @@ static void flash_bf16(const pa_family *f, const pa_attn_args *a, pa_ssize i0, p
     }
 }
 
+/* ---- precision "bf16" on few query rows (decode; pa_bf16_rows_shape):
+ * the rows path of attn_flash.inc (rowdot, rowsm, rowpv: no query block
+ * padded to the GEMM's MR x NR tiles, no packing) on bfloat16 values. The
+ * query rounded to bfloat16 (times a power-of-two scale, folded as the
+ * tiled path folds it), K and V rows rounded to bfloat16 (stored bfloat16:
+ * read in place; other storage: rounded per key tile into a float32 buffer,
+ * read by the float32 kernels: the same values, the same bits), each
+ * score the float32 sum of their exact products (rowdot[PA_BF16], by the
+ * 16-partial rule: every SIMD family the same bits), times the scale, the
+ * score rule, the online-softmax step (rowsm) on the same fixed grid of
+ * PA_FLASH_BK keys, P rounded to bfloat16 after dropout -- relative to the
+ * running max of the tiles so far, as the tiled path and the reference
+ * round it -- and O += P V on exact products (rowpv[PA_BF16], skipping
+ * weights of 0: the zero-weight rule without a redo). The same rounding
+ * model as flash_bf16; the float32 sums run in another order (the last
+ * bits differ from the tiled path's). */
+typedef struct {
+    float *Kw, *Vw;         /* (BK, e1), (BK, evp): a tile's keys, values rounded */
+    float *qs;              /* (R, e1) the rounded query rows */
+    float *sc;              /* (R, BK) scores, then P (one-pass) */
+    float *acc;             /* (R, evp) unnormalised outputs */
+    float *m, *l;           /* (R,) running max, sum */
+    pa_ssize i0, R, e1, evp;
+    float post;             /* the scale, applied to the scores (1: folded into qs) */
+} bf16_rows_blk;
+
+/* the workspace (within flash_ws_f32's rows share: R <= the query block) */
+static void bf16_rows_init(const pa_family *f, const pa_attn_args *a, pa_ssize i0, pa_ssize i1, void *ws,
+                           bf16_rows_blk *b)
+{
+    const pa_ssize E = a->E, R = i1 - i0;
+    b->i0 = i0; b->R = R;
+    b->e1 = E > 0 ? E : 1;
+    b->evp = pa_round_up(a->Ev > 0 ? a->Ev : 1, f->gemm[PA_F32].nr);
+    float *w = (float *)ws;
+    b->Kw = w;
+    b->Vw = w + PA_FLASH_BK * b->e1;
+    b->qs = w + PA_FLASH_BK * b->e1 + PA_FLASH_BK * b->evp;
+    b->sc = b->qs + R * b->e1;
+    b->acc = b->sc + R * PA_FLASH_BK;
+    b->m = b->acc + R * b->evp;
+    b->l = b->m + R;
+    int sexp;
+    const int fold = frexp(a->scale, &sexp) == 0.5;
+    const float qsc = fold ? (float)a->scale : 1.0f;
+    b->post = fold ? 1.0f : (float)a->scale;
+    for (pa_ssize r = 0; r < R; r++) {
+        const pa_ssize i = i0 + r;
+        for (pa_ssize e = 0; e < E; e++)
+            b->qs[r * b->e1 + e] =
+                pa_bits_f32(pa_bf16_round(pa_f32_bits(pa_load_f32(a->q, i * a->q_rs + e * a->q_cs, a->q_dt) * qsc)) &
+                            0xffff0000u);
+        for (pa_ssize d = 0; d < b->evp; d++) b->acc[r * b->evp + d] = 0;
+        b->m[r] = -INFINITY;
+        b->l[r] = 0;
+    }
+}
+
+/* n float32 values rounded to bfloat16, kept as float32 (the low 16 bits
+ * 0): integer operations, vectorised; d may be s */
+static inline void bf16_round_f32(float *d, const float *s, pa_ssize n)
+{
+    for (pa_ssize e = 0; e < n; e++) d[e] = pa_bits_f32(pa_bf16_round(pa_f32_bits(s[e])) & 0xffff0000u);
+}
+
+/* keys [j0, j0 + n) of K (v = 0) or V (v = 1) stored other than as
+ * contiguous bfloat16, rounded to bfloat16 as float32 rows of D elements
+ * in buf (row stride ld): the same values rowdot / rowpv[PA_BF16] widen
+ * from bfloat16 storage, so the float32 kernels give the same bits */
+static void bf16_rows_round(const pa_family *f, const pa_attn_args *a, int v, pa_ssize j0, pa_ssize n, float *buf,
+                            pa_ssize ld)
+{
+    const int dt = v ? a->v_dt : a->k_dt;
+    const pa_ssize cs = v ? a->v_cs : a->k_cs, D = v ? a->Ev : a->E;
+    const void *p = v ? a->v : a->k;
+    for (pa_ssize j = 0; j < n; j++) {
+        const pa_ssize o = v ? pa_attn_vrow(a, j0 + j) : pa_attn_krow(a, j0 + j);
+        float *d = buf + j * ld;
+        if (cs == 1 && dt == PA_F32) {
+            bf16_round_f32(d, (const float *)p + o, D);
+        } else if (cs == 1 && (dt == PA_F16 || dt == PA_BF16)) {
+            f->widen[dt].fn(d, (const uint16_t *)p + o, D);
+            bf16_round_f32(d, d, D);
+        } else {
+            for (pa_ssize e = 0; e < D; e++)
+                d[e] = pa_bits_f32(pa_bf16_round(pa_f32_bits(pa_load_f32(p, o + e * cs, dt))) & 0xffff0000u);
+        }
+    }
+}
+
+/* rowdot (v = 0: scores of rows R of qs at s, row stride ss) or rowpv
+ * (v = 1: acc += P V, P at s) over keys [j0, j1): stored bfloat16 rows
+ * with contiguous elements in place, run by run of rows in one block (a
+ * paged cache), the next run or the rows up to kend as the prefetch hint;
+ * other storage rounded into the tile buffer first (the float32 kernels) */
+static void bf16_rows_kernel(const pa_family *f, const pa_attn_args *a, bf16_rows_blk *b, int v, pa_ssize j0,
+                             pa_ssize j1, pa_ssize kend, float *s, pa_ssize ss)
+{
+    const int dt = v ? a->v_dt : a->k_dt;
+    const pa_ssize cs = v ? a->v_cs : a->k_cs, rs = v ? a->v_rs : a->k_rs;
+    const uint16_t *p = (const uint16_t *)(v ? a->v : a->k);
+    if (dt != PA_BF16 || cs != 1) {
+        if (v) {
+            bf16_rows_round(f, a, 1, j0, j1 - j0, b->Vw, b->evp);
+            f->rowpv[PA_F32].fn(s, ss, b->R, b->Vw, b->evp, j1 - j0, a->Ev, b->acc, b->evp, NULL, 0);
+        } else {
+            bf16_rows_round(f, a, 0, j0, j1 - j0, b->Kw, b->e1);
+            f->rowdot[PA_F32].fn(b->qs, b->e1, b->R, b->Kw, b->e1, j1 - j0, a->E, s, ss, NULL, 0);
+        }
+        return;
+    }
+    for (pa_ssize j = j0, je; j < j1; j = je) {
+        je = pa_attn_run(a, j, j1);
+        pa_ssize nn = 0;
+        const uint16_t *next = NULL;
+        if (je < kend) {                             /* the next run, or the rows after the tile */
+            nn = a->bt_row ? pa_attn_run(a, je, kend) - je : kend - je;
+            next = p + (v ? pa_attn_vrow(a, je) : pa_attn_krow(a, je));
+        }
+        const uint16_t *rows = p + (v ? pa_attn_vrow(a, j) : pa_attn_krow(a, j));
+        if (v) f->rowpv[PA_BF16].fn(s + (j - j0), ss, b->R, rows, rs, je - j, a->Ev, b->acc, b->evp, next, nn);
+        else f->rowdot[PA_BF16].fn(b->qs, b->e1, b->R, rows, rs, je - j, a->E, s + (j - j0), ss, next, nn);
+    }
+}
+
+/* Row r's scores on keys [j0, j1) (at sr): its keys [*jb, *je) there
+ * scaled and through the score rule; 0: none of its keys */
+static int bf16_rows_score(const pa_attn_args *a, const bf16_rows_blk *b, pa_ssize r, pa_ssize j0, pa_ssize j1,
+                           float *sr, pa_ssize *jb, pa_ssize *je)
+{
+    pa_key_range(&a->rule, b->i0 + r, jb, je);
+    *jb = pa_max(*jb, j0);
+    *je = pa_min(*je, j1);
+    if (*jb >= *je) return 0;
+    float *restrict x = sr + (*jb - j0);
+    const pa_ssize n = *je - *jb;
+    if (b->post != 1.0f)
+        for (pa_ssize j = 0; j < n; j++) x[j] *= b->post;
+    pa_attn_scores_f32(a, b->i0 + r, *jb, x, 1, n);
+    return 1;
+}
+
+/* Row r's softmax step on its scored keys [jb, je) of the tile at sr:
+ * rowsm, the accumulator rescaled, dropout, P rounded to bfloat16; the
+ * tile's other entries of P 0 (all of them when has is 0) */
+static void bf16_rows_step(const pa_family *f, const pa_attn_args *a, bf16_rows_blk *b, pa_ssize r, pa_ssize j0,
+                           pa_ssize j1, float *sr, int has, pa_ssize jb, pa_ssize je)
+{
+    const pa_ssize nt = j1 - j0;
+    if (!has) {
+        for (pa_ssize j = 0; j < nt; j++) sr[j] = 0;
+        return;
+    }
+    const pa_ssize off = jb - j0, nj = je - jb;
+    for (pa_ssize j = 0; j < off; j++) sr[j] = 0;
+    for (pa_ssize j = off + nj; j < nt; j++) sr[j] = 0;
+    float *restrict x = sr + off, alpha;
+    f->rowsm[PA_F32].fn(x, nj, b->m + r, b->l + r, &alpha);
+    flash_rescale_f32(1, &alpha, b->acc + r * b->evp, b->evp, a->Ev);
+    if (a->dropout_p > 0) flash_dropout_f32(a, b->i0 + r, 1, jb, nj, x, 1);
+    for (pa_ssize j = 0; j < nj; j++) x[j] = pa_bits_f32(pa_bf16_round(pa_f32_bits(x[j])) & 0xffff0000u);
+}
+
+/* the keys the rows path reads: a paged cache's rows past the filled keys never */
+static pa_ssize bf16_rows_kend(const pa_attn_args *a)
+{
+    return a->bt_row ? pa_min(a->key_end, a->rule.S) : a->key_end;
+}
+
+/* Rows [i0, i1), keys [key_begin, key_end): the output rows (or, with
+ * a->partial, (m, l, O) per row). sc NULL: each tile's scores by rowdot
+ * here; else the scores pa_bf16_rows_scores left, key j's of row r at
+ * sc + (j / PA_BF16_SPLIT_CHUNK) * cs + r * ld + j % PA_BF16_SPLIT_CHUNK
+ * (rows [0, L): i0 = 0), taken there -- the same values, so the same bits */
+static void bf16_rows_run(const pa_family *f, const pa_attn_args *a, pa_ssize i0, pa_ssize i1, void *ws,
+                          float *sc, pa_ssize ld, pa_ssize cs)
+{
+    bf16_rows_blk b;
+    bf16_rows_init(f, a, i0, i1, ws, &b);
+    pa_ssize j0, jend;
+    pa_attn_key_tiles(a, i0, i1, &j0, &jend);
+    const pa_ssize kend = bf16_rows_kend(a);
+    pa_stop_flag *const stop = pa_stop_get();
+    for (; j0 < jend && !pa_stopping(stop); j0 += PA_FLASH_BK) {
+        const pa_ssize j1 = pa_min(j0 + PA_FLASH_BK, kend);
+        if (pa_attn_tile_empty(a, i0, i1, j0, j1)) continue;
+        float *st = b.sc;
+        pa_ssize sld = PA_FLASH_BK;
+        if (sc) {
+            st = sc + (j0 / PA_BF16_SPLIT_CHUNK) * cs + j0 % PA_BF16_SPLIT_CHUNK;
+            sld = ld;
+        } else {
+            bf16_rows_kernel(f, a, &b, 0, j0, j1, kend, st, sld);
+        }
+        for (pa_ssize r = 0; r < b.R; r++) {
+            float *sr = st + r * sld;
+            pa_ssize jb, je;
+            int has;
+            if (sc) {                                /* scored already: the row's keys here */
+                pa_key_range(&a->rule, i0 + r, &jb, &je);
+                jb = pa_max(jb, j0);
+                je = pa_min(je, j1);
+                has = jb < je;
+            } else {
+                has = bf16_rows_score(a, &b, r, j0, j1, sr, &jb, &je);
+            }
+            bf16_rows_step(f, a, &b, r, j0, j1, sr, has, jb, je);
+        }
+        bf16_rows_kernel(f, a, &b, 1, j0, j1, kend, st, sld);
+    }
+    if (a->partial) {
+        flash_put_partial_f32(a, i0, b.R, b.m, b.l, b.acc, b.evp);
+        return;
+    }
+    for (pa_ssize r = 0; r < b.R; r++) (void)flash_put_row_f32(a, i0 + r, b.m[r], b.l[r], b.acc + r * b.evp);
+}
+
+void pa_bf16_rows_scores(const pa_family *f, const pa_attn_args *a, float *sc, pa_ssize ld, void *ws)
+{
+    bf16_rows_blk b;
+    bf16_rows_init(f, a, 0, a->L, ws, &b);
+    pa_ssize j0, jend;
+    pa_attn_key_tiles(a, 0, a->L, &j0, &jend);
+    const pa_ssize kend = bf16_rows_kend(a);
+    pa_stop_flag *const stop = pa_stop_get();
+    for (; j0 < jend && !pa_stopping(stop); j0 += PA_FLASH_BK) {
+        const pa_ssize j1 = pa_min(j0 + PA_FLASH_BK, kend);
+        if (pa_attn_tile_empty(a, 0, a->L, j0, j1)) continue;
+        float *st = sc + (j0 - a->key_begin);
+        bf16_rows_kernel(f, a, &b, 0, j0, j1, kend, st, ld);
+        for (pa_ssize r = 0; r < b.R; r++) {
+            pa_ssize jb, je;
+            (void)bf16_rows_score(a, &b, r, j0, j1, st + r * ld, &jb, &je);
+        }
+    }
+}
+
+void pa_bf16_rows_finish(const pa_family *f, const pa_attn_args *a, float *sc, pa_ssize ld, pa_ssize cs, void *ws)
+{
+    bf16_rows_run(f, a, 0, a->L, ws, sc, ld, cs);
+}
+
 size_t pa_flash_ws(const pa_family *f, int dtype, pa_ssize E, pa_ssize Ev)
 {
     if (dtype != PA_F32) return flash_ws_f64(f, E, Ev);
@@ -412,7 +655,9 @@ size_t pa_flash_ws(const pa_family *f, int dtype, pa_ssize E, pa_ssize Ev)
 void pa_flash_run(const pa_family *f, int dtype, const pa_attn_args *a, pa_ssize i0, pa_ssize i1,
                   void *ws)
 {
-    if (dtype == PA_F32 && a->bf16) flash_bf16(f, a, i0, i1, ws, 0);
+    if (dtype == PA_F32 && a->bf16 && pa_bf16_rows_shape(a->L, a->rule.div, a->E, a->Ev))
+        bf16_rows_run(f, a, i0, i1, ws, NULL, 0, 0);   /* decode shapes: the rows path */
+    else if (dtype == PA_F32 && a->bf16) flash_bf16(f, a, i0, i1, ws, 0);
     else if (dtype == PA_F32) flash_run_f32(f, a, i0, i1, ws);
     else flash_run_f64(f, a, i0, i1, ws);
 }
