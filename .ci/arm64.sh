@@ -14,6 +14,8 @@
 #      generated subset of the `frame` tests on each.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# chroot, update-binfmts, debootstrap live in sbin, which a CI shell's PATH may lack
+export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
 
 # every family: the kernels against their portable twins, the recorded bits,
 # the exp, the reference and the errors; the frame paths (which the x86 families
