@@ -42,7 +42,7 @@ _plans: dict = {}
 # counters for the tests and show_config: calls run by a plan, calls handed to the full path
 stats = {"fast": 0, "full": 0}
 
-_SCALAR_TYPES = (bool, int, float, str, type(None), np.float64, np.float32, np.float16, np.int64, np.int32,
+_SCALAR_TYPES: tuple[type, ...] = (bool, int, float, str, type(None), np.float64, np.float32, np.float16, np.int64, np.int32,
                  np.bool_)         # (a scale of 1 / np.sqrt(E) is a np.float64)
 
 
