@@ -1,31 +1,36 @@
-"""The fast path of a small ``attention_with_kvcache`` call (decode per-call cost).
+"""Plans by signature: the fast path of a repeated small call (decode per-call cost).
 
-A model calls ``attention_with_kvcache`` once per layer per generated token
-with the same shapes, dtypes and options every time; only the arrays' contents
-and ``cache_seqlens`` change. The full entry point checks every argument and
-derives the kernel call (views, keywords) anew each time -- tens of
-microseconds of Python around about one microsecond of arithmetic.
+A model calls attention once per layer per generated token with the same
+shapes, dtypes and options every time; only the arrays' contents and the
+lengths change. The full entry points check every argument and derive the
+kernel call (views, keywords) anew each time -- tens of microseconds of Python
+around about one microsecond of arithmetic.
 
 Here a call's *signature* -- the shapes, dtypes and layouts of the arrays and
-the values (with their types) of the scalar options -- keys a memo of
-:class:`_Plan`: the kernel call that signature leads to. A plan is made only
-after the full entry point has accepted a call of that signature (so every
-check that depends on the signature alone has passed); a later call with the
-same signature runs the plan: it converts ``cache_seqlens``, copies the new
-rows, builds the views and calls ``_C.sdpa`` with the keywords the full path
-would give it (tests/test_kvfast.py compares the two calls argument by
-argument). What depends on the values is still checked on every call:
-``cache_seqlens``'s range by the C binding (which writes nothing when it
-refuses), the arrays' alignment and writeability here. A call the plan's C call
-refuses (TypeError / ValueError) is handed to the full entry point, which
-raises its own message.
+the values (with their types) of the scalar options -- keys a memo of plans:
+the kernel call that signature leads to. A plan is made only after the full
+entry point has accepted and run a call of that signature (so every check that
+depends on the signature alone has passed); a later call with the same
+signature runs the plan: it converts ``cache_seqlens``, copies the new rows,
+builds the views and calls ``_C.sdpa`` with the keywords the full path would
+give it (tests/test_kvfast.py compares the two calls argument by argument).
+What depends on the values is still checked on every call: the lengths and a
+block table's entries by the C binding (which writes nothing when it refuses:
+the call is then handed to the full entry point, which raises its own
+message), two sequences writing one row of a paged pool by the full path's own
+check, the arrays' alignment, byte order and writeability here.
 
-Covered: contiguous caches of float32, float64, float16 or bfloat16 (any
-layout the kernels read in place: pyattn.flash's token-major views too), with
-or without new rows, GQA, ``is_causal``, ``scale``, ``window``, ``softcap``,
-``precision``, ``return_lse`` and ``out`` (the result is computed apart and
-copied into it: the values the full path writes). Everything else (ALiBi,
-sinks, rotary, paged / packed / tree calls, left padding, batch indices,
+Covered (``_api`` decides which calls ask):
+- ``attention_with_kvcache`` on contiguous caches of float32, float64,
+  float16 or bfloat16 and on such paged pools (``block_table``; not packed, no
+  tree), with or without new rows, GQA, ``is_causal``, ``scale``, ``window``,
+  ``softcap``, ``precision``, ``return_lse`` and ``out`` (the result is
+  computed apart and copied into it: the values the full path writes) -- and
+  so ``KVCache.attend``, ``PagedKVCache.attend`` and pyattn.flash's
+  ``flash_attn_with_kvcache`` (token-major views);
+- ``scaled_dot_product_attention`` without a mask, dropout, ALiBi, sinks,
+  weights or a block mask, on batch axes that need no broadcasting.
+Everything else (rotary, left padding, batch indices, packed or tree calls,
 quantized caches, block masks, caches copied for their layout, non-ndarray
 inputs) takes the full path.
 """
@@ -35,15 +40,17 @@ import numpy as np
 
 from . import _C
 from ._checks import is16, standin, store16, to_dtype
+from ._spec import attn_spec
 
 _F32 = np.dtype(np.float32)
 _MAX_PLANS = 256                    # signatures remembered (a model has a handful)
 _plans: dict = {}
-# counters for the tests and show_config: calls run by a plan, calls handed to the full path
+# counters (read by the tests): calls run by a plan, calls that took the full path
 stats = {"fast": 0, "full": 0}
 
-_SCALAR_TYPES: tuple[type, ...] = (bool, int, float, str, type(None), np.float64, np.float32, np.float16, np.int64, np.int32,
-                 np.bool_)         # (a scale of 1 / np.sqrt(E) is a np.float64)
+# the option types a plan is keyed by (a scale of 1 / np.sqrt(E) is a np.float64)
+_SCALAR_TYPES: tuple[type, ...] = (bool, int, float, str, type(None), np.float64, np.float32, np.float16,
+                                   np.int64, np.int32, np.bool_)
 
 
 def _opt(x):
@@ -128,7 +135,6 @@ class _Plan:
 
     def __init__(self, query, k_cache, v_cache, key, is_causal, scale, window, softcap, return_lse,
                  precision, table=None):
-        from ._spec import attn_spec         # (import here: _spec imports nothing of this module)
         kc, vc = k_cache, v_cache
         cd = _F32 if is16(kc.dtype) else kc.dtype
         B, Hkv, S_max, E = kc.shape

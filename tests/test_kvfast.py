@@ -42,8 +42,9 @@ def _capture(monkeypatch):
 def _same(a, b, where):
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         assert isinstance(a, np.ndarray) and isinstance(b, np.ndarray), where
-        st = [tuple(s for s, n in zip(x.strides, x.shape) if n > 1 and x.size) for x in (a, b)]   # a length-1
-        assert (a.shape, st[0], a.dtype) == (b.shape, st[1], b.dtype), where     # axis's stride (or an empty array's) is never used
+        # a length-1 axis's stride (or an empty array's) is never used
+        st = [tuple(s for s, n in zip(x.strides, x.shape) if n > 1 and x.size) for x in (a, b)]
+        assert (a.shape, st[0], a.dtype) == (b.shape, st[1], b.dtype), where
         assert a.tobytes() == b.tobytes(), where
     elif isinstance(a, tuple):
         assert isinstance(b, tuple) and len(a) == len(b), where
@@ -223,7 +224,8 @@ SDPA_SHAPES = [((1, 8, 1, 64), (1, 2, 64, 64), 64), ((2, 4, 3, 16), (2, 4, 40, 1
                ((2, 3, 6, 1, 32), (2, 3, 2, 50, 32), 32), ((8, 2, 16), (8, 30, 16), 16),
                ((2, 64, 1, 16), (2, 1, 33, 16), 16), ((3, 4, 5, 8), (1, 4, 7, 8), 8)]
 SDPA_OPTS = [dict(), dict(is_causal=True), dict(is_causal="bottom_right", window=(4, 0), return_lse=True),
-             dict(align="bottom_right", softcap=5.0, scale=1 / np.sqrt(np.float32(16))), dict(precision="bf16", return_lse=True),
+             dict(align="bottom_right", softcap=5.0, scale=1 / np.sqrt(np.float32(16))),
+             dict(precision="bf16", return_lse=True),
              dict(dropout_p=0.0, rng=7, is_causal="top_left")]
 
 
