@@ -280,9 +280,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         pair order: the last bits differ from the tiled kernel's, the same on
         every SIMD family), weights rounded per 60-key tile against the same
         running max; for long ``S`` and few heads per thread its scores are
-        computed by key chunks in
-        parallel and the rest runs in key order, so the bits do not depend on
-        the split or the thread count.
+        computed by key chunks in parallel and the rest runs in key order, so
+        the bits do not depend on the split or the thread count.
     align : None, "top_left" or "bottom_right"
         Where query row i sits on the key axis, ``d(i)``, for the causal
         rule, the window and ALiBi. ``None`` (default): ``i``, or ``i + S - L``
