@@ -65,6 +65,14 @@ def _opt(x):
     return None
 
 
+def _out_key(out):
+    """out's part of a memo key: None for no out, (shape, dtype) for an
+    ndarray, False for anything else (the full path)."""
+    if out is None:
+        return None
+    return (out.shape, out.dtype) if type(out) is np.ndarray else False
+
+
 def signature(query, k_cache, v_cache, key, value, out, is_causal, scale, window, softcap, return_lse,
               precision):
     """The memo key of a call, or None when the call is not one the fast path
@@ -80,11 +88,8 @@ def signature(query, k_cache, v_cache, key, value, out, is_causal, scale, window
         if type(key) is not nd or type(value) is not nd:
             return None
         rows = (key.shape, key.dtype, value.shape, value.dtype)
-    if out is None:
-        o = None
-    elif type(out) is nd:
-        o = (out.shape, out.dtype)
-    else:
+    o = _out_key(out)
+    if o is False:
         return None
     opts = (_opt(is_causal), _opt(scale), _opt(window), _opt(softcap), _opt(return_lse), _opt(precision))
     if None in opts:
@@ -302,11 +307,8 @@ def sdpa_signature(query, key, value, out, dropout_p, is_causal, scale, enable_g
     nd = np.ndarray
     if type(query) is not nd or type(key) is not nd or type(value) is not nd:
         return None
-    if out is None:
-        o = None
-    elif type(out) is nd:
-        o = (out.shape, out.dtype)
-    else:
+    o = _out_key(out)
+    if o is False:
         return None
     opts = (_opt(dropout_p), _opt(is_causal), _opt(scale), _opt(enable_gqa), _opt(window), _opt(softcap),
             _opt(return_lse), _opt(precision), _opt(align))
