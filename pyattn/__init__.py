@@ -183,6 +183,9 @@ def show_config() -> None:
           f"dK, dV summed over query chunks of 48)")
     print(f"  softmax rows      : {c['softmax_f32']}, {c['softmax_f64']}")
     print(f"  threads           : {c['threads']}")
+    print(f"  shared reads      : {c['shared_blocks']} key/value blocks read once for several "
+          f"sequences' queries, {c['shared_reads_saved']} block reads saved (paged decode, "
+          f"since import)")
 
 
 def _default_threads() -> int:

@@ -662,6 +662,18 @@ void pa_flash_run(const pa_family *f, int dtype, const pa_attn_args *a, pa_ssize
     else flash_run_f64(f, a, i0, i1, ws);
 }
 
+size_t pa_flash_shared_ws(const pa_family *f, int dtype, pa_ssize E, pa_ssize Ev, pa_ssize R)
+{
+    return dtype == PA_F32 ? rows_ws_f32(f, E, Ev, R) : rows_ws_f64(f, E, Ev, R);
+}
+
+void pa_flash_shared(const pa_family *f, int dtype, const pa_attn_args *const *grp, pa_ssize n,
+                     pa_ssize kshared, void *ws)
+{
+    if (dtype == PA_F32) rows_shared_f32(f, grp, n, kshared, ws);
+    else rows_shared_f64(f, grp, n, kshared, ws);
+}
+
 void pa_flash_merge(int dtype, const pa_attn_args *a, pa_ssize i, const void *partials,
                     pa_ssize nchunks, pa_ssize chunk_stride, void *ws)
 {
