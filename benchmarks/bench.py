@@ -368,6 +368,8 @@ def worker(args):
         varlen(args, rng, run, torch)
     if want("paged"):
         paged(args, rng, run)
+    if want("shared"):                    # issue 38: shared-prefix (cascade) reads
+        shared_prefix(args, rng, run)
     if want("percall"):                   # issue 38: the fixed cost of a tiny decode call
         percall(args, rng, torch, emit)
     if want("hf"):                        # pyattn in PyTorch and transformers: benchmarks/_bench_hf.py
@@ -626,6 +628,58 @@ def paged(args, rng, run):
     flops = 4.0 * Hq * E * (P * 512 * (S - 256) + D * S)
     run({"op": "paged mixed", "shape": f"{P}x512 prefill + {D} decode, S={S} Hq={Hq} Hkv={Hkv} E={E} bs={bs}"},
         flops, impls)
+
+
+def shared_prefix(args, rng, run):
+    """Issue 38 item 3, shared-prefix (cascade) reads: 16 sequences forked
+    from one 8192-token prompt, 64 tokens of their own each (blocks of 16
+    rows), one decode step for all 16 in one paged call. "pyattn shared
+    reads": the forks' block table (the prompt's blocks held by all 16, read
+    once for all of them); "pyattn 16 unshared copies": the same rows with
+    every sequence on blocks of its own (the step without shared reads: the
+    same bits). float32 and int8 caches, MHA (8 heads) and GQA (32 query heads
+    on 8), with each kernel family of this CPU (its best, and avx2 where that
+    is another one): the family in the shape's brackets."""
+    import numpy as np
+    import pyattn
+    from pyattn import _C
+
+    B, Hkv, E, bs, P, own = 16, 8, 128, 16, 8192, 64
+    nsh, nown = P // bs, -(-own // bs)
+    tab_sh = np.array([np.concatenate([np.arange(nsh), nsh + b * nown + np.arange(nown)]) for b in range(B)])
+    tab_un = np.arange(B * (nsh + nown)).reshape(B, nsh + nown)
+    lens = np.full(B, P + own, np.int32)
+    codes = {w: c for w, c, built in _C.families() if built}
+    best = _C.config()["isa"]
+    fams = [best] + (["avx2"] if best.startswith("avx512") and "avx2" in codes else [])
+    for kind in ("float32", "int8"):
+        N = nsh + B * nown
+        if kind == "int8":
+            kp, vp = (rng.integers(-127, 128, (N, Hkv, bs, E), dtype=np.int8) for _ in range(2))
+            ks, vs = (rng.uniform(0.001, 0.02, (N, Hkv, bs, E // 32)).astype(np.float32) for _ in range(2))
+        else:
+            kp, vp = (rng.standard_normal((N, Hkv, bs, E), dtype=np.float32) for _ in range(2))
+            ks = vs = None
+        un = [None if x is None else x[tab_sh.ravel()] for x in (kp, vp, ks, vs)]   # copies, in table order
+        row = E * kp.itemsize + (0 if ks is None else E // 32 * 4)       # bytes of a K (or V) row
+        for Hq in (8, 32):
+            q = rng.standard_normal((B, Hq, 1, E), dtype=np.float32)
+            for fam in fams:
+                _C.select_isa(codes[fam])
+                try:
+                    impls = {"pyattn shared reads": lambda: pyattn.attention_with_kvcache(
+                                 q, kp, vp, cache_seqlens=lens, block_table=tab_sh, k_scale=ks, v_scale=vs),
+                             "pyattn 16 unshared copies": lambda: pyattn.attention_with_kvcache(
+                                 q, un[0], un[1], cache_seqlens=lens, block_table=tab_un, k_scale=un[2],
+                                 v_scale=un[3])}
+                    nbytes = {"pyattn shared reads": 2 * row * Hkv * (P + B * own),
+                              "pyattn 16 unshared copies": 2 * row * Hkv * B * (P + own)}
+                    run({"op": "shared prefix", "shape": f"16 forks of {P} + {own} tokens, Hq={Hq} Hkv={Hkv} "
+                         f"E={E} bs={bs} {kind} cache [{fam}]"}, 4.0 * B * Hq * (P + own) * E, impls,
+                        bytes_of=nbytes, rounds=max(3, args.repeat // 2))
+                finally:
+                    _C.select_isa(codes[best])
+        del kp, vp, ks, vs, un
 
 
 def quant_caches(args, rng, run, read_side):
@@ -1305,8 +1359,8 @@ def targets(rows, mem):
     # probed in the same rounds as the case where the run did (side_bw), else
     # at the start of the worker
     side = {(r["op"], r["shape"], r["threads"]): r["gbs"] for r in rows if r.get("kind") == "side_bw"}
-    for r in data:
-        if r["impl"].startswith("pyattn") and r.get("bytes") and bw.get(r["threads"]):
+    for r in data:                        # (shared prefix: its own lines below, bytes in them)
+        if r["impl"].startswith("pyattn") and r.get("bytes") and bw.get(r["threads"]) and r["op"] != "shared prefix":
             gbs = r["bytes"] / (r["min_ms"] / 1e3) / 1e9
             ref = side.get((r["op"], r["shape"], r["threads"]))
             frac = 100 * gbs / (ref or bw[r["threads"]])
@@ -1429,6 +1483,16 @@ def targets(rows, mem):
                 ratio = c["min_ms"] / r["min_ms"]
                 line(f"mixed batch {r['shape']}, {r['threads']} thr, vs the parts", f"{ratio:.2f}x", ">= 0.9x",
                      ratio >= 0.9)
+    # shared-prefix reads (issue 38): the forks' step vs the same step on unshared copies
+    for r in data:
+        if r["op"] == "shared prefix" and r["impl"] == "pyattn shared reads":
+            c = get("shared prefix", r["shape"], "pyattn 16 unshared copies", r["threads"])
+            if c:
+                ratio = c["min_ms"] / r["min_ms"]
+                mb = (r.get("bytes", 0) / 1e6, c.get("bytes", 0) / 1e6)
+                line(f"shared prefix {r['shape']}, {r['threads']} thr, vs unshared copies "
+                     f"({r['min_ms']:.1f} vs {c['min_ms']:.1f} ms; {mb[0]:.0f} vs {mb[1]:.0f} MB read)",
+                     f"{ratio:.2f}x", ">= 6x", ratio >= 6)
     # quantized caches (issue #25): int8 / int4 vs float32 (the bandwidth rows come
     # from the generic loop above: values and scales read), quantizing on append
     for r in data:
@@ -1589,7 +1653,7 @@ def main():
     ap.add_argument("--no-memory", action="store_true", help="skip the 32768-token memory probe")
     ap.add_argument("--only", default=None, help="comma-separated sections to run: matmul, sdpa, decode, "
                     "generation (kvdecode: its decode rows alone), quant, training, varlen, bf16, mha, flash, paged, "
-                    "percall, blockmask, hf (default: all)")
+                    "percall, shared, blockmask, hf (default: all)")
     ap.add_argument("--from-json", default=None, help="re-render the table, targets and plot from a saved "
                     "results.json instead of measuring")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

@@ -785,7 +785,10 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
         block_size]``, read (and written) in place. Entries a sequence does not
         reach are ignored (-1 allowed). ``key``/``value (B, Hkv, Tk, E/Ev)``
         may bring ``Tk != T`` rows here too (not with ``cu_seqlens_q`` or
-        ``tree_mask``).
+        ``tree_mask``). Decode calls (few query rows, 4096 keys or more)
+        read the blocks several sequences hold (forks: a shared prompt) once
+        for all of them, key tile by key tile; the results are bit for bit
+        those of the same call on unshared copies of the blocks.
     cu_seqlens_q : (B + 1,) integer array, optional
         Packed queries: ``query (total_q, Hq, E)``, ``key``/``value (total_q,
         Hkv, E/Ev)``, sequence ``b`` bringing ``cu[b+1] - cu[b]`` tokens (0

@@ -533,6 +533,12 @@ class PagedKVCache:
         every sequence holding it writes it in one :meth:`attend`, all but
         the last of them copy it and the last writes it in place).
 
+        A decode step of sequences that share blocks (forks: parallel
+        samples, beams, a common prompt) reads each shared block once for
+        all of them (shared-prefix reads, in :meth:`attend` and
+        :func:`pyattn.attention_with_kvcache` with ``block_table``; the same
+        bits as on unshared copies; :func:`pyattn.show_config` counts them).
+
         Parameters
         ----------
         seq : int
