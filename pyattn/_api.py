@@ -396,7 +396,7 @@ def _sdpa(spec, out=None, *, nthreads=0, append=None, paged=None):
     # the group (row_div: rows per query position); per-head options keep
     # the head-by-head layout
     stack = (groups > 1 and L == 1 and mask is None and spec.dropout_p == 0 and not spec.return_weights
-             and spec.slopes is None and spec.sinks is None and groups <= 48
+             and spec.slopes is None and spec.sinks is None
              and spec.cu_seqlens_q is None and spec.block_mask is None)
     q = bcast(q, batch + (L, E))
     k = bcast(k, batch + (S, k.shape[-1] if qkv else E))      # int4: E / 2 bytes

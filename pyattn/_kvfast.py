@@ -164,7 +164,7 @@ class _Plan:
         spec = attn_spec(query.astype(cd) if self.q_conv else query, kc, vc, None, 0.0,
                          "bottom_right" if is_causal else False, scale, Hq != Hkv, window=window,
                          softcap=softcap, precision=precision, return_lse=return_lse)
-        self.stack = G > 1 and T == 1 and G <= 48
+        self.stack = G > 1 and T == 1
         extra = spec.c_kwargs()
         if self.stack:
             extra["row_div"] = G
@@ -339,7 +339,7 @@ class _SdpaPlan:
         else:
             self.ok = self.ok and q.shape[:-2] == k.shape[:-2] == v.shape[:-2] == fb
             self.split = None
-        self.stack = G > 1 and L == 1 and G <= 48
+        self.stack = G > 1 and L == 1
         if G > 1 and not self.stack:
             self.kshape = hb + (spec.hkv, G, spec.S, E)
             self.vshape = hb + (spec.hkv, G, spec.S, spec.Ev)

@@ -334,7 +334,7 @@ def _packed(qd, kc, vc, u16, table, kn, vn, n, kv_len, cu, S, Hkv, E, Ev, is_cau
     kw["kv_len"] = np.repeat(np.asarray(kv_len, np.int64), Hq)
     if slopes is not None:
         kw["slopes"] = per_head(slopes, "alibi_slopes", (B, Hq), "(Hq,) or (B, Hq)").reshape(-1)
-    if G > 1 and slopes is None and sinks is None and G <= 48:
+    if G > 1 and slopes is None and sinks is None:
         kw["row_div"] = G                       # decode steps: the G query heads as rows
     if spec.bf16:
         kw["bf16"] = True

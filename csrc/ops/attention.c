@@ -369,11 +369,11 @@ static void attn_init(attn_ctx *c, const pa_family *fam, const pa_attn_call *cal
 static int attn_splits(const attn_ctx *c)
 {
     const pa_attn_call *k = c->call;
-    if (k->has_w || k->S < PA_SPLIT_MINS || k->E > PA_FLASH_MAXD || k->Ev > PA_FLASH_MAXD) return 0;
+    if (k->has_w || k->S < PA_SPLIT_MINS || !pa_rows_dims(k->E, k->Ev)) return 0;
     /* bf16: the split leaves the bits as they are (a scores pass); only
      * where there are few heads per thread is it worth its scratch */
     if (k->bf16) return pa_bf16_rows_shape(k->L, k->row_div, k->E, k->Ev) && k->bt.count < 4 * (pa_ssize)c->nreq;
-    return k->L <= PA_SPLIT_MAXL || (k->row_div > 1 && k->L <= c->bq);
+    return k->L <= PA_SPLIT_MAXL || k->row_div > 1;   /* (a GQA group's rows: pa_flash_run blocks them) */
 }
 
 /* The call's task count in *ntasks, and the scratch its tasks share: the

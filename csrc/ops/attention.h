@@ -33,6 +33,15 @@ static inline int pa_bf16_rows_shape(pa_ssize L, pa_ssize div, pa_ssize E, pa_ss
 {
     return (L <= PA_SPLIT_MAXL || (div > 1 && L <= PA_BF16_ROWS_MAXL)) && E <= PA_FLASH_MAXD && Ev <= PA_FLASH_MAXD;
 }
+/* head dims the rows path (decode: few query rows, or a GQA group's stacked
+ * as rows) runs on the family's row kernels; larger ones, and the tiled
+ * path's past PA_FLASH_MAXD, take the exact (reference) path. Its workspace
+ * grows with them: (PA_FLASH_BK + the query block) x (E + Ev) values. */
+#define PA_ROWS_MAXD 4096
+static inline int pa_rows_dims(pa_ssize E, pa_ssize Ev)
+{
+    return E <= PA_ROWS_MAXD && Ev <= PA_ROWS_MAXD;
+}
 /* query rows and keys per block of the reference path (its workspace) */
 #define PA_REF_BQ 16
 #define PA_REF_BK 64
