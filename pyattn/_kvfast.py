@@ -259,7 +259,11 @@ def run(sig, query, k_cache, v_cache, key, value, out, cache_seqlens, block_tabl
                 return None                 # out of range: the full path says which
             _written_rows(table, n, np.full(plan.B, Tk, np.int64), np.arange(plan.B + 1, dtype=np.int64) * Tk,
                           plan.bs)
-    res = plan.run(query, k_cache, v_cache, key, value, n, table)
+    return _finish(plan.run(query, k_cache, v_cache, key, value, n, table), plan, out)
+
+
+def _finish(res, plan, out):
+    """A plan's result (None: refused, the full path then) into out when given."""
     if res is None:
         return None
     stats["fast"] += 1
@@ -272,6 +276,33 @@ def run(sig, query, k_cache, v_cache, key, value, out, cache_seqlens, block_tabl
         return out
     out[...] = res[0]
     return out, res[1]
+
+
+# the keywords of PagedKVCache.attend a plan covers, with attention_with_kvcache's defaults
+_PAGED_KW = {"is_causal": True, "scale": None, "window": None, "softcap": None, "return_lse": False, "out": None,
+             "precision": None}
+
+
+def run_planned(query, k_pool, v_pool, key, value, n, table, kw):
+    """A step of a PagedKVCache with a PagedPlan (pyattn/_paged.py): n the
+    lengths before it ((B,) int64) and table its block table ((B, W) int64,
+    C order), both made and checked by the plan (entries in range, each row
+    written by one sequence), so neither is checked again here. None when
+    the signature has no plan yet or kw holds keywords not covered (the
+    caller takes the full path)."""
+    o = _PAGED_KW
+    if kw:
+        for name in kw:
+            if name not in o:
+                return None
+        o = dict(o)
+        o.update(kw)
+    sig = paged_signature(query, k_pool, v_pool, key, value, o["out"], table, o["is_causal"], o["scale"],
+                          o["window"], o["softcap"], o["return_lse"], o["precision"])
+    plan = _plans.get(sig) if sig is not None else None
+    if plan is None or not _layout_ok(query, k_pool, v_pool, key is not None, o["out"]):
+        return None
+    return _finish(plan.run(query, k_pool, v_pool, key, value, n, table), plan, o["out"])
 
 
 def remember(sig, query, k_cache, v_cache, key, out, is_causal, scale, window, softcap, return_lse,
