@@ -424,11 +424,6 @@ def _stamp_after(pre, op):
     return s
 
 
-def _frozen(a):
-    a.flags.writeable = False
-    return a
-
-
 class PagedPlan:
     """One step of some sequences of a :class:`PagedKVCache`, worked out once
     and run by the caches of every layer (FlashInfer's ``plan`` / ``run``).
@@ -497,8 +492,8 @@ class PagedPlan:
     ValueError: plan: the cache is not in the state this plan was made from (sequence 0 has 3 rows ...
     """
     __slots__ = ("seqs", "new_tokens", "cu_seqlens_q", "block_table", "cache_seqlens", "_bs", "_nblk", "_pre",
-                 "_post", "_before", "_looked", "_refs", "_taken", "_after", "_copies", "_inc", "_dec", "_kv_len",
-                 "_total")
+                 "_post", "_before", "_looked", "_taken", "_after", "_copies", "_inc", "_dec", "_Ts", "_total",
+                 "_lens")
 
     def __init__(self, *args, **kwargs):
         raise TypeError("a PagedPlan is made by PagedKVCache.plan(seqs, new_tokens=... or cu_seqlens_q=...)")
@@ -520,28 +515,37 @@ class PagedPlan:
         seqs = cache._seqs
         before = [seqs[s] for s in ids]              # [blocks, length]: replaced, never changed in place
         n = np.array([x[1] for x in before], np.int64)
+        table.flags.writeable = n.flags.writeable = False
         self.seqs = tuple(ids)
         self.new_tokens = new_tokens
-        self.cu_seqlens_q = None if cu is None else _frozen(cu)
-        self.block_table = _frozen(table)
-        self.cache_seqlens = _frozen(n)
-        self._kv_len = n + np.asarray(Ts, np.int64)
-        self._total = int(sum(Ts))
+        if cu is not None:
+            cu.flags.writeable = False
+        self.cu_seqlens_q = cu
+        self.block_table = table
+        self.cache_seqlens = n
+        self._Ts = Ts
+        self._total = sum(Ts)
         self._bs, self._nblk = cache.block_size, cache.k.shape[0]
         self._before = before
-        self._looked = np.array(looked, np.int64)
-        self._refs = cache._refs[self._looked]
+        self._looked = looked                        # {block: its reference count}, as read
         self._taken = taken
         self._copies = copies
-        self._after = [[b, int(k)] for b, k in zip(lists, self._kv_len)]
+        self._after = [[b, x[1] + t] for b, x, t in zip(lists, before, Ts)]
         inc = []
         for b, (old, _) in zip(lists, before):       # new blocks and copy-on-write copies: one more holder
-            inc += b[len(old):] + [x for x, y in zip(b, old) if x != y]
-        self._inc = np.array(inc, np.int64)
+            if len(b) != len(old) or b is not old:
+                inc += b[len(old):] + [x for x, y in zip(b, old) if x != y]
+        self._inc = inc
         self._dec = [src for src, _ in copies]        # the writers leave the shared blocks
-        self._pre = cache._stamp
-        self._post = _stamp_after(cache._stamp, ("step", self.seqs, tuple(Ts)))
+        self._lens = {}                               # kv lengths repeated per head (pyattn/_kvfast.py)
+        self._pre = pre = cache._stamp
+        self._post = _stamp_after(pre, ("step", self.seqs, tuple(Ts)))
         return self
+
+    @property
+    def _kv_len(self):
+        """(B,) int64: the rows each sequence holds after the step."""
+        return self.cache_seqlens + np.array(self._Ts, np.int64)
 
     def _mismatch(self, cache):
         """None when cache is in the state the plan was made from, else what differs."""
@@ -554,8 +558,11 @@ class PagedPlan:
             if now != b:
                 have = "is not a live sequence of it" if now is None else f"has {now[1]} rows in blocks {now[0]}"
                 return (f"sequence {s} {have}; the plan was made when it had {b[1]} rows in blocks {b[0]}")
-        if self._looked.size and not np.array_equal(cache._refs[self._looked], self._refs):
-            return "blocks the step writes are shared by other sequences than when the plan was made"
+        refs = cache._refs
+        for blk, r in self._looked.items():
+            if refs[blk] != r:
+                return (f"block {blk}, which the step writes, has {int(refs[blk])} holders; the plan was made "
+                        f"when it had {r}")
         need = len(self._taken)
         if need and (len(cache._free) < need or cache._free[len(cache._free) - need:] != self._taken):
             return f"the free blocks differ from the plan's (it takes {self._taken[::-1]})"
@@ -578,8 +585,8 @@ class PagedPlan:
         for s, (b, n) in zip(self.seqs, self._after):
             seqs[s] = [b, n]                          # the block list shared: never changed in place
         refs = cache._refs
-        if self._inc.size:
-            refs[self._inc] += 1
+        for b in self._inc:
+            refs[b] += 1
         for src in self._dec:
             refs[src] -= 1
         need = len(self._taken)
@@ -724,6 +731,8 @@ class PagedKVCache:
         return sid
 
     def _get(self, seq, name="seq"):
+        if type(seq) is int and seq in self._seqs:
+            return seq
         s = number(seq, name, integer=True)
         if s not in self._seqs:
             raise ValueError(f"{name} {s} is not a live sequence of this cache (ids: "
@@ -854,7 +863,8 @@ class PagedKVCache:
         from the free list and copy-on-write copies of shared blocks. Returns
         (lists, copies, taken, looked): copies (shared block, its copy),
         taken the free list's entries the step uses (its last ones), looked
-        the blocks whose reference counts were read; nothing changes here.
+        the blocks whose reference counts were read, with them; nothing
+        changes here.
 
         A shared block that every sequence holding it writes in this call is
         copied for all of them but the last, which writes it in place (else
@@ -878,7 +888,7 @@ class PagedKVCache:
                                  f"are free (of {self.k.shape[0]}); nothing was written")
         taken = self._free[len(self._free) - need:]
         free = list(taken)                           # popped from the end, as they are taken
-        looked = list(left)
+        looked = {b: int(refs[b]) for b in left}
         left = {}
         lists, copies = [], []
         for s, t in zip(ids, Ts):
@@ -1159,7 +1169,7 @@ class PagedKVCache:
                 # a decode step's kernel call by its signature (pyattn/_kvfast.py): the table and the
                 # lengths are the plan's, checked when it was made
                 res = _kvfast.run_planned(query, self.k, self.v, key, value, plan.cache_seqlens,
-                                          plan.block_table, kw)
+                                          plan.block_table, kw, plan._lens)
             if res is None:
                 from ._api import attention_with_kvcache    # (here: _api imports this module)
                 res = attention_with_kvcache(query, self.k, self.v, key, value, cache_seqlens=plan.cache_seqlens,
