@@ -494,6 +494,25 @@ class PagedPlan:
     __slots__ = ("seqs", "new_tokens", "cu_seqlens_q", "block_table", "cache_seqlens", "_bs", "_nblk", "_pre",
                  "_post", "_before", "_looked", "_taken", "_after", "_copies", "_inc", "_dec", "_Ts", "_total",
                  "_lens")
+    seqs: tuple
+    new_tokens: "int | None"
+    cu_seqlens_q: "np.ndarray | None"
+    block_table: np.ndarray
+    cache_seqlens: np.ndarray
+    _bs: int
+    _nblk: int
+    _pre: int
+    _post: int
+    _before: list
+    _looked: dict
+    _taken: list
+    _after: list
+    _copies: list
+    _inc: list
+    _dec: list
+    _Ts: list
+    _total: int
+    _lens: dict
 
     def __init__(self, *args, **kwargs):
         raise TypeError("a PagedPlan is made by PagedKVCache.plan(seqs, new_tokens=... or cu_seqlens_q=...)")
@@ -920,7 +939,7 @@ class PagedKVCache:
     def plan(self, seqs, new_tokens=None, *, cu_seqlens_q=None) -> "PagedPlan":
         """Plan one step of ``seqs`` -- the blocks it takes, the shared blocks it
         copies, its block table and lengths -- once, for the caches of every
-        layer (see :class:`PagedPlan`).
+        layer (see ``PagedPlan``).
 
         Nothing changes here: each cache's :meth:`attend` with ``plan=``
         takes the blocks, makes the copies and advances its sequences.
@@ -1057,7 +1076,7 @@ class PagedKVCache:
         TypeError
             ``seqs`` an int, ``key`` or ``value`` None, a ``block_table``,
             ``cache_seqlens``, ``k_scale`` or ``v_scale`` keyword, a ``plan``
-            that is not a :class:`PagedPlan`, and the type errors of
+            that is not a ``PagedPlan``, and the type errors of
             :func:`pyattn.attention_with_kvcache`.
 
         Examples
@@ -1077,7 +1096,7 @@ class PagedKVCache:
         >>> out.shape, lse.shape, cache.length(a), cache.length(b)
         ((3, 1, 4), (3, 1), 5, 4)
 
-        A decode step planned once (for every layer's cache, see :class:`PagedPlan`):
+        A decode step planned once (for every layer's cache, see ``PagedPlan``):
 
         >>> plan = cache.plan([a, b], new_tokens=1)
         >>> q, k, v = rng.standard_normal((3, 2, 1, 1, 4)).astype(np.float32)
