@@ -424,6 +424,37 @@ def _stamp_after(pre, op):
     return s
 
 
+# the plans attend made without one, by (stamp, seqs, tokens): the caches of a model's other layers,
+# in the same state, take the same step with it (a plan made once per step even without plan=)
+_recent: dict = {}
+_RECENT_MAX = 16
+
+
+def _recent_key(cache, seqs, query, cu):
+    """The key of _recent for an attend call, or None: seqs a list or tuple of
+    ints, query an ndarray (B, Hq, T, E), or packed (total, Hq, E) with cu a
+    list or integer ndarray (its values in the key; a plan made with them
+    checked them, and the total is checked here)."""
+    if type(seqs) not in (list, tuple) or type(query) is not np.ndarray:
+        return None
+    for s in seqs:
+        if type(s) is not int:
+            return None
+    if cu is None:
+        if query.ndim != 4 or query.shape[0] != len(seqs):
+            return None
+        return (cache._stamp, tuple(seqs), query.shape[2])
+    if type(cu) is np.ndarray:
+        if cu.dtype.kind not in "iu" or cu.ndim != 1:
+            return None
+        cu = cu.tolist()
+    elif type(cu) is not list or not all(type(x) is int for x in cu):
+        return None
+    if query.ndim != 3 or not cu or query.shape[0] != cu[-1]:
+        return None
+    return (cache._stamp, tuple(seqs), tuple(cu))
+
+
 class PagedPlan:
     """One step of some sequences of a :class:`PagedKVCache`, worked out once
     and run by the caches of every layer (FlashInfer's ``plan`` / ``run``).
@@ -1105,6 +1136,13 @@ class PagedKVCache:
         """
         if plan is not None:
             return self._attend_planned(seqs, query, key, value, cu_seqlens_q, plan, kw)
+        rkey = _recent_key(self, seqs, query, cu_seqlens_q)
+        plan = _recent.get(rkey) if rkey is not None else None
+        if plan is not None:                # another layer's cache, in this state, planned this step
+            self._kw_check(key, value, kw)
+            if cu_seqlens_q is None:
+                self._key_check(key, query)
+            return self._run(plan, True, query, key, value, cu_seqlens_q, kw)
         ids = self._ids(seqs)
         self._kw_check(key, value, kw)
         q = as_array(query, "query")
@@ -1117,6 +1155,10 @@ class PagedKVCache:
                                  f"shape {q.shape} (or packed, with cu_seqlens_q)")
             self._key_check(key, q)
             plan = PagedPlan._make(self, ids, [q.shape[2]] * len(ids), q.shape[2], None)
+        if rkey is not None:
+            if len(_recent) >= _RECENT_MAX:
+                del _recent[next(iter(_recent))]
+            _recent[rkey] = plan
         return self._run(plan, True, query, key, value, cu_seqlens_q, kw)
 
     @staticmethod

@@ -379,3 +379,34 @@ def test_nn_layers_share_a_plan():
         layers[0](rand(rng, (2, 3, 16)), cache=planned[0], plan=plan)
     with pytest.raises(TypeError, match="plan goes with cache=pyattn.PagedKVCache"):
         layers[0](rand(rng, (2, 1, 16)), cache=layers[0].new_cache(2, 8), plan=plan)
+
+
+def test_unplanned_calls_of_caches_in_lockstep_share_one_plan(monkeypatch):
+    """attend without plan= on the caches of several layers (in the same
+    state, the same seqs and token counts) makes the step's plan once; a
+    cache in another state, or other tokens, makes its own."""
+    made = []
+    real = pyattn._paged.PagedPlan._make.__func__
+
+    def counting(cls, *a):
+        made.append(a[1])
+        return real(cls, *a)
+
+    monkeypatch.setattr(pyattn._paged.PagedPlan, "_make", classmethod(counting))
+    rng = np.random.default_rng(11)
+    caches, twins = make(3), make(3)
+    for c in caches + twins:
+        c.add_sequence(), c.add_sequence()
+    for T, cu in ((2, None), (1, None), (None, [0, 1, 3]), (None, np.array([0, 1, 3]))):
+        del made[:]
+        for c, t in zip(caches, twins):
+            x = qkv(rng, 2, T, packed_total=None if cu is None else 3)
+            plan = t.plan([0, 1], new_tokens=T) if cu is None else t.plan([0, 1], cu_seqlens_q=cu)
+            assert equal_results(c.attend([0, 1], *x, cu_seqlens_q=cu), t.attend((0, 1), *x, plan=plan))
+        assert len(made) == 1 + len(twins), (T, cu)    # one for the three caches, one per explicit plan
+    caches[1].fork(0)                                 # caches[1] leaves the lockstep
+    del made[:]
+    for c in caches:
+        c.attend([0, 1], *qkv(rng, 2, 1))
+    assert len(made) == 2
+
