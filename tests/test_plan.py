@@ -410,3 +410,99 @@ def test_unplanned_calls_of_caches_in_lockstep_share_one_plan(monkeypatch):
         c.attend([0, 1], *qkv(rng, 2, 1))
     assert len(made) == 2
 
+
+
+# ---- the Hugging Face backend: one plan per step, reused by the layers (pyattn/transformers.py) ------
+
+def _tiny_llama(layers=4, dtype=None):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    import pyattn.transformers  # noqa: F401  (registers "pyattn")
+    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    torch.manual_seed(0)
+    m = transformers.LlamaForCausalLM(cfg).eval()
+    if dtype is not None:
+        m = m.to(dtype)
+    m.set_attn_implementation("pyattn")
+    return torch, m
+
+
+@pytest.mark.nofamily
+@pytest.mark.nosan
+@pytest.mark.parametrize("padded", [False, True])
+def test_hf_backend_plans_once_per_step(monkeypatch, padded):
+    """Greedy generation with attn_implementation="pyattn": the calls of a
+    step's layers share one derivation (a plan per step, not per layer), and
+    the scores equal, bit for bit, those of a run that derives every call."""
+    torch, m = _tiny_llama()
+    import pyattn.transformers as pht
+    ids = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(1))
+    am = torch.ones_like(ids)
+    if padded:
+        am[1, :3] = 0                               # left padding: a key-padding row in every step
+    derived = []
+    real = pht._derive
+
+    def counting(*a, **k):
+        derived.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(pht, "_derive", counting)
+
+    def generate():
+        del pht._steps[:]
+        del derived[:]
+        with torch.no_grad():
+            g = m.generate(ids, attention_mask=am, max_new_tokens=6, do_sample=False, output_scores=True,
+                           return_dict_in_generate=True, pad_token_id=0)
+        return g.sequences, torch.stack(g.scores), len(derived)
+
+    seq, scores, n = generate()
+    assert n <= 1 + 6, n                              # the prefill and each decode step: one plan each
+    monkeypatch.setattr(pht, "_step_key", lambda *a: object())      # no plan found: every call derives
+    seq2, scores2, n2 = generate()
+    assert n2 == 4 * 6
+    assert torch.equal(seq, seq2) and torch.equal(scores, scores2)
+
+
+@pytest.mark.nofamily
+@pytest.mark.nosan
+def test_hf_step_plan_bit_for_bit_and_keyed_by_the_mask():
+    """attention_forward through a step's plan equals pyattn.torch's call on
+    the same tensors (the decode call without a mask, with a key-padding
+    mask, a prefill), for each dtype; a plan is found again only for the same
+    mask in the same version and the same shapes and options."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import pyattn.transformers as pht
+    from pyattn import torch as pt
+    mod = torch.nn.Module()
+    g = torch.Generator().manual_seed(2)
+    dtypes = [torch.float32, torch.float64, torch.float16] + ([torch.bfloat16] if ml_dtypes else [])
+    for dt in dtypes:
+        q = torch.randn(2, 4, 1, 8, generator=g).to(dt)
+        k, v = (torch.randn(2, 2, 5, 8, generator=g).to(dt) for _ in range(2))
+        want = pt.scaled_dot_product_attention(q.reshape(2, 2, 2, 8), k, v, scale=0.3).reshape(2, 1, 4, 8)
+        for _ in range(3):                            # derived, then found twice
+            got, w = pht.attention_forward(mod, q, k, v, None, scaling=0.3)
+            assert w is None and got.dtype == dt and torch.equal(got, want)
+        pad = torch.ones(2, 1, 1, 5, dtype=torch.bool)
+        pad[0, ..., :2] = False
+        want = pt.scaled_dot_product_attention(q.reshape(2, 2, 2, 8), k, v, pad, scale=0.3).reshape(2, 1, 4, 8)
+        for _ in range(2):
+            assert torch.equal(pht.attention_forward(mod, q, k, v, pad, scaling=0.3)[0], want)
+        qp = torch.randn(2, 4, 5, 8, generator=g).to(dt)
+        want = pt.scaled_dot_product_attention(qp, k, v, is_causal="bottom_right", scale=0.3, enable_gqa=True)
+        for _ in range(2):
+            assert torch.equal(pht.attention_forward(mod, qp, k, v, None, scaling=0.3)[0], want.transpose(1, 2))
+    # the mask's identity and version are part of a plan's key
+    q = torch.randn(1, 4, 3, 8, generator=g)
+    k = v = torch.randn(1, 2, 3, 8, generator=g)
+    causal = torch.tril(torch.ones(3, 3, dtype=torch.bool))[None, None]
+    a = pht.attention_forward(mod, q, k, v, causal, scaling=0.3)[0]
+    causal[..., 2, 0] = False                         # changed in place: another mask, found by its version
+    b = pht.attention_forward(mod, q, k, v, causal, scaling=0.3)[0]
+    assert torch.equal(b, pt.scaled_dot_product_attention(q, k, v, causal, scale=0.3, enable_gqa=True)
+                       .transpose(1, 2))
+    assert not torch.equal(a, b)
