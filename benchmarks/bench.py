@@ -826,7 +826,9 @@ def percall(args, rng, torch, emit):
     layers' PagedKVCaches in lockstep, each step a fork of the 64-row sequence
     in all of them and one PagedKVCache.plan (outside the timed span; the
     plan's making is a row of its own), then each layer's attend with that
-    plan timed alone. Then a breakdown of
+    plan timed alone. With transformers: its attention function of a decode
+    step, pyattn's (the step's plan found, as for every layer but the
+    step's first) and its own SDPA one, on the same tensors. Then a breakdown of
     attention_with_kvcache (read only): the time spent in attn_spec, in
     _sdpa around the binding, in the _C.sdpa call, and the rest (checks
     before the spec), from timers wrapped around those functions; and the
@@ -870,6 +872,19 @@ def percall(args, rng, torch, emit):
         import pyattn.torch as pt
         calls["pyattn.torch.scaled_dot_product_attention"] = (
             None, lambda: pt.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True), None)
+    try:                                    # Hugging Face's attention function of a decode step, per layer
+        import pyattn.transformers as pht   # (a step's plan found: every layer but the step's first)
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    except ImportError:
+        pht = None
+    if torch is not None and pht is not None:
+        hq = torch.from_numpy(q.transpose(0, 2, 1, 3).copy()).transpose(1, 2)       # (B, Hq, 1, E) as HF's
+        mod = torch.nn.Module()
+        mod.is_causal, mod.num_key_value_groups = True, Hq // Hkv
+        calls["pyattn.transformers.attention_forward (decode, the step's plan found)"] = (
+            None, lambda: pht.attention_forward(mod, hq, tk, tv, None, scaling=E ** -0.5), None)
+        calls["transformers' sdpa_attention_forward (decode; PyTorch's SDPA)"] = (
+            None, lambda: sdpa_attention_forward(mod, hq, tk, tv, None, scaling=E ** -0.5), None)
     calls["pyattn.flash.flash_attn_with_kvcache, read only"] = (
         None, lambda: fl.flash_attn_with_kvcache(qt, kct, vct, cache_seqlens=S), None)
     calls["KVCache.attend (appending one row)"] = (

@@ -217,10 +217,15 @@ _steps: list = []
 
 def _step_key(query, key, value, mask, causal, dropout, scaling, sliding_window, softcap, s_aux):
     """What a call's plan depends on (besides the mask's identity)."""
-    return (query.shape, key.shape, value.shape, query.dtype, key.dtype, value.dtype, query.device,
-            key.device, value.device, type(causal), causal, type(dropout), dropout, type(scaling), scaling,
+    return (query.shape, key.shape, value.shape, query.dtype, key.dtype, value.dtype, type(causal), causal, type(dropout), dropout, type(scaling), scaling,
             sliding_window, type(softcap), softcap, s_aux is None,
             None if mask is None else _mask_key(mask, sliding_window))
+
+
+def _np(t):
+    """pyattn.torch's _numpy (the tensor's memory), without its detach where
+    no gradient is wanted."""
+    return t.numpy() if not t.requires_grad and t.dtype != torch.bfloat16 else _pt._numpy(t)
 
 
 class _Step:
@@ -234,8 +239,8 @@ class _Step:
         if self.fast and query.is_cpu and key.is_cpu and value.is_cpu and _pt._plain(query, key, value):
             # a decode step without a mask: what pyattn.torch does for it (the same NumPy call,
             # on the tensors' memory), its checks made by the step's first layer
-            res = _api.scaled_dot_product_attention(_pt._numpy(query).reshape(self.qshape), _pt._numpy(key),
-                                                    _pt._numpy(value), None, 0.0, False, self.scale, False,
+            res = _api.scaled_dot_product_attention(_np(query).reshape(self.qshape), _np(key), _np(value),
+                                                    None, 0.0, False, self.scale, False,
                                                     window=None, softcap=self.cap, precision=None,
                                                     return_lse=False)
             out = torch.from_numpy(res.reshape(self.oshape))
