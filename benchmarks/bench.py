@@ -912,6 +912,25 @@ def percall(args, rng, torch, emit):
 
     calls[PERCALL_PLANNED] = (step_before, lambda: layers[step["i"] % NL].attend(
         step["plan"].seqs, q, k1, v1, plan=step["plan"]), step_after)
+    # the same loop without plan=: attend takes the plan the step's first layer made (its own
+    # caches, in lockstep too)
+    layers2 = [pyattn.PagedKVCache(num_blocks=16, block_size=16, num_kv_heads=Hkv, head_dim=E) for _ in range(NL)]
+    for c in layers2:
+        c.attend([c.add_sequence()], np.repeat(k, Hq // Hkv, axis=1), k, v)
+    step2 = {"i": 0, "seq": None}
+
+    def step2_before():
+        if step2["i"] % NL == 0:
+            step2["seq"] = [[c.fork(base) for c in layers2][0]]
+
+    def step2_after():
+        step2["i"] += 1
+        if step2["i"] % NL == 0:
+            for c in layers2:
+                c.free(step2["seq"][0])
+
+    calls["PagedKVCache.attend without plan= (per layer: 8 layers' caches in lockstep; the step's first plans)"] = (
+        step2_before, lambda: layers2[step2["i"] % NL].attend(step2["seq"], q, k1, v1), step2_after)
     calls["PagedKVCache.plan (one sequence, one new row: once per step for every layer)"] = (
         lambda: fork.append(pc.fork(base)), lambda: pc.plan([fork[-1]], new_tokens=1), lambda: pc.free(fork.pop()))
     calls["scaled_dot_product_attention_varlen (one sequence, L=1, S=64)"] = (
