@@ -419,7 +419,7 @@ def _stamp_after(pre, op):
     if s is None:
         if len(_stamp_memo) >= _STAMP_MEMO_MAX:           # forget the older half (a lockstep
             for k in list(_stamp_memo)[:_STAMP_MEMO_MAX // 2]:      # group's operations are recent)
-                del _stamp_memo[k]
+                _stamp_memo.pop(k, None)
         s = _stamp_memo[key] = next(_stamps)
     return s
 
@@ -522,14 +522,14 @@ class PagedPlan:
         ...
     ValueError: plan: the cache is not in the state this plan was made from (sequence 0 has 3 rows ...
     """
-    __slots__ = ("seqs", "new_tokens", "cu_seqlens_q", "block_table", "cache_seqlens", "_bs", "_nblk", "_pre",
+    __slots__ = ("seqs", "new_tokens", "cu_seqlens_q", "_table", "_n", "_bs", "_nblk", "_pre",
                  "_post", "_before", "_looked", "_taken", "_after", "_copies", "_inc", "_dec", "_Ts", "_total",
                  "_lens")
     seqs: tuple
     new_tokens: "int | None"
     cu_seqlens_q: "np.ndarray | None"
-    block_table: np.ndarray
-    cache_seqlens: np.ndarray
+    _table: np.ndarray
+    _n: np.ndarray
     _bs: int
     _nblk: int
     _pre: int
@@ -565,14 +565,13 @@ class PagedPlan:
         seqs = cache._seqs
         before = [seqs[s] for s in ids]              # [blocks, length]: replaced, never changed in place
         n = np.array([x[1] for x in before], np.int64)
-        table.flags.writeable = n.flags.writeable = False
         self.seqs = tuple(ids)
         self.new_tokens = new_tokens
         if cu is not None:
             cu.flags.writeable = False
         self.cu_seqlens_q = cu
-        self.block_table = table
-        self.cache_seqlens = n
+        self._table = table                           # (shown read-only by the properties)
+        self._n = n
         self._Ts = Ts
         self._total = sum(Ts)
         self._bs, self._nblk = cache.block_size, cache.k.shape[0]
@@ -593,9 +592,23 @@ class PagedPlan:
         return self
 
     @property
+    def block_table(self) -> np.ndarray:
+        """The step's block table, ``(len(seqs), max_blocks)`` int64, read-only."""
+        v = self._table.view()
+        v.flags.writeable = False
+        return v
+
+    @property
+    def cache_seqlens(self) -> np.ndarray:
+        """The rows each sequence holds before the step, ``(len(seqs),)`` int64, read-only."""
+        v = self._n.view()
+        v.flags.writeable = False
+        return v
+
+    @property
     def _kv_len(self):
         """(B,) int64: the rows each sequence holds after the step."""
-        return self.cache_seqlens + np.array(self._Ts, np.int64)
+        return self._n + np.array(self._Ts, np.int64)
 
     def _mismatch(self, cache):
         """None when cache is in the state the plan was made from, else what differs."""
@@ -1157,7 +1170,7 @@ class PagedKVCache:
             plan = PagedPlan._make(self, ids, [q.shape[2]] * len(ids), q.shape[2], None)
         if rkey is not None:
             if len(_recent) >= _RECENT_MAX:
-                del _recent[next(iter(_recent))]
+                _recent.pop(next(iter(_recent), None), None)
             _recent[rkey] = plan
         return self._run(plan, True, query, key, value, cu_seqlens_q, kw)
 
@@ -1229,12 +1242,11 @@ class PagedKVCache:
             if cu is None and self.k_scale is None and "tree_mask" not in kw:
                 # a decode step's kernel call by its signature (pyattn/_kvfast.py): the table and the
                 # lengths are the plan's, checked when it was made
-                res = _kvfast.run_planned(query, self.k, self.v, key, value, plan.cache_seqlens,
-                                          plan.block_table, kw, plan._lens)
+                res = _kvfast.run_planned(query, self.k, self.v, key, value, plan._n, plan._table, kw, plan._lens)
             if res is None:
                 from ._api import attention_with_kvcache    # (here: _api imports this module)
-                res = attention_with_kvcache(query, self.k, self.v, key, value, cache_seqlens=plan.cache_seqlens,
-                                             block_table=plan.block_table, cu_seqlens_q=cu, k_scale=self.k_scale,
+                res = attention_with_kvcache(query, self.k, self.v, key, value, cache_seqlens=plan._n,
+                                             block_table=plan._table, cu_seqlens_q=cu, k_scale=self.k_scale,
                                              v_scale=self.v_scale, **kw)
         except BaseException:
             if copies:
