@@ -412,6 +412,35 @@ def test_unplanned_calls_of_caches_in_lockstep_share_one_plan(monkeypatch):
 
 
 
+def test_stamps_forgotten_then_checked_entry_by_entry(monkeypatch):
+    """With the stamps' memo forgetting often (a tiny one), caches in lockstep
+    may carry different stamps for equal states: a plan then runs on them by
+    its entry-by-entry check, still bit for bit, and still refuses a cache
+    in another state."""
+    from pyattn import _paged
+    monkeypatch.setattr(_paged, "_STAMP_MEMO_MAX", 2)
+    rng = np.random.default_rng(12)
+    planned, twins = make(3), make(3)
+    for step in range(6):
+        for cs in (planned, twins):
+            for c in cs:
+                c.add_sequence()
+                for _ in range(3):                      # churn the memo between the layers' calls
+                    _paged._stamp_after(object(), "x")
+        seqs = list(range(step + 1))
+        plan = planned[0].plan(seqs, new_tokens=2)
+        for c, t in zip(planned, twins):
+            x = qkv(rng, len(seqs), 2)
+            assert equal_results(c.attend(seqs, *x, plan=plan), t.attend(seqs, *x))
+            assert same_state(state(c), state(t))
+    planned[1].fork(0)                              # another state, but not where the step reads
+    plan = planned[0].plan([0])
+    planned[1].attend([0], *qkv(rng, 1, 1), plan=plan)
+    planned[2].free(5)                              # its blocks back on the free list: the step's block differs
+    with pytest.raises(ValueError, match=r"plan: .*the free blocks differ"):
+        planned[2].attend([0], *qkv(rng, 1, 1), plan=plan)
+
+
 # ---- the Hugging Face backend: one plan per step, reused by the layers (pyattn/transformers.py) ------
 
 def _tiny_llama(layers=4, dtype=None):
