@@ -455,6 +455,18 @@ def _recent_key(cache, seqs, query, cu):
     return (cache._stamp, tuple(seqs), tuple(cu))
 
 
+def _seq_list(seqs):
+    """seqs (the argument) as a list, or TypeError naming it."""
+    if type(seqs) is list:
+        return seqs
+    if isinstance(seqs, (int, np.integer)):
+        raise TypeError("seqs must be a sequence of sequence ids (a list), got an int")
+    try:
+        return list(seqs)
+    except TypeError:
+        raise TypeError(f"seqs must be a sequence of sequence ids (a list), got {type(seqs).__name__}") from None
+
+
 class PagedPlan:
     """One step of some sequences of a :class:`PagedKVCache`, worked out once
     and run by the caches of every layer (FlashInfer's ``plan`` / ``run``).
@@ -973,8 +985,7 @@ class PagedKVCache:
 
     def _ids(self, seqs):
         """seqs as a list of live, distinct ids."""
-        if isinstance(seqs, (int, np.integer)):
-            raise TypeError("seqs must be a sequence of sequence ids (a list), got an int")
+        seqs = _seq_list(seqs)
         ids = [self._get(s, "seqs entry") for s in seqs]
         if len(set(ids)) != len(ids):
             raise ValueError(f"seqs has a repeated sequence id: {ids}")
@@ -1196,9 +1207,7 @@ class PagedKVCache:
         if type(plan) is not PagedPlan:
             raise TypeError(f"plan must be a PagedPlan (from PagedKVCache.plan), got {type(plan).__name__}")
         if seqs is not plan.seqs:
-            if isinstance(seqs, (int, np.integer)):
-                raise TypeError("seqs must be a sequence of sequence ids (a list), got an int")
-            if list(seqs) != list(plan.seqs):
+            if _seq_list(seqs) != list(plan.seqs):
                 raise ValueError(f"seqs is {list(seqs)}, but the plan was made for seqs {list(plan.seqs)} (pass "
                                  "plan.seqs)")
         self._kw_check(key, value, kw)

@@ -263,6 +263,7 @@ def test_arguments_other_than_the_plans():
     bad = [
         (dict(seqs=[b, a]), ValueError, r"seqs is \[1, 0\], but the plan was made for seqs \[0, 1\]"),
         (dict(seqs=0), TypeError, r"seqs must be a sequence"),
+        (dict(seqs=None), TypeError, r"seqs must be a sequence of sequence ids \(a list\), got NoneType"),
         (dict(T=1), ValueError, r"query has shape \(2, 4, 1, 8\); the plan was made for 2 sequences of 2 new tokens"),
         (dict(B=1), ValueError, r"query has shape \(1, 4, 2, 8\); the plan was made for 2 sequences"),
         (dict(Tk=3), ValueError, r"key has shape \(2, 2, 3, 8\)"),
@@ -305,6 +306,8 @@ def test_plan_arguments():
     a = c.add_sequence()
     with pytest.raises(TypeError, match="seqs must be a sequence"):
         c.plan(a)
+    with pytest.raises(TypeError, match="seqs must be a sequence of sequence ids .a list., got float"):
+        c.plan(1.5)
     with pytest.raises(ValueError, match="seqs has a repeated sequence id"):
         c.plan([a, a])
     with pytest.raises(ValueError, match="seqs entry 5 is not a live sequence"):
