@@ -217,7 +217,8 @@ _steps: list = []
 
 def _step_key(query, key, value, mask, causal, dropout, scaling, sliding_window, softcap, s_aux):
     """What a call's plan depends on (besides the mask's identity)."""
-    return (query.shape, key.shape, value.shape, query.dtype, key.dtype, value.dtype, type(causal), causal, type(dropout), dropout, type(scaling), scaling,
+    return (query.shape, key.shape, value.shape, query.dtype, key.dtype, value.dtype, type(causal), causal,
+            type(dropout), dropout, type(scaling), scaling,
             sliding_window, type(softcap), softcap, s_aux is None,
             None if mask is None else _mask_key(mask, sliding_window))
 
