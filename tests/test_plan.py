@@ -4,7 +4,9 @@ gives the unplanned call's result bit for bit (outputs, lse, pools and the
 caches' bookkeeping), across layers and steps, with forks (copy-on-write),
 packed steps, trees and every cache dtype; a plan used with other sequences,
 tokens, offsets, or a cache in another state is a clear error that writes
-nothing; the nn layers take it."""
+nothing; the nn layers take it. The Hugging Face backend (pyattn/
+transformers.py) derives a call once per step for every layer, bit for bit
+the call derived anew."""
 import numpy as np
 import pytest
 
