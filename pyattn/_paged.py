@@ -687,7 +687,10 @@ class PagedKVCache:
     from a free list; :meth:`fork` makes a sequence that shares its parent's
     blocks (nothing is copied) and the first write into a shared block
     copies that block first (copy-on-write, by reference counts), so the
-    parent's rows never change.
+    parent's rows never change. A model keeps one cache per layer, all given
+    the same calls; the bookkeeping of a step (the blocks it takes and
+    copies, the block table, the lengths) is then the same in each, and
+    :meth:`plan` works it out once for all of them (``attend(..., plan=)``).
 
     Parameters
     ----------
