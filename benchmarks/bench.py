@@ -866,6 +866,7 @@ def bf16(args, rng, run, torch):
 
 PERCALL_REF = "torch SDPA (reference)"
 PERCALL_KV = "pyattn.attention_with_kvcache, read only"
+PERCALL_PLANNED = "PagedKVCache.attend with a plan (per layer: one plan per step, run by 8 layers' caches)"
 
 
 def percall(args, rng, torch, emit):
@@ -875,7 +876,13 @@ def percall(args, rng, torch, emit):
     each timed alone (perf_counter_ns), the entries interleaved in blocks of
     calls. Rows appending a token start every call from 64 rows (KVCache:
     its lengths set back; PagedKVCache: a fresh fork of a 64-row sequence,
-    freed after the call; both outside the timed span). Then a breakdown of
+    freed after the call; both outside the timed span). The planned row: 8
+    layers' PagedKVCaches in lockstep, each step a fork of the 64-row sequence
+    in all of them and one PagedKVCache.plan (outside the timed span; the
+    plan's making is a row of its own), then each layer's attend with that
+    plan timed alone. With transformers: its attention function of a decode
+    step, pyattn's (the step's plan found, as for every layer but the
+    step's first) and its own SDPA one, on the same tensors. Then a breakdown of
     attention_with_kvcache (read only): the time spent in attn_spec, in
     _sdpa around the binding, in the _C.sdpa call, and the rest (checks
     before the spec), from timers wrapped around those functions; and the
@@ -919,12 +926,67 @@ def percall(args, rng, torch, emit):
         import pyattn.torch as pt
         calls["pyattn.torch.scaled_dot_product_attention"] = (
             None, lambda: pt.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True), None)
+    try:                                    # Hugging Face's attention function of a decode step, per layer
+        import pyattn.transformers as pht   # (a step's plan found: every layer but the step's first)
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    except ImportError:
+        pht = None
+    if torch is not None and pht is not None:
+        hq = torch.from_numpy(q.transpose(0, 2, 1, 3).copy()).transpose(1, 2)       # (B, Hq, 1, E) as HF's
+        mod = torch.nn.Module()
+        mod.is_causal, mod.num_key_value_groups = True, Hq // Hkv
+        calls["pyattn.transformers.attention_forward (decode, the step's plan found)"] = (
+            None, lambda: pht.attention_forward(mod, hq, tk, tv, None, scaling=E ** -0.5), None)
+        calls["transformers' sdpa_attention_forward (decode; PyTorch's SDPA)"] = (
+            None, lambda: sdpa_attention_forward(mod, hq, tk, tv, None, scaling=E ** -0.5), None)
     calls["pyattn.flash.flash_attn_with_kvcache, read only"] = (
         None, lambda: fl.flash_attn_with_kvcache(qt, kct, vct, cache_seqlens=S), None)
     calls["KVCache.attend (appending one row)"] = (
         lambda: cache.lengths.fill(S), lambda: cache.attend(q, k1, v1), None)
     calls["PagedKVCache.attend (one sequence, appending one row)"] = (
         lambda: fork.append(pc.fork(base)), lambda: pc.attend([fork[-1]], q, k1, v1), lambda: pc.free(fork.pop()))
+    # a step planned once (PagedKVCache.plan) and run by the caches of NL layers (one per layer, in lockstep,
+    # as a model keeps them): the plan's making, and each layer's attend with it
+    NL = 8
+    layers = [pyattn.PagedKVCache(num_blocks=16, block_size=16, num_kv_heads=Hkv, head_dim=E) for _ in range(NL)]
+    for c in layers:
+        c.attend([c.add_sequence()], np.repeat(k, Hq // Hkv, axis=1), k, v)     # id `base` (0) in each
+    step = {"i": 0, "plan": None, "seq": None}
+
+    def step_before():
+        if step["i"] % NL == 0:
+            step["seq"] = [c.fork(base) for c in layers][0]
+            step["plan"] = layers[0].plan([step["seq"]], new_tokens=1)
+
+    def step_after():
+        step["i"] += 1
+        if step["i"] % NL == 0:
+            for c in layers:
+                c.free(step["seq"])
+
+    calls[PERCALL_PLANNED] = (step_before, lambda: layers[step["i"] % NL].attend(
+        step["plan"].seqs, q, k1, v1, plan=step["plan"]), step_after)
+    # the same loop without plan=: attend takes the plan the step's first layer made (its own
+    # caches, in lockstep too)
+    layers2 = [pyattn.PagedKVCache(num_blocks=16, block_size=16, num_kv_heads=Hkv, head_dim=E) for _ in range(NL)]
+    for c in layers2:
+        c.attend([c.add_sequence()], np.repeat(k, Hq // Hkv, axis=1), k, v)
+    step2 = {"i": 0, "seq": None}
+
+    def step2_before():
+        if step2["i"] % NL == 0:
+            step2["seq"] = [[c.fork(base) for c in layers2][0]]
+
+    def step2_after():
+        step2["i"] += 1
+        if step2["i"] % NL == 0:
+            for c in layers2:
+                c.free(step2["seq"][0])
+
+    calls["PagedKVCache.attend without plan= (per layer: 8 layers' caches in lockstep; the step's first plans)"] = (
+        step2_before, lambda: layers2[step2["i"] % NL].attend(step2["seq"], q, k1, v1), step2_after)
+    calls["PagedKVCache.plan (one sequence, one new row: once per step for every layer)"] = (
+        lambda: fork.append(pc.fork(base)), lambda: pc.plan([fork[-1]], new_tokens=1), lambda: pc.free(fork.pop()))
     calls["scaled_dot_product_attention_varlen (one sequence, L=1, S=64)"] = (
         None, lambda: pyattn.scaled_dot_product_attention_varlen(qv, kv_, vv_, cuq, cuk, enable_gqa=True), None)
     rounds, block = (4, 100) if args.quick else (20, 250)
@@ -1570,7 +1632,8 @@ def targets(rows, mem):
     pcs = {(r["call"], r["threads"]): r["median_us"] for r in rows if r.get("kind") == "percall"}
     for thr in sorted({t for _, t in pcs}):
         ref, kv = pcs.get((PERCALL_REF, thr)), pcs.get((PERCALL_KV, thr))
-        for name, goal in ((PERCALL_KV, 1.5), ("PagedKVCache.attend (one sequence, appending one row)", 2.0)):
+        for name, goal in ((PERCALL_KV, 1.5), ("PagedKVCache.attend (one sequence, appending one row)", 2.0),
+                           (PERCALL_PLANNED, 2.0)):
             me = pcs.get((name, thr))
             if me and ref:
                 line(f"issue 38: {name}, {thr} thr, per call vs PyTorch SDPA", f"{me / ref:.2f}x ({me:.1f} vs "

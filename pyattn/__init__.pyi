@@ -176,8 +176,19 @@ class PagedKVCache:
     def fork(self, seq: int) -> int: ...
     def free(self, seq: int) -> None: ...
     def length(self, seq: int) -> int: ...
+    def plan(self, seqs: Sequence[int], new_tokens: Optional[int] = ..., *,
+             cu_seqlens_q: Optional[ArrayLike] = ...) -> _PagedPlan: ...
     def attend(self, seqs: Sequence[int], query: ArrayLike, key: ArrayLike, value: ArrayLike, *,
-               cu_seqlens_q: Optional[ArrayLike] = ..., **kw: Any) -> Any: ...
+               cu_seqlens_q: Optional[ArrayLike] = ..., plan: Optional[_PagedPlan] = ..., **kw: Any) -> Any: ...
+
+# pyattn._paged.PagedPlan, what PagedKVCache.plan returns (not a name of pyattn's __all__ yet:
+# stubtest leaves a private stub name absent at runtime alone)
+class _PagedPlan:
+    seqs: Tuple[int, ...]
+    new_tokens: Optional[int]
+    cu_seqlens_q: Optional[NDArray[np.int64]]
+    block_table: NDArray[np.int64]
+    cache_seqlens: NDArray[np.int64]
 
 def multi_head_attention(
     query: ArrayLike, key: ArrayLike, value: ArrayLike, num_heads: int,
