@@ -32,7 +32,7 @@ from ._grad import (scaled_dot_product_attention_backward, scaled_dot_product_at
 from ._kvcache import KVCache
 from ._varlen import (scaled_dot_product_attention_varlen, scaled_dot_product_attention_varlen_backward,
                       scaled_dot_product_attention_varlen_vjp)
-from ._paged import CacheFullError, PagedKVCache
+from ._paged import CacheFullError, PagedKVCache, PagedPlan
 from ._quant import dequantize, quantize
 from ._blockmask import BlockMask
 from . import masks
@@ -46,7 +46,7 @@ __all__ = [
     "set_num_threads", "get_num_threads", "show_config", "nn", "__version__",
     "scaled_dot_product_attention_varlen", "scaled_dot_product_attention_varlen_backward",
     "scaled_dot_product_attention_varlen_vjp",
-    "PagedKVCache", "CacheFullError",
+    "PagedKVCache", "PagedPlan", "CacheFullError",
     "quantize", "dequantize",
     "BlockMask", "masks",
 ]

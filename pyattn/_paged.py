@@ -496,6 +496,12 @@ class PagedPlan:
     on, and running the plan there again (or after any other change to the
     cache's sequences) is a ``ValueError`` -- make the next step's plan then.
 
+    Parameters
+    ----------
+    *args, **kwargs
+        Not taken: constructing a plan directly is a ``TypeError`` (make one
+        with :meth:`PagedKVCache.plan`).
+
     Attributes
     ----------
     seqs : tuple of int
@@ -605,14 +611,30 @@ class PagedPlan:
 
     @property
     def block_table(self) -> np.ndarray:
-        """The step's block table, ``(len(seqs), max_blocks)`` int64, read-only."""
+        """The step's block table, ``(len(seqs), max_blocks)`` int64, read-only.
+
+        Examples
+        --------
+        >>> import pyattn
+        >>> cache = pyattn.PagedKVCache(num_blocks=8, block_size=4, num_kv_heads=1, head_dim=4)
+        >>> cache.plan([cache.add_sequence()], new_tokens=6).block_table      # 6 rows: 2 blocks
+        array([[0, 1]])
+        """
         v = self._table.view()
         v.flags.writeable = False
         return v
 
     @property
     def cache_seqlens(self) -> np.ndarray:
-        """The rows each sequence holds before the step, ``(len(seqs),)`` int64, read-only."""
+        """The rows each sequence holds before the step, ``(len(seqs),)`` int64, read-only.
+
+        Examples
+        --------
+        >>> import pyattn
+        >>> cache = pyattn.PagedKVCache(num_blocks=8, block_size=4, num_kv_heads=1, head_dim=4)
+        >>> cache.plan([cache.add_sequence()], new_tokens=1).cache_seqlens    # a new sequence
+        array([0])
+        """
         v = self._n.view()
         v.flags.writeable = False
         return v
@@ -1003,7 +1025,7 @@ class PagedKVCache:
     def plan(self, seqs, new_tokens=None, *, cu_seqlens_q=None) -> "PagedPlan":
         """Plan one step of ``seqs`` -- the blocks it takes, the shared blocks it
         copies, its block table and lengths -- once, for the caches of every
-        layer (see ``PagedPlan``).
+        layer (see :class:`PagedPlan`).
 
         Nothing changes here: each cache's :meth:`attend` with ``plan=``
         takes the blocks, makes the copies and advances its sequences.
@@ -1140,7 +1162,7 @@ class PagedKVCache:
         TypeError
             ``seqs`` an int, ``key`` or ``value`` None, a ``block_table``,
             ``cache_seqlens``, ``k_scale`` or ``v_scale`` keyword, a ``plan``
-            that is not a ``PagedPlan``, and the type errors of
+            that is not a :class:`PagedPlan`, and the type errors of
             :func:`pyattn.attention_with_kvcache`.
 
         Examples
@@ -1160,7 +1182,7 @@ class PagedKVCache:
         >>> out.shape, lse.shape, cache.length(a), cache.length(b)
         ((3, 1, 4), (3, 1), 5, 4)
 
-        A decode step planned once (for every layer's cache, see ``PagedPlan``):
+        A decode step planned once (for every layer's cache, see :class:`PagedPlan`):
 
         >>> plan = cache.plan([a, b], new_tokens=1)
         >>> q, k, v = rng.standard_normal((3, 2, 1, 1, 4)).astype(np.float32)

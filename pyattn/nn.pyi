@@ -3,7 +3,7 @@ from typing import Any, Dict, Literal, Mapping, NoReturn, Optional, Sequence, Tu
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike, NDArray
 
-from pyattn import KVCache, PagedKVCache, _PagedPlan
+from pyattn import KVCache, PagedKVCache, PagedPlan
 
 _L = TypeVar("_L", bound="_Attention")
 _Out = Union[NDArray[np.floating[Any]], Tuple[NDArray[np.floating[Any]], NDArray[np.floating[Any]]]]
@@ -45,25 +45,25 @@ class _Attention:
     @overload
     def __call__(self, x: ArrayLike, attn_mask: Optional[ArrayLike] = ...,
                  return_weights: Literal[False] = ..., *args: NoReturn, context: Optional[ArrayLike] = ..., cache: Union[KVCache, PagedKVCache, None] = ...,
-                 seqs: Optional[Sequence[int]] = ..., cu_seqlens_q: Optional[ArrayLike] = ..., plan: Optional[_PagedPlan] = ...) -> NDArray[np.floating[Any]]: ...
+                 seqs: Optional[Sequence[int]] = ..., cu_seqlens_q: Optional[ArrayLike] = ..., plan: Optional[PagedPlan] = ...) -> NDArray[np.floating[Any]]: ...
     @overload
     def __call__(self, x: ArrayLike, attn_mask: Optional[ArrayLike] = ...,
                  *args: NoReturn, return_weights: Literal[True], context: Optional[ArrayLike] = ..., cache: None = ..., seqs: None = ..., cu_seqlens_q: None = ..., plan: None = ...) -> Tuple[NDArray[np.floating[Any]], NDArray[np.floating[Any]]]: ...
     @overload
     def __call__(self, x: ArrayLike, attn_mask: Optional[ArrayLike] = ...,
                  *args: NoReturn, return_weights: bool, context: Optional[ArrayLike] = ..., cache: Union[KVCache, PagedKVCache, None] = ...,
-                 seqs: Optional[Sequence[int]] = ..., cu_seqlens_q: Optional[ArrayLike] = ..., plan: Optional[_PagedPlan] = ...) -> _Out: ...
+                 seqs: Optional[Sequence[int]] = ..., cu_seqlens_q: Optional[ArrayLike] = ..., plan: Optional[PagedPlan] = ...) -> _Out: ...
     @overload
     def forward(self, x: ArrayLike, attn_mask: Optional[ArrayLike] = ...,
                  return_weights: Literal[False] = ..., *args: NoReturn, context: Optional[ArrayLike] = ..., cache: Union[KVCache, PagedKVCache, None] = ...,
-                 seqs: Optional[Sequence[int]] = ..., cu_seqlens_q: Optional[ArrayLike] = ..., plan: Optional[_PagedPlan] = ...) -> NDArray[np.floating[Any]]: ...
+                 seqs: Optional[Sequence[int]] = ..., cu_seqlens_q: Optional[ArrayLike] = ..., plan: Optional[PagedPlan] = ...) -> NDArray[np.floating[Any]]: ...
     @overload
     def forward(self, x: ArrayLike, attn_mask: Optional[ArrayLike] = ...,
                  *args: NoReturn, return_weights: Literal[True], context: Optional[ArrayLike] = ..., cache: None = ..., seqs: None = ..., cu_seqlens_q: None = ..., plan: None = ...) -> Tuple[NDArray[np.floating[Any]], NDArray[np.floating[Any]]]: ...
     @overload
     def forward(self, x: ArrayLike, attn_mask: Optional[ArrayLike] = ...,
                  *args: NoReturn, return_weights: bool, context: Optional[ArrayLike] = ..., cache: Union[KVCache, PagedKVCache, None] = ...,
-                 seqs: Optional[Sequence[int]] = ..., cu_seqlens_q: Optional[ArrayLike] = ..., plan: Optional[_PagedPlan] = ...) -> _Out: ...
+                 seqs: Optional[Sequence[int]] = ..., cu_seqlens_q: Optional[ArrayLike] = ..., plan: Optional[PagedPlan] = ...) -> _Out: ...
 
 class SelfAttention(_Attention):
     def __init__(self, d_in: int, d_out: int, qkv_bias: bool = ..., *, rng: Any = ...) -> None: ...
