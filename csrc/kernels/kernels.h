@@ -56,6 +56,11 @@ double pa_bf16_probe_avx512bf16(long long iters, float *sink);
 /* the FMA peak probe of the avx2 family (kernels/vec/probe_vec.inc), which
  * avx512emu borrows */
 double pa_fma_probe_avx2(long long iters, float *sink);
+/* precision "int8"'s key products (the q8rowdot contract) on AVX2 integer
+ * vectors (kernels/x86/q8dot_avx2.c), for the x86 families; other group
+ * sizes and head dims over PA_Q8_MAXE go portable (the same bits) */
+#define PA_Q8_MAXE 512
+pa_q8rowdot_sig pa_q8dot_i16_avx2;
 #endif
 #ifdef PA_HAVE_NEON_KERNELS
 pa_gemm_sig pa_gemm_bf16_neon;             /* the same on NEON FMAs (kernels/arm/bf16emu_neon.c) */
