@@ -229,5 +229,10 @@ PA_FAMILIES(PA_FAMILY_EXTERN, _)
 #ifdef PA_HAVE_X86_KERNELS
 extern const pa_family pa_family_avx512bf16;   /* avx512 with AVX512_BF16's bfloat16 products */
 #endif
+/* the SIMD families' float32 rowsm and softcap (the shared vector exp) in
+ * portable C (kernels/ref/vecbits_ref.c): precision "int8" promises the same
+ * bits on every family, and runs these in place of the generic family's */
+pa_rowsm_sig pa_rowsm_f32_vecbits_ref;
+pa_softcap_sig pa_softcap_f32_vecbits_ref;
 
 #endif

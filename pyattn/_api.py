@@ -10,7 +10,7 @@ from . import _C, _kvextra, _kvfast
 from ._spec import attn_spec
 from ._checks import (
     as_array, bcast, broadcast_shapes, causal_code, check_numeric, check_out, compute_dtype,
-    dropout_key, index_value, is16, number, out_for_kernel, precision_value, prep_mask, real_scalar,
+    dropout_key, index_value, int8_precision, is16, number, out_for_kernel, precision_value, prep_mask, real_scalar,
     split_axis, store16, to_dtype,
 )
 
@@ -414,6 +414,8 @@ def _sdpa(spec, out=None, *, nthreads=0, append=None, paged=None):
         extra["row_div"] = groups
     if spec.bf16:
         extra["bf16"] = True
+    if spec.int8:
+        extra["int8"] = True
     if spec.kv_len is not None:
         a = spec.kv_len
         if stack:
@@ -985,15 +987,17 @@ def _kvcache_full(query, k_cache, v_cache, key=None, value=None, *, cache_seqlen
     # a 16-bit query is read in place (bfloat16 as such: _sdpa views its bits);
     # anything else is converted to the caches' compute dtype
     qd = q if is16(q.dtype) and cd == np.float32 else to_dtype(q, cd)
+    q8 = int8_precision(precision, kc)          # precision="int8": an int8 / int4 k_cache
     # a quantized cache is described by a float32 stand-in of its shape (the
     # spec's checks), then the spec carries the cache and its scales
     ks = np.broadcast_to(np.float32(0), kc.shape[:3] + (E,)) if kq else kc
     vs = np.broadcast_to(np.float32(0), vc.shape[:3] + (Ev,)) if vq else vc
     spec = attn_spec(qd, ks, vs, None, 0.0, "bottom_right" if is_causal else False, sc, Hq != Hkv,
                      window=window, alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks,
-                     precision=precision, return_lse=return_lse, kv_len=n[:, None], block_mask=block_mask)
+                     precision=None if q8 else precision, return_lse=return_lse, kv_len=n[:, None],
+                     block_mask=block_mask)
     if kq or vq:
         if spec.bf16:
             raise ValueError("precision='bf16' is not available with int8 / int4 caches")
-        spec = spec._replace(key=kc, value=vc, kv_scales=(k_scale, v_scale))
+        spec = spec._replace(key=kc, value=vc, kv_scales=(k_scale, v_scale), int8=q8)
     return _sdpa(spec, out, append=append)

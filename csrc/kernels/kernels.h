@@ -42,6 +42,11 @@ PA_FAMILIES(PA_DECL_FAMILY, _)
 #undef PA_DECL_DT_S
 #undef PA_DECL_DT_W
 
+/* the SIMD families' float32 rowsm and softcap bits (the shared vector exp)
+ * in portable C (kernels/ref/vecbits_ref.c): precision "int8" on the
+ * generic family */
+float pa_vexp_f32_ref(float x);
+
 /* bfloat16 products (gemm_bf16): the exact emulation, and AVX512_BF16's vdpbf16ps */
 pa_gemm_sig pa_gemm_bf16_ref;
 #ifdef PA_HAVE_X86_KERNELS

@@ -64,6 +64,7 @@ void pa_attn_setup(pa_attn_args *out, const pa_family *fam, const pa_attn_call *
     a.key_end = S;
     a.partial = NULL;
     a.bf16 = c->bf16;
+    a.q8 = c->q8;
     a.kvp = NULL;
     a.kvp_tile = 0;
     a.bt_row = NULL;

@@ -655,6 +655,17 @@ size_t pa_flash_ws(const pa_family *f, int dtype, pa_ssize E, pa_ssize Ev)
 void pa_flash_run(const pa_family *f, int dtype, const pa_attn_args *a, pa_ssize i0, pa_ssize i1,
                   void *ws)
 {
+    pa_family g;
+    pa_attn_args ag;
+    if (a->q8 && f->isa == PA_ISA_GENERIC) {       /* precision "int8": the SIMD families' softmax */
+        g = *f;                                    /* and softcap bits (kernels/ref/vecbits_ref.c) */
+        g.rowsm[PA_F32].fn = pa_rowsm_f32_vecbits_ref;
+        g.softcap[PA_F32].fn = pa_softcap_f32_vecbits_ref;
+        ag = *a;
+        ag.fam = &g;
+        f = &g;
+        a = &ag;
+    }
     if (dtype == PA_F32 && a->bf16 && pa_bf16_rows_shape(a->L, a->rule.div, a->E, a->Ev))
         bf16_rows_run(f, a, i0, i1, ws, NULL, 0, 0);   /* decode shapes: the rows path */
     else if (dtype == PA_F32 && a->bf16) flash_bf16(f, a, i0, i1, ws, 0);
