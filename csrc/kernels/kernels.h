@@ -66,6 +66,9 @@ double pa_fma_probe_avx2(long long iters, float *sink);
  * sizes and head dims over PA_Q8_MAXE go portable (the same bits) */
 #define PA_Q8_MAXE 512
 pa_q8rowdot_sig pa_q8dot_i16_avx2;
+/* ... and on AVX512_VNNI's vpdpbusd (kernels/x86/q8dot_vnni.c): the
+ * q8rowdot of the avx512 family's tables for CPUs with it */
+pa_q8rowdot_sig pa_q8rowdot_avx512vnni;
 #endif
 #ifdef PA_HAVE_NEON_KERNELS
 pa_gemm_sig pa_gemm_bf16_neon;             /* the same on NEON FMAs (kernels/arm/bf16emu_neon.c) */
