@@ -740,6 +740,23 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
         ``precision="bf16"`` with float32 / float16 / bfloat16 caches runs the
         bfloat16 decode kernel on decode steps -- bfloat16 caches read in place
         -- and the tiled bfloat16 path on longer query blocks).
+        ``precision="int8"``, with an int8 / int4 ``k_cache`` only (any other
+        cache: ``ValueError``): each query row of each head is quantized to
+        int8 per group of the cache's group size ``G`` exactly as
+        ``quantize(q, "int8", group_size=G)`` does (its own float32 scale
+        ``s_q,g`` per group; the query as float32 first); each key product is
+        the exact integer sum of a group's products, ``fma((float)isum,
+        s_q,g * s_k,g, acc)`` summed over the groups in order in float32, times
+        ``scale``; then the softmax and the value products as at the default
+        precision (AVX512_VNNI ``vpdpbusd`` where the CPU has it). Every query
+        length works (longer blocks run the decode kernels row by row). The
+        same bits on every kernel family and thread count. The bound: a
+        score differs from the default precision's by at most
+        ``|scale| * sum_g (s_q,g / 2) * sum_{e in g} |k_e|`` (half a query
+        step per element times the dequantized key's magnitudes), plus the
+        float32 rounding of the two scores; so each softmax weight moves by a
+        factor within ``exp(+-2 D)`` (``D`` the largest such bound of the row)
+        and the output by at most ``(exp(2 D) - 1) * max |v|``.
     block_mask : pyattn.BlockMask, optional
         Over the cache: ``kv_idx`` is the cache row, ``q_idx`` the query's
         cache position; its S must be ``S_max`` and its L at least the
@@ -810,7 +827,8 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
         inf in them is a ValueError and nothing is written); the kernels
         read the rows and scales in place and dequantize in registers. The
         result equals attention over ``dequantize(cache)`` to float32
-        tolerance. Not with ``precision="bf16"`` or head dims over 512.
+        tolerance. Not with ``precision="bf16"`` or head dims over 512; with
+        ``precision="int8"`` (above), integer key products.
 
     Returns
     -------
@@ -822,7 +840,8 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
         Shapes that do not match (caches, query, key/value); query heads
         not a multiple of the cache heads; ``cache_seqlens`` negative, of
         the wrong shape, or past ``S_max`` (with the new rows: ``n_b + T >
-        S_max``, compared without a sum that could wrap); a read-only cache when key/value are given; only one of
+        S_max``, compared without a sum that could wrap); ``precision="int8"``
+        with a cache that is not int8 / int4; a read-only cache when key/value are given; only one of
         key and value; and the structured-mask errors of
         :func:`scaled_dot_product_attention`. With ``block_table``: an entry
         a call reads or writes out of ``[0, num_blocks)`` (or -1), two

@@ -719,6 +719,15 @@ class PagedKVCache:
             (``is_causal``, ``scale``, ``window``, ``tree_mask``,
             ``return_lse``, ...); not ``block_table``, ``cache_seqlens``,
             ``k_scale`` or ``v_scale`` (the cache holds them).
+            ``precision="int8"`` with an int8 / int4 pool (else a
+            ``ValueError``, nothing written): the query rows quantized to
+            int8 per group as :func:`pyattn.quantize` does, integer key
+            products per group scaled by the two scales and summed over the
+            groups in float32; the same bits as a :class:`pyattn.KVCache`
+            with the same rows, on every kernel family. Each score differs
+            from the default precision's by at most ``|scale| * sum_g (s_q,g
+            / 2) * sum_{e in g} |k_e|`` plus float32 rounding (see
+            :func:`pyattn.attention_with_kvcache`).
 
         Returns
         -------
