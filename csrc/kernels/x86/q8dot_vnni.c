@@ -44,6 +44,9 @@ VN_INL __m512i vn_key64(const char *k, pa_ssize e, const int bits)
     return _mm512_sub_epi8(_mm512_xor_si512(_mm512_or_si512(lo, hi), eight), eight);
 }
 
+/* bytes of key rows ahead to prefetch (as quant_vec.inc's decode kernels) */
+#define VN_PFB 32768
+
 #define VN_SH(x, y, d, c, b, a) _mm512_shuffle_i32x4((x), (y), _MM_SHUFFLE(d, c, b, a))
 
 /* 16 rows of 16 dwords -> T[d] (d = 0..15): lane c = dword d of row c */
@@ -107,6 +110,7 @@ VN_INL void vn_rows(const int8_t *Q, pa_ssize qrs, const float *qs, pa_ssize qsr
     __m512i T[PA_Q8_MAXE / 4], nk[PA_Q8_MAXE / 4];
     __m512 kt[PA_Q8_MAXE / 4];
     const pa_ssize ng = E / G, rowb = bits == 8 ? E : E / 2;
+    const pa_ssize pfk = VN_PFB / rowb > 16 ? VN_PFB / rowb : 16;   /* keys ahead to prefetch */
     const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                            _mm512_set1_epi32((int)ksrs));
     const __m512 vscale = _mm512_set1_ps(scale);
@@ -115,8 +119,10 @@ VN_INL void vn_rows(const int8_t *Q, pa_ssize qrs, const float *qs, pa_ssize qsr
         const int nb = nj - j0 < 16 ? (int)(nj - j0) : 16;
         const __mmask16 live = (__mmask16)((1u << nb) - 1u);
         const char *kb = K + j0 * krs;
-        for (int c = 0; c < 16 && j0 + 16 + c < nj; c++)          /* the next block's rows */
-            for (pa_ssize o = 0; o < rowb; o += 64) __builtin_prefetch(kb + (16 + c) * krs + o, 0, 1);
+        for (int c = 0; c < 16; c++) {               /* the rows pfk keys ahead (a hint: never faults) */
+            for (pa_ssize o = 0; o < rowb; o += 64) __builtin_prefetch(kb + (pfk + c) * krs + o, 0, 1);
+            __builtin_prefetch(ks + (j0 + pfk + c) * ksrs, 0, 1);
+        }
         for (pa_ssize e = 0; e < E; e += 64) {                      /* the keys, transposed */
             __m512i rows[16];
             for (int c = 0; c < 16; c++)
