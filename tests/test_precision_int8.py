@@ -134,13 +134,13 @@ def test_scores_are_the_rule_bit_for_bit(rng, dtype, E, G):
 
 
 @pytest.mark.parametrize("dtype", ["int8", "int4"])
-@pytest.mark.parametrize("T", [1, 3, 9, 40])
+@pytest.mark.parametrize("T", [1, 3, 9, 40, 130])
 def test_outputs_match_the_model(rng, dtype, T):
     """Decode (T = 1, GQA rows stacked) and longer query blocks (the rows
     path takes every L with precision="int8")."""
     B, Hkv, Hq, S, E = 2, 2, 4, 150, 64
     kc, ks, vc, vs = qcache(rng, B, Hkv, S, E, dtype, 32)
-    n = np.array([S, 97])
+    n = np.array([S, max(97, T)])
     q = rng.standard_normal((B, Hq, T, E)).astype(np.float32)
     got = pyattn.attention_with_kvcache(q, kc, vc, cache_seqlens=n, k_scale=ks, v_scale=vs, precision="int8")
     want = model_attention(q, kc, ks, vc, vs, n, 1 / np.sqrt(E))
@@ -301,6 +301,20 @@ def test_caches_and_the_paged_pool_agree(rng, dtype):
         assert flat.lengths[0] == before[0] + T
         want = model_attention(q, flat.k, flat.k_scale, flat.v, flat.v_scale, flat.lengths, 1 / np.sqrt(E))
         assert np.abs(a - want).max() <= TOL[np.dtype(np.float32)] * out_mag(flat.v, flat.v_scale, 64)
+
+
+def test_a_float_v_cache_beside_an_int8_k_cache(rng):
+    """Only the key side changes: an int8 k_cache with a float32 v_cache."""
+    kc, ks, _, _ = qcache(rng, 1, 2, 40, 32, "int8", 16)
+    v = rng.standard_normal((1, 2, 40, 32)).astype(np.float32)
+    q = rng.standard_normal((1, 4, 1, 32)).astype(np.float32)
+    got = pyattn.attention_with_kvcache(q, kc, v, cache_seqlens=40, k_scale=ks, precision="int8")
+    mag = float(np.abs(v).max()) * (8.0 + np.log1p(40) + np.sqrt(41.0))
+    for h in range(4):
+        s = model_scores(q[0, h], kc[0, h // 2], ks[0, h // 2], 1 / np.sqrt(32)).astype(np.float64)
+        w = np.exp(s - s.max())
+        want = (w / w.sum()) @ v[0, h // 2].astype(np.float64)
+        assert np.abs(got[0, h] - want).max() <= TOL[np.dtype(np.float32)] * mag
 
 
 def test_a_nan_query_row_gives_nan(rng):
