@@ -317,6 +317,20 @@ def test_a_float_v_cache_beside_an_int8_k_cache(rng):
         assert np.abs(got[0, h] - want).max() <= TOL[np.dtype(np.float32)] * mag
 
 
+def test_strided_float_values_leave_the_int8_query_alone(rng):
+    """A strided float v_cache is gathered tile by tile into the frame's
+    workspace: the int8 query rows live apart from it (the same bits as a
+    contiguous v_cache), decode and longer query blocks."""
+    kc, ks, _, _ = qcache(rng, 1, 2, 70, 32, "int8", 16)
+    v = rng.standard_normal((1, 2, 70, 64)).astype(np.float32)[..., ::2]
+    for T in (1, 12):
+        q = rng.standard_normal((1, 4, T, 32)).astype(np.float32)
+        a = pyattn.attention_with_kvcache(q, kc, v, cache_seqlens=70, k_scale=ks, precision="int8")
+        b = pyattn.attention_with_kvcache(q, kc, np.ascontiguousarray(v), cache_seqlens=70, k_scale=ks,
+                                          precision="int8")
+        assert np.array_equal(a, b)
+
+
 def test_a_nan_query_row_gives_nan(rng):
     kc, ks, vc, vs = qcache(rng, 1, 1, 20, 32, "int8", 32)
     q = rng.standard_normal((1, 2, 1, 32)).astype(np.float32)

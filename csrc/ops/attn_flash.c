@@ -649,7 +649,10 @@ size_t pa_flash_ws(const pa_family *f, int dtype, pa_ssize E, pa_ssize Ev)
 {
     if (dtype != PA_F32) return flash_ws_f64(f, E, Ev);
     const size_t a = flash_ws_f32(f, E, Ev), b = flash_bf16_ws(f, E, Ev);
-    return a > b ? a : b;
+    /* + precision "int8"'s query rows on the rows path (R <= the query
+     * block, e1 bytes each), past flash_ws_f32's bytes (rows_q8_f32) */
+    const size_t q8 = (size_t)f->attn_bq[PA_F32] * (size_t)(E > 0 ? E : 1);
+    return (a > b ? a : b) + q8;
 }
 
 void pa_flash_run(const pa_family *f, int dtype, const pa_attn_args *a, pa_ssize i0, pa_ssize i1,
