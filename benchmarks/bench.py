@@ -369,6 +369,8 @@ def worker(args):
         varlen(args, rng, run, torch)
     if want("paged"):
         paged(args, rng, run)
+    if want("shared"):                    # issue 38: shared-prefix (cascade) reads
+        shared_prefix(args, rng, run)
     if want("percall"):                   # issue 38: the fixed cost of a tiny decode call
         percall(args, rng, torch, emit)
     if want("hf"):                        # pyattn in PyTorch and transformers: benchmarks/_bench_hf.py
@@ -629,6 +631,58 @@ def paged(args, rng, run):
         flops, impls)
 
 
+def shared_prefix(args, rng, run):
+    """Issue 38 item 3, shared-prefix (cascade) reads: 16 sequences forked
+    from one 8192-token prompt, 64 tokens of their own each (blocks of 16
+    rows), one decode step for all 16 in one paged call. "pyattn shared
+    reads": the forks' block table (the prompt's blocks held by all 16, read
+    once for all of them); "pyattn 16 unshared copies": the same rows with
+    every sequence on blocks of its own (the step without shared reads: the
+    same bits). float32 and int8 caches, MHA (8 heads) and GQA (32 query heads
+    on 8), with each kernel family of this CPU (its best, and avx2 where that
+    is another one): the family in the shape's brackets."""
+    import numpy as np
+    import pyattn
+    from pyattn import _C
+
+    B, Hkv, E, bs, P, own = 16, 8, 128, 16, 8192, 64
+    nsh, nown = P // bs, -(-own // bs)
+    tab_sh = np.array([np.concatenate([np.arange(nsh), nsh + b * nown + np.arange(nown)]) for b in range(B)])
+    tab_un = np.arange(B * (nsh + nown)).reshape(B, nsh + nown)
+    lens = np.full(B, P + own, np.int32)
+    codes = {w: c for w, c, built in _C.families() if built}
+    best = _C.config()["isa"]
+    fams = [best] + (["avx2"] if best.startswith("avx512") and "avx2" in codes else [])
+    for kind in ("float32", "int8"):
+        N = nsh + B * nown
+        if kind == "int8":
+            kp, vp = (rng.integers(-127, 128, (N, Hkv, bs, E), dtype=np.int8) for _ in range(2))
+            ks, vs = (rng.uniform(0.001, 0.02, (N, Hkv, bs, E // 32)).astype(np.float32) for _ in range(2))
+        else:
+            kp, vp = (rng.standard_normal((N, Hkv, bs, E), dtype=np.float32) for _ in range(2))
+            ks = vs = None
+        un = [None if x is None else x[tab_sh.ravel()] for x in (kp, vp, ks, vs)]   # copies, in table order
+        row = E * kp.itemsize + (0 if ks is None else E // 32 * 4)       # bytes of a K (or V) row
+        for Hq in (8, 32):
+            q = rng.standard_normal((B, Hq, 1, E), dtype=np.float32)
+            for fam in fams:
+                _C.select_isa(codes[fam])
+                try:
+                    impls = {"pyattn shared reads": lambda: pyattn.attention_with_kvcache(
+                                 q, kp, vp, cache_seqlens=lens, block_table=tab_sh, k_scale=ks, v_scale=vs),
+                             "pyattn 16 unshared copies": lambda: pyattn.attention_with_kvcache(
+                                 q, un[0], un[1], cache_seqlens=lens, block_table=tab_un, k_scale=un[2],
+                                 v_scale=un[3])}
+                    nbytes = {"pyattn shared reads": 2 * row * Hkv * (P + B * own),
+                              "pyattn 16 unshared copies": 2 * row * Hkv * B * (P + own)}
+                    run({"op": "shared prefix", "shape": f"16 forks of {P} + {own} tokens, Hq={Hq} Hkv={Hkv} "
+                         f"E={E} bs={bs} {kind} cache [{fam}]"}, 4.0 * B * Hq * (P + own) * E, impls,
+                        bytes_of=nbytes, rounds=max(3, args.repeat // 2))
+                finally:
+                    _C.select_isa(codes[best])
+        del kp, vp, ks, vs, un
+
+
 def quant_caches(args, rng, run, read_side):
     """The rows of issue #25, quantized KV caches: decode (GQA 32/8, E=128,
     one new query) over float32, int8 and int4 caches (scales per 32), the
@@ -823,6 +877,7 @@ def bf16(args, rng, run, torch):
 
 PERCALL_REF = "torch SDPA (reference)"
 PERCALL_KV = "pyattn.attention_with_kvcache, read only"
+PERCALL_PLANNED = "PagedKVCache.attend with a plan (per layer: one plan per step, run by 8 layers' caches)"
 
 
 def percall(args, rng, torch, emit):
@@ -832,7 +887,13 @@ def percall(args, rng, torch, emit):
     each timed alone (perf_counter_ns), the entries interleaved in blocks of
     calls. Rows appending a token start every call from 64 rows (KVCache:
     its lengths set back; PagedKVCache: a fresh fork of a 64-row sequence,
-    freed after the call; both outside the timed span). Then a breakdown of
+    freed after the call; both outside the timed span). The planned row: 8
+    layers' PagedKVCaches in lockstep, each step a fork of the 64-row sequence
+    in all of them and one PagedKVCache.plan (outside the timed span; the
+    plan's making is a row of its own), then each layer's attend with that
+    plan timed alone. With transformers: its attention function of a decode
+    step, pyattn's (the step's plan found, as for every layer but the
+    step's first) and its own SDPA one, on the same tensors. Then a breakdown of
     attention_with_kvcache (read only): the time spent in attn_spec, in
     _sdpa around the binding, in the _C.sdpa call, and the rest (checks
     before the spec), from timers wrapped around those functions; and the
@@ -876,12 +937,67 @@ def percall(args, rng, torch, emit):
         import pyattn.torch as pt
         calls["pyattn.torch.scaled_dot_product_attention"] = (
             None, lambda: pt.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True), None)
+    try:                                    # Hugging Face's attention function of a decode step, per layer
+        import pyattn.transformers as pht   # (a step's plan found: every layer but the step's first)
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    except ImportError:
+        pht = None
+    if torch is not None and pht is not None:
+        hq = torch.from_numpy(q.transpose(0, 2, 1, 3).copy()).transpose(1, 2)       # (B, Hq, 1, E) as HF's
+        mod = torch.nn.Module()
+        mod.is_causal, mod.num_key_value_groups = True, Hq // Hkv
+        calls["pyattn.transformers.attention_forward (decode, the step's plan found)"] = (
+            None, lambda: pht.attention_forward(mod, hq, tk, tv, None, scaling=E ** -0.5), None)
+        calls["transformers' sdpa_attention_forward (decode; PyTorch's SDPA)"] = (
+            None, lambda: sdpa_attention_forward(mod, hq, tk, tv, None, scaling=E ** -0.5), None)
     calls["pyattn.flash.flash_attn_with_kvcache, read only"] = (
         None, lambda: fl.flash_attn_with_kvcache(qt, kct, vct, cache_seqlens=S), None)
     calls["KVCache.attend (appending one row)"] = (
         lambda: cache.lengths.fill(S), lambda: cache.attend(q, k1, v1), None)
     calls["PagedKVCache.attend (one sequence, appending one row)"] = (
         lambda: fork.append(pc.fork(base)), lambda: pc.attend([fork[-1]], q, k1, v1), lambda: pc.free(fork.pop()))
+    # a step planned once (PagedKVCache.plan) and run by the caches of NL layers (one per layer, in lockstep,
+    # as a model keeps them): the plan's making, and each layer's attend with it
+    NL = 8
+    layers = [pyattn.PagedKVCache(num_blocks=16, block_size=16, num_kv_heads=Hkv, head_dim=E) for _ in range(NL)]
+    for c in layers:
+        c.attend([c.add_sequence()], np.repeat(k, Hq // Hkv, axis=1), k, v)     # id `base` (0) in each
+    step = {"i": 0, "plan": None, "seq": None}
+
+    def step_before():
+        if step["i"] % NL == 0:
+            step["seq"] = [c.fork(base) for c in layers][0]
+            step["plan"] = layers[0].plan([step["seq"]], new_tokens=1)
+
+    def step_after():
+        step["i"] += 1
+        if step["i"] % NL == 0:
+            for c in layers:
+                c.free(step["seq"])
+
+    calls[PERCALL_PLANNED] = (step_before, lambda: layers[step["i"] % NL].attend(
+        step["plan"].seqs, q, k1, v1, plan=step["plan"]), step_after)
+    # the same loop without plan=: attend takes the plan the step's first layer made (its own
+    # caches, in lockstep too)
+    layers2 = [pyattn.PagedKVCache(num_blocks=16, block_size=16, num_kv_heads=Hkv, head_dim=E) for _ in range(NL)]
+    for c in layers2:
+        c.attend([c.add_sequence()], np.repeat(k, Hq // Hkv, axis=1), k, v)
+    step2 = {"i": 0, "seq": None}
+
+    def step2_before():
+        if step2["i"] % NL == 0:
+            step2["seq"] = [[c.fork(base) for c in layers2][0]]
+
+    def step2_after():
+        step2["i"] += 1
+        if step2["i"] % NL == 0:
+            for c in layers2:
+                c.free(step2["seq"][0])
+
+    calls["PagedKVCache.attend without plan= (per layer: 8 layers' caches in lockstep; the step's first plans)"] = (
+        step2_before, lambda: layers2[step2["i"] % NL].attend(step2["seq"], q, k1, v1), step2_after)
+    calls["PagedKVCache.plan (one sequence, one new row: once per step for every layer)"] = (
+        lambda: fork.append(pc.fork(base)), lambda: pc.plan([fork[-1]], new_tokens=1), lambda: pc.free(fork.pop()))
     calls["scaled_dot_product_attention_varlen (one sequence, L=1, S=64)"] = (
         None, lambda: pyattn.scaled_dot_product_attention_varlen(qv, kv_, vv_, cuq, cuk, enable_gqa=True), None)
     rounds, block = (4, 100) if args.quick else (20, 250)
@@ -1316,8 +1432,8 @@ def targets(rows, mem):
     # probed in the same rounds as the case where the run did (side_bw), else
     # at the start of the worker
     side = {(r["op"], r["shape"], r["threads"]): r["gbs"] for r in rows if r.get("kind") == "side_bw"}
-    for r in data:
-        if r["impl"].startswith("pyattn") and r.get("bytes") and bw.get(r["threads"]):
+    for r in data:                        # (shared prefix: its own lines below, bytes in them)
+        if r["impl"].startswith("pyattn") and r.get("bytes") and bw.get(r["threads"]) and r["op"] != "shared prefix":
             gbs = r["bytes"] / (r["min_ms"] / 1e3) / 1e9
             ref = side.get((r["op"], r["shape"], r["threads"]))
             frac = 100 * gbs / (ref or bw[r["threads"]])
@@ -1440,6 +1556,16 @@ def targets(rows, mem):
                 ratio = c["min_ms"] / r["min_ms"]
                 line(f"mixed batch {r['shape']}, {r['threads']} thr, vs the parts", f"{ratio:.2f}x", ">= 0.9x",
                      ratio >= 0.9)
+    # shared-prefix reads (issue 38): the forks' step vs the same step on unshared copies
+    for r in data:
+        if r["op"] == "shared prefix" and r["impl"] == "pyattn shared reads":
+            c = get("shared prefix", r["shape"], "pyattn 16 unshared copies", r["threads"])
+            if c:
+                ratio = c["min_ms"] / r["min_ms"]
+                mb = (r.get("bytes", 0) / 1e6, c.get("bytes", 0) / 1e6)
+                line(f"shared prefix {r['shape']}, {r['threads']} thr, vs unshared copies "
+                     f"({r['min_ms']:.1f} vs {c['min_ms']:.1f} ms; {mb[0]:.0f} vs {mb[1]:.0f} MB read)",
+                     f"{ratio:.2f}x", ">= 6x", ratio >= 6)
     # quantized caches (issue #25): int8 / int4 vs float32 (the bandwidth rows come
     # from the generic loop above: values and scales read), quantizing on append
     for r in data:
@@ -1524,7 +1650,8 @@ def targets(rows, mem):
     pcs = {(r["call"], r["threads"]): r["median_us"] for r in rows if r.get("kind") == "percall"}
     for thr in sorted({t for _, t in pcs}):
         ref, kv = pcs.get((PERCALL_REF, thr)), pcs.get((PERCALL_KV, thr))
-        for name, goal in ((PERCALL_KV, 1.5), ("PagedKVCache.attend (one sequence, appending one row)", 2.0)):
+        for name, goal in ((PERCALL_KV, 1.5), ("PagedKVCache.attend (one sequence, appending one row)", 2.0),
+                           (PERCALL_PLANNED, 2.0)):
             me = pcs.get((name, thr))
             if me and ref:
                 line(f"issue 38: {name}, {thr} thr, per call vs PyTorch SDPA", f"{me / ref:.2f}x ({me:.1f} vs "
@@ -1607,7 +1734,7 @@ def main():
     ap.add_argument("--no-memory", action="store_true", help="skip the 32768-token memory probe")
     ap.add_argument("--only", default=None, help="comma-separated sections to run: matmul, sdpa, decode, "
                     "generation (kvdecode: its decode rows alone), quant, training, varlen, bf16, mha, flash, paged, "
-                    "percall, blockmask, hf (default: all)")
+                    "percall, shared, blockmask, hf (default: all)")
     ap.add_argument("--from-json", default=None, help="re-render the table, targets and plot from a saved "
                     "results.json instead of measuring")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

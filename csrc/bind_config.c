@@ -134,11 +134,13 @@ PyObject *pa_py_config(PyObject *self, PyObject *unused)
     char attn32[64], attn64[64];
     snprintf(attn32, sizeof attn32, "pyattn_attn_f32_flash_%dx%d", f->attn_bq[PA_F32], PA_FLASH_BK);
     snprintf(attn64, sizeof attn64, "pyattn_attn_f64_flash_%dx%d", f->attn_bq[PA_F64], PA_FLASH_BK);
+    unsigned long long shared_blocks, shared_saved;
+    pa_cascade_stats(&shared_blocks, &shared_saved);
     PyObject *kernels = kernel_names(f);
     if (!kernels) return NULL;
     return Py_BuildValue(
         "{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:i,s:i,s:n,s:n,s:n,"
-        "s:(iiiii),s:(iiiii),s:(ii),s:(ii),s:N,s:s}",
+        "s:(iiiii),s:(iiiii),s:(ii),s:(ii),s:N,s:s,s:K,s:K}",
         "isa", pa_isa_name(f->isa), "isa_machine", pa_isa_name(pa_isa_machine()),
         "gemm_f32", g32->name, "gemm_f64", g64->name, "gemm_bf16", f->gemm_bf16.name,
         "attn_f32", attn32, "attn_f64", attn64,
@@ -151,7 +153,8 @@ PyObject *pa_py_config(PyObject *self, PyObject *unused)
         "gemm_f64_blocking", g64->mr, g64->nr, g64->kc, g64->mc, g64->nc,
         "attn_f32_tile", f->attn_bq[PA_F32], PA_FLASH_BK,
         "attn_f64_tile", f->attn_bq[PA_F64], PA_FLASH_BK,
-        "kernels", kernels, "gemm_blocking_from", gnote);
+        "kernels", kernels, "gemm_blocking_from", gnote,
+        "shared_blocks", shared_blocks, "shared_reads_saved", shared_saved);
 }
 
 /* families() -> ((word, code, built), ...): the rows of PA_FAMILIES

@@ -2279,6 +2279,58 @@ for chunks in ([[stoi[c] for c in "The value"], [stoi[c] for c in "Return"], []]
     print(f"{len(chunks)} sequences, {sum(map(len, chunks))} tokens: hand-written vs pyattn.nn, "
           f"largest logit difference {np.abs(hand - with_nn).max():.1e}")
     assert np.allclose(hand, with_nn, atol=1e-4)"""),
+("md", """## A shared system prompt, 16 parallel samples
+Sampling 16 answers to one prompt (or beam search, or a system prompt every request starts
+with) makes 16 sequences that begin with the same rows. `PagedKVCache.fork` gives each sample
+the prompt's **blocks**, not copies: their block tables start with the same block numbers. A
+decode step reads the whole cache of every sequence, and on a CPU that reading is its cost (the
+arithmetic per key row is small), so pyattn reads a key tile that several sequences of the
+call hold **once** for all of them: their query rows are stacked against it. Each row keeps
+its own arithmetic, so the result is the same, bit for bit, as the step on 16 separate copies.
+
+Below, pools you own (as in "Block tables" above): a prompt of `prompt` rows in blocks of 16,
+held by 16 samples that have 32 rows of their own each (the tables a fork makes), and the
+same rows with every sample's blocks copied. One decode step of attention for the 16 (4 heads
+of 64, one layer): the bytes of K and V it must read, and tokens per second. (Shared reads
+start at 4096 cached rows, where a decode call splits its keys into chunks.)"""),
+("code", """import time
+Hs, Es, bss, own, n = 4, 64, 16, 32, 16
+rng = np.random.default_rng(5)
+prompts, res = [4096, 8192, 16384], {"shared reads": [], "16 copies": []}
+for prompt in prompts:
+    nsh, nown = prompt // bss, own // bss                 # the prompt's blocks, each sample's own
+    shared = np.array([np.r_[np.arange(nsh), nsh + i * nown + np.arange(nown)] for i in range(n)])
+    copies = np.arange(n * (nsh + nown)).reshape(n, nsh + nown)
+    kp, vp = (rng.standard_normal((nsh + n * nown, Hs, bss, Es), dtype=np.float32) for _ in range(2))
+    kc, vc = kp[shared.ravel()], vp[shared.ravel()]       # the same rows, every sample's blocks copied
+    lens, q = np.full(n, prompt + own), rng.standard_normal((n, Hs, 1, Es), dtype=np.float32)
+    calls = {"shared reads": (kp, vp, shared), "16 copies": (kc, vc, copies)}
+    outs = {}
+    for name, (k, v, tab) in calls.items():
+        f = lambda: pyattn.attention_with_kvcache(q, k, v, cache_seqlens=lens, block_table=tab)
+        outs[name] = f()
+        ts = []
+        for _ in range(5):
+            t0 = time.perf_counter(); f(); ts.append(time.perf_counter() - t0)
+        secs = min(ts)                                   # the fastest of 5 steps
+        rows = prompt + n * own if name == "shared reads" else n * (prompt + own)
+        res[name].append((rows * Hs * Es * 4 * 2 / 1e6, n / secs))
+    assert np.array_equal(outs["shared reads"], outs["16 copies"])    # the same bits
+    (a, ta), (b, tb) = res["shared reads"][-1], res["16 copies"][-1]
+    print(f"prompt {prompt:5d}: K and V read {a:6.1f} MB vs {b:6.1f} MB; "
+          f"{ta:8.0f} vs {tb:7.0f} tokens/s ({ta / tb:.1f}x)")
+
+fig, axs = plt.subplots(1, 2, figsize=(10, 3.6), layout="constrained")
+x = np.arange(len(prompts))
+for i, (name, r) in enumerate(res.items()):
+    axs[0].bar(x + (i - 0.5) * 0.38, [m for m, _ in r], 0.38, label=name, color=f"C{i}")
+    axs[1].plot(prompts, [t for _, t in r], "o-", label=name, color=f"C{i}")
+axs[0].set_xticks(x, [str(p) for p in prompts]); axs[0].set_xlabel("prompt rows")
+axs[0].set_ylabel("MB of K and V read per step"); axs[0].legend()
+axs[1].set_xscale("log", base=2); axs[1].set_xticks(prompts, [str(p) for p in prompts])
+axs[1].set_xlabel("prompt rows"); axs[1].set_ylabel("tokens / s (attention, one layer)"); axs[1].legend()
+fig.suptitle("16 samples of one prompt: one decode step, shared reads vs copies")
+plt.show()"""),
 ("md", """## What a real server adds
 This loop is the skeleton of vLLM-style serving. A real server also samples (temperature,
 top-p: only the choice of the next token changes), stops at end-of-text tokens, admits a

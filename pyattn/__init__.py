@@ -32,7 +32,7 @@ from ._grad import (scaled_dot_product_attention_backward, scaled_dot_product_at
 from ._kvcache import KVCache
 from ._varlen import (scaled_dot_product_attention_varlen, scaled_dot_product_attention_varlen_backward,
                       scaled_dot_product_attention_varlen_vjp)
-from ._paged import CacheFullError, PagedKVCache
+from ._paged import CacheFullError, PagedKVCache, PagedPlan
 from ._quant import dequantize, quantize
 from ._blockmask import BlockMask
 from . import masks
@@ -46,7 +46,7 @@ __all__ = [
     "set_num_threads", "get_num_threads", "show_config", "nn", "__version__",
     "scaled_dot_product_attention_varlen", "scaled_dot_product_attention_varlen_backward",
     "scaled_dot_product_attention_varlen_vjp",
-    "PagedKVCache", "CacheFullError",
+    "PagedKVCache", "PagedPlan", "CacheFullError",
     "quantize", "dequantize",
     "BlockMask", "masks",
 ]
@@ -183,6 +183,9 @@ def show_config() -> None:
           f"dK, dV summed over query chunks of 48)")
     print(f"  softmax rows      : {c['softmax_f32']}, {c['softmax_f64']}")
     print(f"  threads           : {c['threads']}")
+    print(f"  shared reads      : {c['shared_blocks']} key/value blocks read once for several "
+          f"sequences' queries, {c['shared_reads_saved']} block reads saved (paged decode, "
+          f"since import)")
 
 
 def _default_threads() -> int:

@@ -15,7 +15,7 @@ __all__ = [
     "set_num_threads", "get_num_threads", "show_config", "nn", "__version__",
     "scaled_dot_product_attention_varlen", "scaled_dot_product_attention_varlen_backward",
     "scaled_dot_product_attention_varlen_vjp",
-    "PagedKVCache", "CacheFullError",
+    "PagedKVCache", "PagedPlan", "CacheFullError",
     "quantize", "dequantize",
     "BlockMask", "masks",
 ]
@@ -177,8 +177,20 @@ class PagedKVCache:
     def fork(self, seq: int) -> int: ...
     def free(self, seq: int) -> None: ...
     def length(self, seq: int) -> int: ...
+    def plan(self, seqs: Sequence[int], new_tokens: Optional[int] = ..., *,
+             cu_seqlens_q: Optional[ArrayLike] = ...) -> PagedPlan: ...
     def attend(self, seqs: Sequence[int], query: ArrayLike, key: ArrayLike, value: ArrayLike, *,
-               cu_seqlens_q: Optional[ArrayLike] = ..., **kw: Any) -> Any: ...
+               cu_seqlens_q: Optional[ArrayLike] = ..., plan: Optional[PagedPlan] = ..., **kw: Any) -> Any: ...
+
+class PagedPlan:
+    seqs: Tuple[int, ...]
+    new_tokens: Optional[int]
+    cu_seqlens_q: Optional[NDArray[np.int64]]
+    def __init__(self, *args: Any, **kwargs: Any) -> None: ...
+    @property
+    def block_table(self) -> NDArray[np.int64]: ...
+    @property
+    def cache_seqlens(self) -> NDArray[np.int64]: ...
 
 def multi_head_attention(
     query: ArrayLike, key: ArrayLike, value: ArrayLike, num_heads: int,

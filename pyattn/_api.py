@@ -396,7 +396,7 @@ def _sdpa(spec, out=None, *, nthreads=0, append=None, paged=None):
     # the group (row_div: rows per query position); per-head options keep
     # the head-by-head layout
     stack = (groups > 1 and L == 1 and mask is None and spec.dropout_p == 0 and not spec.return_weights
-             and spec.slopes is None and spec.sinks is None and groups <= 48
+             and spec.slopes is None and spec.sinks is None
              and spec.cu_seqlens_q is None and spec.block_mask is None)
     q = bcast(q, batch + (L, E))
     k = bcast(k, batch + (S, k.shape[-1] if qkv else E))      # int4: E / 2 bytes
@@ -804,7 +804,10 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
         block_size]``, read (and written) in place. Entries a sequence does not
         reach are ignored (-1 allowed). ``key``/``value (B, Hkv, Tk, E/Ev)``
         may bring ``Tk != T`` rows here too (not with ``cu_seqlens_q`` or
-        ``tree_mask``).
+        ``tree_mask``). Decode calls (few query rows, 4096 keys or more)
+        read the blocks several sequences hold (forks: a shared prompt) once
+        for all of them, key tile by key tile; the results are bit for bit
+        those of the same call on unshared copies of the blocks.
     cu_seqlens_q : (B + 1,) integer array, optional
         Packed queries: ``query (total_q, Hq, E)``, ``key``/``value (total_q,
         Hkv, E/Ev)``, sequence ``b`` bringing ``cu[b+1] - cu[b]`` tokens (0

@@ -164,7 +164,7 @@ class _Plan:
         spec = attn_spec(query.astype(cd) if self.q_conv else query, kc, vc, None, 0.0,
                          "bottom_right" if is_causal else False, scale, Hq != Hkv, window=window,
                          softcap=softcap, precision=precision, return_lse=return_lse)
-        self.stack = G > 1 and T == 1 and G <= 48
+        self.stack = G > 1 and T == 1
         extra = spec.c_kwargs()
         if self.stack:
             extra["row_div"] = G
@@ -189,9 +189,11 @@ class _Plan:
             self.views_ok = qs.size == 0 or (np.shares_memory(r, qs) and all(
                 a == b for a, b, m in zip(r.strides, want, r.shape) if m > 1))
 
-    def run(self, query, k_cache, v_cache, key, value, n, table=None):
-        """The call with cache_seqlens n ((B,) int64, a copy); None when the
-        C call refuses it (the full path then raises its own message)."""
+    def run(self, query, k_cache, v_cache, key, value, n, table=None, lens=None):
+        """The call with cache_seqlens n ((B,) int64, a copy, or a PagedPlan's
+        read-only lengths); None when the C call refuses it (the full path
+        then raises its own message). lens: a PagedPlan's memo of the kv
+        lengths repeated per head (read-only arrays, reused by every layer)."""
         cd = self.cd
         q = to_dtype(query, cd) if self.q_conv else query
         q = store16(q, cd)
@@ -214,19 +216,22 @@ class _Plan:
             if self.v_view:
                 r1 = r1.view(np.uint16)
             extra["append"] = (c0, c1, r0, r1, n) if table is None else (r0, r1, n)
-            n = n + self.Tk
         B, Hkv, G = self.B, self.Hkv, self.G
+        reps = Hkv if self.stack else self.Hq
+        kl = None if lens is None else lens.get(reps)
+        if kl is None:                      # the kv lengths, after the new rows
+            kl = np.repeat(n if key is None else n + self.Tk, reps)
+            if lens is not None:
+                kl.flags.writeable = False
+                lens[reps] = kl
+        extra["kv_len"] = kl
         if self.stack:                      # GQA decode: a group's query heads are rows of one call
             q = q.reshape(B, Hkv, G, self.E)
-            extra["kv_len"] = np.repeat(n, Hkv)
         elif G > 1:
             q = q.reshape(B, Hkv, G, self.T, self.E)
             S = k.shape[2]
             k = np.broadcast_to(k[:, :, None], (B, Hkv, G, S, k.shape[3]))
             v = np.broadcast_to(v[:, :, None], (B, Hkv, G, S, v.shape[3]))
-            extra["kv_len"] = np.repeat(n, self.Hq)
-        else:
-            extra["kv_len"] = np.repeat(n, self.Hq)
         try:
             res, _, lse = _C.sdpa(q, k, v, None, None, **extra)
         except (TypeError, ValueError):
@@ -259,7 +264,11 @@ def run(sig, query, k_cache, v_cache, key, value, out, cache_seqlens, block_tabl
                 return None                 # out of range: the full path says which
             _written_rows(table, n, np.full(plan.B, Tk, np.int64), np.arange(plan.B + 1, dtype=np.int64) * Tk,
                           plan.bs)
-    res = plan.run(query, k_cache, v_cache, key, value, n, table)
+    return _finish(plan.run(query, k_cache, v_cache, key, value, n, table), plan, out)
+
+
+def _finish(res, plan, out):
+    """A plan's result (None: refused, the full path then) into out when given."""
     if res is None:
         return None
     stats["fast"] += 1
@@ -272,6 +281,47 @@ def run(sig, query, k_cache, v_cache, key, value, out, cache_seqlens, block_tabl
         return out
     out[...] = res[0]
     return out, res[1]
+
+
+# the keywords of PagedKVCache.attend a plan covers, with attention_with_kvcache's defaults
+_PAGED_KW = {"is_causal": True, "scale": None, "window": None, "softcap": None, "return_lse": False, "out": None,
+             "precision": None}
+
+
+_PAGED_OPTS = tuple(_opt(_PAGED_KW[x]) for x in ("is_causal", "scale", "window", "softcap", "return_lse",
+                                                  "precision"))
+
+
+def run_planned(query, k_pool, v_pool, key, value, n, table, kw, lens):
+    """A step of a PagedKVCache with a PagedPlan (pyattn/_paged.py): n the
+    lengths before it ((B,) int64) and table its block table ((B, W) int64,
+    C order), both made and checked by the plan (entries in range, each row
+    written by one sequence), so neither is checked again here; lens, the
+    plan's memo of its kv lengths repeated per head (the same for every
+    layer). None when the signature has no plan yet or kw holds keywords
+    not covered (the caller takes the full path)."""
+    nd = np.ndarray
+    if kw:
+        o = _PAGED_KW
+        for name in kw:
+            if name not in o:
+                return None
+        o = dict(o)
+        o.update(kw)
+        out = o["out"]
+        sig = paged_signature(query, k_pool, v_pool, key, value, out, table, o["is_causal"], o["scale"],
+                              o["window"], o["softcap"], o["return_lse"], o["precision"])
+    elif type(query) is nd and type(key) is nd and type(value) is nd:    # the defaults: signature's key
+        out = None
+        sig = ("paged", table.shape, table.dtype, query.shape, query.strides, query.dtype, k_pool.shape,
+               k_pool.strides, k_pool.dtype, v_pool.shape, v_pool.strides, v_pool.dtype,
+               (key.shape, key.dtype, value.shape, value.dtype), None) + _PAGED_OPTS
+    else:
+        return None
+    plan = _plans.get(sig) if sig is not None else None
+    if plan is None or not _layout_ok(query, k_pool, v_pool, True, out):
+        return None
+    return _finish(plan.run(query, k_pool, v_pool, key, value, n, table, lens), plan, out)
 
 
 def remember(sig, query, k_cache, v_cache, key, out, is_causal, scale, window, softcap, return_lse,
@@ -339,7 +389,7 @@ class _SdpaPlan:
         else:
             self.ok = self.ok and q.shape[:-2] == k.shape[:-2] == v.shape[:-2] == fb
             self.split = None
-        self.stack = G > 1 and L == 1 and G <= 48
+        self.stack = G > 1 and L == 1
         if G > 1 and not self.stack:
             self.kshape = hb + (spec.hkv, G, spec.S, E)
             self.vshape = hb + (spec.hkv, G, spec.S, spec.Ev)

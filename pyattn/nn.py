@@ -27,7 +27,7 @@ from ._checks import (as_array, check_numeric, compute_dtype, index_value, is16,
                       torch_bf16_hint)
 from ._grad import scaled_dot_product_attention_backward
 from ._kvcache import KVCache
-from ._paged import PagedKVCache
+from ._paged import PagedKVCache, PagedPlan
 
 __all__ = ["SelfAttention", "CausalAttention", "MultiHeadAttention"]
 
@@ -502,7 +502,7 @@ class _Attention:
     def _call_cached(self, x, cache, attn_mask, return_weights, precision=None):
         """x (B, T, d_in) or (T, d_in): only the new tokens; their keys and
         values are appended to cache, and they attend to everything cached."""
-        if isinstance(cache, tuple):                  # (PagedKVCache, seqs, cu_seqlens_q)
+        if isinstance(cache, tuple):                  # (PagedKVCache, seqs, cu_seqlens_q, plan)
             return self._call_paged(x, *cache, attn_mask, return_weights, precision)
         if not isinstance(cache, KVCache):
             raise TypeError(f"cache must be a pyattn.KVCache (layer.new_cache(...)) or a "
@@ -531,7 +531,7 @@ class _Attention:
             out = _linear(out, self.out_proj_weight, self.out_proj_bias, dt)
         return out if x.ndim == 3 else out[0]
 
-    def _call_paged(self, x, cache, seqs, cu, attn_mask, return_weights, precision=None):
+    def _call_paged(self, x, cache, seqs, cu, plan, attn_mask, return_weights, precision=None):
         """x (len(seqs), T, d_in), or packed (total, d_in) with cu_seqlens_q:
         the new tokens of the sequences seqs of a PagedKVCache."""
         if attn_mask is not None or return_weights:
@@ -555,13 +555,21 @@ class _Attention:
         if cu is not None:                            # (1, H, total, hd) -> (total, H, hd)
             q, k, v = (t[0].transpose(1, 0, 2) for t in (q, k, v))
         if self.context_length is not None:
-            ids = list(seqs)
-            Ts = np.diff(np.asarray(cu)) if cu is not None else [x.shape[1]] * len(ids)
-            for s, t in zip(ids, Ts):
-                if cache.length(s) + int(t) > self.context_length:
-                    raise ValueError(f"sequence {s} holds {cache.length(s)} tokens; {int(t)} more exceed "
-                                     f"context_length={self.context_length}")
-        ctx = cache.attend(seqs, q, k, v, cu_seqlens_q=cu, is_causal=bool(self.causal), precision=precision)
+            if plan is not None and type(plan) is PagedPlan:      # (anything else: attend says what it is)
+                over = np.flatnonzero(plan._kv_len > self.context_length)
+                if over.size:
+                    i = int(over[0])
+                    raise ValueError(f"sequence {plan.seqs[i]} holds {int(plan.cache_seqlens[i])} tokens; "
+                                     f"{plan._Ts[i]} more exceed context_length={self.context_length}")
+            else:
+                ids = list(seqs)
+                Ts = np.diff(np.asarray(cu)) if cu is not None else [x.shape[1]] * len(ids)
+                for s, t in zip(ids, Ts):
+                    if cache.length(s) + int(t) > self.context_length:
+                        raise ValueError(f"sequence {s} holds {cache.length(s)} tokens; {int(t)} more exceed "
+                                         f"context_length={self.context_length}")
+        ctx = cache.attend(seqs, q, k, v, cu_seqlens_q=cu, is_causal=bool(self.causal), plan=plan,
+                           precision=precision)
         out = ctx.reshape(-1, self.d_out) if cu is not None else \
             ctx.transpose(0, 2, 1, 3).reshape(x.shape[0], x.shape[1], self.d_out)
         if self._has_out:
@@ -581,7 +589,7 @@ class _Attention:
 
     # -- forward --------------------------------------------------------------
     def __call__(self, x, attn_mask=None, return_weights=False, *args, context=None, cache=None,
-                 seqs=None, cu_seqlens_q=None, precision=None):
+                 seqs=None, cu_seqlens_q=None, plan=None, precision=None):
         """x (B, T, d_in) or (T, d_in) -> (B, T, d_out) [, weights (B, H, T, T)].
 
         Self-attention: queries, keys and values all come from ``x``.
@@ -637,6 +645,12 @@ class _Attention:
             With a :class:`pyattn.PagedKVCache`: ``x`` packed ``(total,
             d_in)`` (different token counts per sequence), sequence ``i``'s
             tokens in rows ``cu_seqlens_q[i]`` to ``cu_seqlens_q[i + 1]``.
+        plan : PagedPlan, optional
+            With a :class:`pyattn.PagedKVCache`: this step, planned once for
+            the caches of every layer (:meth:`pyattn.PagedKVCache.plan`);
+            ``seqs`` and ``cu_seqlens_q`` default to the plan's (given, they
+            must be the plan's). The result is the call without it, bit for
+            bit.
         precision : None, "highest", "bf16" or "int8", optional
             With a cache only (else a ``ValueError``): the cache's
             ``attend``'s (``"int8"``: int8 / int4 caches, int8 query rows and
@@ -658,7 +672,7 @@ class _Attention:
         ------
         TypeError
             A second input array where a mask belongs, extra positional
-            arguments, ``seqs`` / ``cu_seqlens_q`` without a
+            arguments, ``seqs`` / ``cu_seqlens_q`` / ``plan`` without a
             :class:`pyattn.PagedKVCache`, a ``cache`` of another type, a
             :class:`pyattn.PagedKVCache` without ``seqs``.
         ValueError
@@ -692,12 +706,31 @@ class _Attention:
         >>> steps = [m(x[:, t:t + 1], cache=cache) for t in range(3)]
         >>> bool(np.allclose(np.concatenate(steps, axis=1), m(x), atol=1e-6))
         True
+
+        Layers with a :class:`pyattn.PagedKVCache` each, one plan per step:
+
+        >>> import pyattn
+        >>> layers = [MultiHeadAttention(8, 8, 2, rng=i).eval() for i in range(2)]
+        >>> caches = [pyattn.PagedKVCache(num_blocks=8, block_size=4, num_kv_heads=2, head_dim=4)
+        ...           for _ in layers]
+        >>> seq = [c.add_sequence() for c in caches][0]
+        >>> h = x
+        >>> plan = caches[0].plan([seq], new_tokens=3)
+        >>> for layer, c in zip(layers, caches):
+        ...     h = layer(h, cache=c, plan=plan)
+        >>> h.shape, caches[1].length(seq)
+        ((1, 3, 8), 3)
         """
         x = np.asarray(x) if not isinstance(x, np.ndarray) else x
-        if isinstance(cache, PagedKVCache) or seqs is not None or cu_seqlens_q is not None:
+        if isinstance(cache, PagedKVCache) or seqs is not None or cu_seqlens_q is not None or plan is not None:
             if not isinstance(cache, PagedKVCache):
-                raise TypeError("seqs and cu_seqlens_q go with cache=pyattn.PagedKVCache(...)")
-            cache = (cache, seqs, cu_seqlens_q)
+                raise TypeError("seqs, cu_seqlens_q and plan go with cache=pyattn.PagedKVCache(...)" if
+                                plan is None else "plan goes with cache=pyattn.PagedKVCache(...) (a plan of "
+                                "PagedKVCache.plan), not with " + type(cache).__name__)
+            if plan is not None:
+                seqs = plan.seqs if seqs is None else seqs
+                cu_seqlens_q = plan.cu_seqlens_q if cu_seqlens_q is None else cu_seqlens_q
+            cache = (cache, seqs, cu_seqlens_q, plan)
         if args or _input_not_mask(attn_mask, x) or _input_not_mask(return_weights, x):
             raise TypeError(
                 f"{type(self).__name__}(x, attn_mask=None, return_weights=False) got a second input "

@@ -3,7 +3,7 @@ from typing import Any, Dict, Literal, Mapping, NoReturn, Optional, Sequence, Tu
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike, NDArray
 
-from pyattn import KVCache, PagedKVCache
+from pyattn import KVCache, PagedKVCache, PagedPlan
 
 _L = TypeVar("_L", bound="_Attention")
 _Out = Union[NDArray[np.floating[Any]], Tuple[NDArray[np.floating[Any]], NDArray[np.floating[Any]]]]
@@ -45,28 +45,28 @@ class _Attention:
     @overload
     def __call__(self, x: ArrayLike, attn_mask: Optional[ArrayLike] = ...,
                  return_weights: Literal[False] = ..., *args: NoReturn, context: Optional[ArrayLike] = ..., cache: Union[KVCache, PagedKVCache, None] = ...,
-                 seqs: Optional[Sequence[int]] = ..., cu_seqlens_q: Optional[ArrayLike] = ...,
+                 seqs: Optional[Sequence[int]] = ..., cu_seqlens_q: Optional[ArrayLike] = ..., plan: Optional[PagedPlan] = ...,
                  precision: Optional[Literal["highest", "bf16", "int8"]] = ...) -> NDArray[np.floating[Any]]: ...
     @overload
     def __call__(self, x: ArrayLike, attn_mask: Optional[ArrayLike] = ...,
-                 *args: NoReturn, return_weights: Literal[True], context: Optional[ArrayLike] = ..., cache: None = ..., seqs: None = ..., cu_seqlens_q: None = ..., precision: None = ...) -> Tuple[NDArray[np.floating[Any]], NDArray[np.floating[Any]]]: ...
+                 *args: NoReturn, return_weights: Literal[True], context: Optional[ArrayLike] = ..., cache: None = ..., seqs: None = ..., cu_seqlens_q: None = ..., plan: None = ..., precision: None = ...) -> Tuple[NDArray[np.floating[Any]], NDArray[np.floating[Any]]]: ...
     @overload
     def __call__(self, x: ArrayLike, attn_mask: Optional[ArrayLike] = ...,
                  *args: NoReturn, return_weights: bool, context: Optional[ArrayLike] = ..., cache: Union[KVCache, PagedKVCache, None] = ...,
-                 seqs: Optional[Sequence[int]] = ..., cu_seqlens_q: Optional[ArrayLike] = ...,
+                 seqs: Optional[Sequence[int]] = ..., cu_seqlens_q: Optional[ArrayLike] = ..., plan: Optional[PagedPlan] = ...,
                  precision: Optional[Literal["highest", "bf16", "int8"]] = ...) -> _Out: ...
     @overload
     def forward(self, x: ArrayLike, attn_mask: Optional[ArrayLike] = ...,
                  return_weights: Literal[False] = ..., *args: NoReturn, context: Optional[ArrayLike] = ..., cache: Union[KVCache, PagedKVCache, None] = ...,
-                 seqs: Optional[Sequence[int]] = ..., cu_seqlens_q: Optional[ArrayLike] = ...,
+                 seqs: Optional[Sequence[int]] = ..., cu_seqlens_q: Optional[ArrayLike] = ..., plan: Optional[PagedPlan] = ...,
                  precision: Optional[Literal["highest", "bf16", "int8"]] = ...) -> NDArray[np.floating[Any]]: ...
     @overload
     def forward(self, x: ArrayLike, attn_mask: Optional[ArrayLike] = ...,
-                 *args: NoReturn, return_weights: Literal[True], context: Optional[ArrayLike] = ..., cache: None = ..., seqs: None = ..., cu_seqlens_q: None = ..., precision: None = ...) -> Tuple[NDArray[np.floating[Any]], NDArray[np.floating[Any]]]: ...
+                 *args: NoReturn, return_weights: Literal[True], context: Optional[ArrayLike] = ..., cache: None = ..., seqs: None = ..., cu_seqlens_q: None = ..., plan: None = ..., precision: None = ...) -> Tuple[NDArray[np.floating[Any]], NDArray[np.floating[Any]]]: ...
     @overload
     def forward(self, x: ArrayLike, attn_mask: Optional[ArrayLike] = ...,
                  *args: NoReturn, return_weights: bool, context: Optional[ArrayLike] = ..., cache: Union[KVCache, PagedKVCache, None] = ...,
-                 seqs: Optional[Sequence[int]] = ..., cu_seqlens_q: Optional[ArrayLike] = ...,
+                 seqs: Optional[Sequence[int]] = ..., cu_seqlens_q: Optional[ArrayLike] = ..., plan: Optional[PagedPlan] = ...,
                  precision: Optional[Literal["highest", "bf16", "int8"]] = ...) -> _Out: ...
 
 class SelfAttention(_Attention):

@@ -20,6 +20,14 @@ are read in place (no ``repeat_kv``), and the layer's ``scaling``,
 caches (a few new queries against the cached keys) run pyattn's decode
 path.
 
+A model calls the attention function once per layer per step with the same
+shapes, mask and options: the first layer of a step works out the call (the
+mask's structure, the causal rule and window, the kind of call -- a plan of
+the step) and the other layers find it by those values (the mask by identity
+and version) and only run it; a decode step without a mask then goes
+straight to pyattn's NumPy call on the tensors' memory. The results are
+those of working every call out anew, bit for bit.
+
 Importing this module imports torch and transformers (``import pyattn``
 alone does not).
 """
@@ -30,7 +38,8 @@ from typing import Any, Optional, Tuple
 
 import torch
 
-from . import torch as _pt
+from . import _api, torch as _pt
+from ._checks import real_scalar, softcap_value
 
 __all__ = ["register", "attention_forward"]
 
@@ -169,8 +178,20 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     >>> out.shape, weights
     (torch.Size([1, 3, 4, 8]), None)
     """
-    L, S = query.shape[-2], key.shape[-2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    if position_bias is None and not torch.compiler.is_compiling():
+        # the step's plan: every layer of a step sees the same shapes and mask
+        key_ = _step_key(query, key, value, attention_mask, causal, dropout, scaling, sliding_window, softcap,
+                         s_aux)
+        for e in _steps:
+            if e[1] == key_ and (attention_mask is None or e[0]() is attention_mask):
+                return e[2].run(query, key, value, scaling, dropout, softcap, s_aux)
+        plan = _derive(query, key, value, attention_mask, causal, sliding_window, scaling, softcap, dropout, s_aux)
+        res = plan.run(query, key, value, scaling, dropout, softcap, s_aux)
+        _steps.insert(0, [(lambda: None) if attention_mask is None else weakref.ref(attention_mask), key_, plan])
+        del _steps[4:]
+        return res
+    L, S = query.shape[-2], key.shape[-2]
     mask = attention_mask
     if mask is not None and mask.dim() == 4 and mask.shape[-1] > S:
         mask = mask[..., :S]
@@ -181,12 +202,77 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
             S = L
         mask = create_position_bias_mask(position_bias, mask, bool(causal and mask is None), query, key)
         causal = False
+    return _derive(query, key, value, mask, causal, sliding_window, scaling, softcap, dropout, s_aux, sliced=True,
+                   biased=position_bias is not None).run(query, key, value, scaling, dropout, softcap, s_aux)
+
+
+# A decode step's plan (issue 38): what attention_forward derives from a call -- the causal rule,
+# window and key-padding row read from the mask, the keys cut to a static cache's filled rows, the
+# kind of call -- depends on the step (shapes, dtypes, the mask) and the layer's options, which
+# every layer of a model shares but for a sliding window or softcap of its own. The first layer
+# of a step derives it; the others find it here by those values (the mask by identity and
+# version, as _recent) and run it: [weakref to the mask, key, plan], the last few steps' kinds.
+_steps: list = []
+
+
+def _step_key(query, key, value, mask, causal, dropout, scaling, sliding_window, softcap, s_aux):
+    """What a call's plan depends on (besides the mask's identity)."""
+    return (query.shape, key.shape, value.shape, query.dtype, key.dtype, value.dtype, type(causal), causal,
+            type(dropout), dropout, type(scaling), scaling,
+            sliding_window, type(softcap), softcap, s_aux is None,
+            None if mask is None else _mask_key(mask, sliding_window))
+
+
+def _np(t):
+    """pyattn.torch's _numpy (the tensor's memory), without its detach where
+    no gradient is wanted."""
+    return t.numpy() if not t.requires_grad and t.dtype != torch.bfloat16 else _pt._numpy(t)
+
+
+class _Step:
+    """A call's plan (attention_forward's derivation, see _steps): run it on a
+    layer's query, key and value."""
+    __slots__ = ("cut", "mask", "causal", "window", "decode", "fast", "scale", "cap", "qshape", "oshape", "to")
+
+    def run(self, query, key, value, scaling, dropout, softcap, s_aux):
+        if self.cut is not None:            # prefill into an empty static cache: its filled rows
+            key, value = key[:, :, :self.cut], value[:, :, :self.cut]
+        if self.fast and query.is_cpu and key.is_cpu and value.is_cpu and _pt._plain(query, key, value):
+            # a decode step without a mask: what pyattn.torch does for it (the same NumPy call,
+            # on the tensors' memory), its checks made by the step's first layer
+            res = _api.scaled_dot_product_attention(_np(query).reshape(self.qshape), _np(key), _np(value),
+                                                    None, 0.0, False, self.scale, False,
+                                                    window=None, softcap=self.cap, precision=None,
+                                                    return_lse=False)
+            out = torch.from_numpy(res.reshape(self.oshape))
+            return (out if self.to is None else out.to(self.to)), None
+        B, Hq, Hkv = query.shape[0], query.shape[1], key.shape[1]
+        if self.decode:
+            q = query.reshape(B, Hkv, Hq // Hkv, query.shape[-1])
+            out = _pt.scaled_dot_product_attention(q, key, value, self.mask, scale=scaling, softcap=softcap)
+            return out.reshape(B, 1, Hq, out.shape[-1]), None
+        out = _pt.scaled_dot_product_attention(
+            query, key, value, self.mask, dropout_p=float(dropout),
+            is_causal="bottom_right" if self.causal else False, scale=scaling,
+            enable_gqa=Hq != Hkv, window=self.window, softcap=softcap, sinks=s_aux)
+        return out.transpose(1, 2).contiguous(), None
+
+
+def _derive(query, key, value, mask, causal, sliding_window, scaling, softcap, dropout, s_aux, sliced=False,
+            biased=False):
+    """The plan of a call (mask: the model's, or with position_bias the mask
+    it made, sliced; biased then)."""
+    L, S = query.shape[-2], key.shape[-2]
+    p = _Step()
+    p.cut = None
+    if not sliced and mask is not None and mask.dim() == 4 and mask.shape[-1] > S:
+        mask = mask[..., :S]
     window = None
     if mask is None:
-        if causal and L > 1 and S > L and position_bias is None:
+        if causal and L > 1 and S > L and not biased:
             # prefill into an empty static cache: the rows past L are not filled yet
             # (transformers' sdpa path drops them the same way)
-            key, value, S = key[:, :, :L], value[:, :, :L], L
+            p.cut, S = L, L
         if causal and sliding_window:
             window = (int(sliding_window) - 1, 0)
         causal = bool(causal) and L > 1
@@ -206,21 +292,20 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         else:
             causal, left, mask = found
             window = None if left is None else (left, 0)
-    B, Hq, Hkv = query.shape[0], query.shape[1], key.shape[1]
-    if (L == 1 and Hq != Hkv and Hq % Hkv == 0 and window is None and s_aux is None and not dropout
-            and (mask is None or (mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[2] == 1))):
-        # a decode step with grouped heads: each key/value head's query heads as rows of one
-        # (Hq/Hkv)-row query against it (key/value read once per group; as transformers'
-        # sdpa path packs them); a mask for the keys only broadcasts over those rows
-        out = _pt.scaled_dot_product_attention(
-            query.reshape(B, Hkv, Hq // Hkv, query.shape[-1]), key, value, mask, scale=scaling,
-            softcap=softcap)
-        return out.reshape(B, 1, Hq, out.shape[-1]), None
-    out = _pt.scaled_dot_product_attention(
-        query, key, value, mask, dropout_p=float(dropout),
-        is_causal="bottom_right" if causal else False, scale=scaling,
-        enable_gqa=query.shape[1] != key.shape[1], window=window, softcap=softcap, sinks=s_aux)
-    return out.transpose(1, 2).contiguous(), None
+    Hq, Hkv = query.shape[1], key.shape[1]
+    p.mask, p.causal, p.window = mask, causal, window
+    p.decode = (L == 1 and Hq != Hkv and Hq % Hkv == 0 and window is None and s_aux is None and not dropout
+                and (mask is None or (mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[2] == 1)))
+    # a decode step with grouped heads: each key/value head's query heads as rows of one
+    # (Hq/Hkv)-row query against it (key/value read once per group; as transformers'
+    # sdpa path packs them); a mask for the keys only broadcasts over those rows
+    p.fast = p.decode and mask is None and p.cut is None
+    B, E, Ev = query.shape[0], query.shape[-1], value.shape[-1]
+    p.qshape, p.oshape = (B, Hkv, Hq // max(Hkv, 1), E), (B, 1, Hq, Ev)
+    p.to = None if query.dtype in (torch.float32, torch.float64) else query.dtype
+    p.scale = None if scaling is None else real_scalar(scaling, "scale")
+    p.cap = softcap_value(softcap) or None
+    return p
 
 
 def register() -> None:

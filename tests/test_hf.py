@@ -153,13 +153,14 @@ def test_generate_same_tokens(name, monkeypatch):
     am = torch.ones(2, 9, dtype=torch.long)
     am[1, :3] = 0                               # left padding, as generation pads
     calls = []
-    real = pt.scaled_dot_product_attention
+    real = pht._api.scaled_dot_product_attention
 
     def spy(q, k, v, mask=None, *a, **kw):
         calls.append((q.shape[-2], mask is None))
         return real(q, k, v, mask, *a, **kw)
 
-    monkeypatch.setattr(pht._pt, "scaled_dot_product_attention", spy)
+    # the NumPy call every path reaches (pyattn.torch's, and a step plan's decode call without a mask)
+    monkeypatch.setattr(pht._api, "scaled_dot_product_attention", spy)
     toks = {}
     for impl in ("exact", "pyattn"):
         m.set_attn_implementation(impl)

@@ -238,6 +238,18 @@ def cases(rng):
     qp, kp, vp = rng.standard_normal((3, 2, 4, 1, 64)).astype(np.float32)
     bt = np.array([paged._seqs[s][0] for s in seqs])
     lens = np.array([paged.length(s) for s in seqs])
+    # forks of a long prompt: the split's shared (cascade) reads of their common blocks
+    shared = pyattn.PagedKVCache(num_blocks=80, block_size=64, num_kv_heads=2, head_dim=64, dtype="int8",
+                                 group_size=32)
+    root = shared.add_sequence()
+    kr, vr = rng.standard_normal((2, 1, 2, 4200, 64)).astype(np.float32)
+    shared.attend([root], rng.standard_normal((1, 2, 4200, 64)).astype(np.float32), kr, vr)
+    forks = [root] + [shared.fork(root) for _ in range(3)]
+    qf = rng.standard_normal((4, 4, 1, 64)).astype(np.float32)
+    tf = np.array([shared._seqs[s][0][:66] for s in forks])
+    out.append(("paged-forks", lambda: pyattn.attention_with_kvcache(
+        qf, shared.k, shared.v, cache_seqlens=np.full(4, 4200), block_table=tf, k_scale=shared.k_scale,
+        v_scale=shared.v_scale, precision="int8", softcap=30.0)))
     out.append(("paged-int4", lambda: pyattn.attention_with_kvcache(
         qp, paged.k, paged.v, cache_seqlens=lens, block_table=bt, k_scale=paged.k_scale, v_scale=paged.v_scale,
         precision="int8")))

@@ -118,3 +118,17 @@ def quantized_cache(x: NDArray[np.float32]) -> None:
     o = pyattn.attention_with_kvcache(x, c.k, c.v, cache_seqlens=0, k_scale=c.k_scale, v_scale=c.v_scale)
     print(y.shape, ks, o.shape)
     pyattn.quantize(x, "int2")  # type: ignore[arg-type]
+
+
+def planned_steps(x: NDArray[np.float32]) -> None:
+    """A step planned once for every layer's PagedKVCache (issue #38)."""
+    caches = [pyattn.PagedKVCache(8, 4, 2, 16) for _ in range(2)]
+    seq = [c.add_sequence() for c in caches][0]
+    plan = caches[0].plan([seq], new_tokens=1)
+    table: NDArray[np.int64] = plan.block_table
+    seqs: Tuple[int, ...] = plan.seqs
+    for c in caches:
+        c.attend(plan.seqs, x, x[:, :2], x[:, :2], plan=plan)
+    layer = pyattn.nn.MultiHeadAttention(32, 32, 2).eval()
+    layer(np.zeros((1, 1, 32), np.float32), cache=caches[0], plan=caches[0].plan([seq]))
+    print(table.shape, seqs)

@@ -17,14 +17,36 @@
  * The chunking depends on the shape only, so results stay bit-identical
  * whatever the thread count (they differ in the last bits from the same
  * rows computed among more than PA_SPLIT_MAXL queries).
+ * Over a paged pool the chunks of heads whose keys there are the same rows
+ * of the same blocks (forks of a sequence: a shared prompt) are one task,
+ * each key read once for all of them (shared-prefix or cascade reads:
+ * attn_cascade, pa_flash_shared): a row's arithmetic stays its own, so are
+ * the bits -- the chunks lie on key positions, whoever shares them.
  * Precision "bf16" on decode shapes (pa_bf16_rows_shape) splits only the
  * scores: tasks (b, chunk of PA_BF16_SPLIT_CHUNK keys, on the key tiles'
  * grid) leave them in a scratch, then a task per b runs the rest of the
  * rows path over them in key order -- the bits of the unsplit call.
  */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
 #include "ops.h"
 #include "attention.h"
+#include "paged.h"
 #include "threads.h"
+
+/* query rows of one shared task (its workspace: pa_flash_shared_ws) */
+#define PA_CASCADE_MAXR 128
+
+/* blocks read once for several heads' queries, and the reads that saved
+ * (per key/value head and block), since the module was loaded */
+static atomic_ullong cascade_blocks, cascade_saved;
+
+void pa_cascade_stats(unsigned long long *blocks, unsigned long long *saved)
+{
+    *blocks = atomic_load(&cascade_blocks);
+    *saved = atomic_load(&cascade_saved);
+}
 
 typedef struct {
     const pa_family *fam;   /* the call's kernels, fixed for the whole call */
@@ -40,6 +62,12 @@ typedef struct {
     int nreq;                /* the threads asked for (bf16: whether to split) */
     char *partials;          /* (count, nchunks, L, 2 + Ev) in split mode */
     float *sc;               /* bf16 split: (count, nchunks, L, chunk) scores */
+    /* split mode over a paged pool (attn_cascade): task g is chunk gch[g] of
+     * the heads gmem[goff[g], goff[g + 1]) (flat b); NULL: task (b, chunk) */
+    pa_ssize *goff, *gmem, *gch, *gend;   /* gend: the end of the keys read once */
+    pa_ssize gmax;           /* the most heads of a task */
+    size_t gws;              /* its rows' workspace (pa_flash_shared_ws), then gmax args */
+    unsigned long long nblocks, nsaved;   /* for cascade_blocks, cascade_saved */
 } attn_ctx;
 
 static void attn_args(const attn_ctx *c, pa_ssize b, pa_attn_args *out)
@@ -84,19 +112,181 @@ static void kvpack_task(void *ctx_, pa_ssize t, int tid)
     (void)tid;
 }
 
-/* split mode, pass 1: (b, key chunk) -> partial (m, l, O) of every row */
+/* split mode, pass 1: (b, key chunk) -> partial (m, l, O) of every row
+ * (task (b, chunk), or with attn_cascade's groups chunk gch[t] of their
+ * heads: one head's run, or pa_flash_shared for several) */
 static void chunk_task(void *ctx_, pa_ssize t, int tid)
 {
     const attn_ctx *c = (const attn_ctx *)ctx_;
     const pa_attn_call *k = c->call;
-    const pa_ssize es = (pa_ssize)pa_elsize(k->dtype);
-    const pa_ssize b = t / c->nchunks, ch = t % c->nchunks;
-    pa_attn_args a;
-    attn_args(c, b, &a);
-    a.key_begin = ch * c->chunk;
-    a.key_end = pa_min(a.key_begin + c->chunk, k->S);
-    a.partial = c->partials + (t * k->L * (2 + k->Ev)) * es;
-    pa_flash_run(c->fam, k->dtype, &a, 0, k->L, c->ws[tid]);
+    const pa_ssize es = (pa_ssize)pa_elsize(k->dtype), stride = k->L * (2 + k->Ev);
+    pa_ssize b = t / c->nchunks, ch = t % c->nchunks, n = 1;
+    if (c->goff) {
+        b = c->gmem[c->goff[t]];
+        ch = c->gch[t];
+        n = c->goff[t + 1] - c->goff[t];
+    }
+    if (n == 1) {
+        pa_attn_args a;
+        attn_args(c, b, &a);
+        a.key_begin = ch * c->chunk;
+        a.key_end = pa_min(a.key_begin + c->chunk, k->S);
+        a.partial = c->partials + ((b * c->nchunks + ch) * stride) * es;
+        pa_flash_run(c->fam, k->dtype, &a, 0, k->L, c->ws[tid]);
+        return;
+    }
+    pa_attn_args *as = (pa_attn_args *)((char *)c->ws[tid] + c->gws);
+    const pa_attn_args **grp = (const pa_attn_args **)(as + c->gmax);
+    for (pa_ssize m = 0; m < n; m++) {
+        b = c->gmem[c->goff[t] + m];
+        attn_args(c, b, as + m);
+        as[m].key_begin = ch * c->chunk;
+        as[m].key_end = pa_min(as[m].key_begin + c->chunk, k->S);
+        as[m].partial = c->partials + ((b * c->nchunks + ch) * stride) * es;
+        grp[m] = as + m;
+    }
+    pa_flash_shared(c->fam, k->dtype, grp, n, c->gend[t], c->ws[tid]);
+}
+
+/* ---- shared-prefix (cascade) reads: which heads read the same rows in a
+ * chunk. Per flat b, what decides it: the key/value head's pools (and
+ * scales), the block table row, the filled keys. */
+typedef struct {
+    const void *k, *v;
+    const float *ks, *vs;
+    const int64_t *bt;
+    pa_ssize n;              /* filled keys */
+} casc_head;
+typedef struct {
+    uint64_t h;
+    pa_ssize b;
+} casc_key;
+
+static int casc_cmp(const void *x_, const void *y_)
+{
+    const casc_key *x = (const casc_key *)x_, *y = (const casc_key *)y_;
+    if (x->h != y->h) return x->h < y->h ? -1 : 1;
+    return x->b < y->b ? -1 : x->b > y->b;
+}
+
+static uint64_t casc_mix(uint64_t h, uint64_t x)
+{
+    h ^= x + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    return h * 0xbf58476d1ce4e5b9ull;
+}
+
+/* heads x and y start chunk [k0, ...) on the same block of the same pools */
+static int casc_same(const casc_head *x, const casc_head *y, pa_ssize k0, pa_ssize bsz)
+{
+    return x->k == y->k && x->v == y->v && x->ks == y->ks && x->vs == y->vs && x->bt[k0 / bsz] == y->bt[k0 / bsz];
+}
+
+/* the end of the keys from k0 (< e) that heads x and y read from the same
+ * blocks, within both's filled keys up to e */
+static pa_ssize casc_common(const casc_head *x, const casc_head *y, pa_ssize k0, pa_ssize e, pa_ssize bsz)
+{
+    const pa_ssize end = pa_min(e, pa_min(x->n, y->n));
+    pa_ssize i = k0 / bsz;
+    while (i * bsz < end && x->bt[i] == y->bt[i]) i++;
+    return pa_min(end, i * bsz);
+}
+
+/* One task for heads ky[i0, i1) of chunk ch (keys from k0 to at most k1)
+ * if they share whole key tiles, else a task each */
+static void casc_emit(attn_ctx *c, const casc_head *hd, const casc_key *ky, pa_ssize i0, pa_ssize i1, pa_ssize ch,
+                      pa_ssize k0, pa_ssize k1, pa_ssize bsz, pa_ssize *ng, pa_ssize *nm)
+{
+    pa_ssize end = k1;
+    for (pa_ssize i = i0 + 1; i < i1; i++) end = pa_min(end, casc_common(hd + ky[i0].b, hd + ky[i].b, k0, end, bsz));
+    const pa_ssize ksh = k0 + (end - k0) / PA_FLASH_BK * PA_FLASH_BK;
+    if (i1 - i0 < 2 || ksh <= k0) {
+        for (pa_ssize i = i0; i < i1; i++) {
+            c->goff[*ng] = *nm; c->gch[*ng] = ch; c->gend[(*ng)++] = k0;
+            c->gmem[(*nm)++] = ky[i].b;
+        }
+        return;
+    }
+    c->goff[*ng] = *nm; c->gch[*ng] = ch; c->gend[(*ng)++] = ksh;
+    for (pa_ssize i = i0; i < i1; i++) c->gmem[(*nm)++] = ky[i].b;
+    const unsigned long long nb = (unsigned long long)((ksh - 1) / bsz - k0 / bsz + 1);
+    c->nblocks += nb;
+    c->nsaved += nb * (unsigned long long)(i1 - i0 - 1);
+}
+
+/* The split's tasks over a paged pool: per chunk, heads that start it on
+ * the same block of the same pools (casc_same), in groups of at most gmax
+ * (in order of b) that read their common key tiles once (casc_emit); the
+ * others a task each. Decided by the tables and lengths only, never by the
+ * threads. Leaves c->goff etc. NULL where nothing is shared, or memory is
+ * short: the plain tasks then (the same bits). */
+static void attn_cascade(attn_ctx *c, size_t *ntasks)
+{
+    const pa_attn_call *k = c->call;
+    const pa_ssize count = k->bt.count, L = k->L, nch = c->nchunks;
+    if (!k->block_table || k->bf16 || k->dropout_p > 0 || k->block_mask || count < 2 || 2 * L > PA_CASCADE_MAXR)
+        return;
+    const pa_ssize bsz = ((const pa_paged *)k->block_table)->block_size;
+    size_t tot;
+    if (!pa_mul_ok((size_t)count, (size_t)nch, &tot) || tot > (size_t)PTRDIFF_MAX / 8) return;
+    casc_head *hd = (casc_head *)malloc((size_t)count * sizeof(casc_head));
+    casc_key *ky = (casc_key *)malloc((size_t)count * sizeof(casc_key));
+    c->goff = (pa_ssize *)malloc((tot + 1) * sizeof(pa_ssize));
+    c->gmem = (pa_ssize *)malloc(tot * sizeof(pa_ssize));
+    c->gch = (pa_ssize *)malloc(tot * sizeof(pa_ssize));
+    c->gend = (pa_ssize *)malloc(tot * sizeof(pa_ssize));
+    pa_ssize ng = 0, nm = 0;
+    c->gmax = PA_CASCADE_MAXR / L;
+    if (!hd || !ky || !c->goff || !c->gmem || !c->gch || !c->gend) goto fail;
+    for (pa_ssize b = 0; b < count; b++) {
+        pa_attn_args a;
+        attn_args(c, b, &a);
+        hd[b].k = a.k; hd[b].v = a.v; hd[b].ks = a.ks; hd[b].vs = a.vs;
+        hd[b].bt = a.bt_row;
+        hd[b].n = pa_min(a.rule.S, k->S);
+    }
+    for (pa_ssize ch = 0; ch < nch; ch++) {
+        const pa_ssize k0 = ch * c->chunk, k1 = pa_min(k0 + c->chunk, k->S);
+        pa_ssize nk = 0;
+        for (pa_ssize b = 0; b < count; b++) {
+            if (hd[b].n <= k0) {                     /* no key of b here: a task of its own */
+                c->goff[ng] = nm; c->gch[ng] = ch; c->gend[ng++] = k0;
+                c->gmem[nm++] = b;
+                continue;
+            }
+            uint64_t h = casc_mix(casc_mix((uint64_t)(uintptr_t)hd[b].k, (uint64_t)(uintptr_t)hd[b].v),
+                                  (uint64_t)(uintptr_t)hd[b].ks);
+            h = casc_mix(casc_mix(h, (uint64_t)(uintptr_t)hd[b].vs), (uint64_t)hd[b].bt[k0 / bsz]);
+            ky[nk].h = h;
+            ky[nk++].b = b;
+        }
+        qsort(ky, (size_t)nk, sizeof(casc_key), casc_cmp);
+        for (pa_ssize r0 = 0, r1; r0 < nk; r0 = r1) {  /* runs of one hash: almost always one */
+            const uint64_t h = ky[r0].h;
+            for (r1 = r0 + 1; r1 < nk && ky[r1].h == h; r1++) {}
+            for (pa_ssize i = r0; i < r1; i++) {      /* the groups in it, in order of b */
+                pa_ssize n = 1;
+                for (pa_ssize j = i + 1; j < r1; j++) /* move i's group next to it */
+                    if (casc_same(hd + ky[i].b, hd + ky[j].b, k0, bsz)) {
+                        const casc_key t = ky[j];
+                        memmove(ky + i + n + 1, ky + i + n, (size_t)(j - i - n) * sizeof(casc_key));
+                        ky[i + n++] = t;
+                    }
+                for (pa_ssize g = i; g < i + n; g += c->gmax)
+                    casc_emit(c, hd, ky, g, pa_min(g + c->gmax, i + n), ch, k0, k1, bsz, &ng, &nm);
+                i += n - 1;                          /* the rest: not i's group */
+            }
+        }
+    }
+    c->goff[ng] = nm;
+    if (c->nblocks == 0) goto fail;
+    *ntasks = (size_t)ng;
+    free(hd); free(ky);
+    return;
+fail:
+    free(c->goff); free(c->gmem); free(c->gch); free(c->gend);
+    c->goff = c->gmem = c->gch = c->gend = NULL;
+    c->nblocks = c->nsaved = 0;
+    free(hd); free(ky);
 }
 
 /* bf16 split (the rows path on bfloat16 values, attn_flash.c): pass 1,
@@ -167,6 +357,10 @@ static void attn_init(attn_ctx *c, const pa_family *fam, const pa_attn_call *cal
     c->partials = NULL;
     c->sc = NULL;
     c->nreq = 1;
+    c->goff = c->gmem = c->gch = c->gend = NULL;
+    c->gmax = 0;
+    c->gws = 0;
+    c->nblocks = c->nsaved = 0;
 }
 
 /* Decode shapes take the split mode: tasks over (b, key chunk), then the
@@ -175,11 +369,11 @@ static void attn_init(attn_ctx *c, const pa_family *fam, const pa_attn_call *cal
 static int attn_splits(const attn_ctx *c)
 {
     const pa_attn_call *k = c->call;
-    if (k->has_w || k->S < PA_SPLIT_MINS || k->E > PA_FLASH_MAXD || k->Ev > PA_FLASH_MAXD) return 0;
+    if (k->has_w || k->S < PA_SPLIT_MINS || !pa_rows_dims(k->E, k->Ev)) return 0;
     /* bf16: the split leaves the bits as they are (a scores pass); only
      * where there are few heads per thread is it worth its scratch */
     if (k->bf16) return pa_bf16_rows_shape(k->L, k->row_div, k->E, k->Ev) && k->bt.count < 4 * (pa_ssize)c->nreq;
-    return k->L <= PA_SPLIT_MAXL || (k->row_div > 1 && k->L <= c->bq);
+    return k->L <= PA_SPLIT_MAXL || k->row_div > 1;   /* (a GQA group's rows: pa_flash_run blocks them) */
 }
 
 /* The call's task count in *ntasks, and the scratch its tasks share: the
@@ -205,7 +399,9 @@ static int attn_scratch(attn_ctx *c, size_t *ntasks)
         if (!pa_mul_ok(*ntasks, (size_t)(k->L * (2 + k->Ev)), &n) || !pa_mul_ok(n, pa_elsize(k->dtype), &n))
             return -1;
         c->partials = (char *)pa_alloc64(n);
-        return c->partials ? 0 : -1;
+        if (!c->partials) return -1;
+        attn_cascade(c, ntasks);
+        return 0;
     }
     if (k->bf16 && c->nblk > 1 && k->S > 0 && !pa_bf16_rows_shape(k->L, k->row_div, k->E, k->Ev)) {
         c->kvp_tile = pa_bf16_kv_tile(c->fam, k->E, k->Ev);
@@ -263,6 +459,13 @@ int pa_attention(const pa_family *fam, const pa_attn_call *call, int nthreads)
     if (attn_scratch(&c, &ntasks) != 0) goto fail;
     bytes = pa_flash_ws(fam, call->dtype, call->E, call->Ev);
     if (bytes == 0) goto fail;
+    if (c.goff) {                /* shared tasks: their rows, then gmax args and pointers */
+        const size_t rows = pa_flash_shared_ws(fam, call->dtype, call->E, call->Ev, c.gmax * call->L);
+        if (rows == 0) goto fail;
+        c.gws = pa_round_up((pa_ssize)rows, 64);
+        const size_t need = c.gws + (size_t)c.gmax * (sizeof(pa_attn_args) + sizeof(void *));
+        if (need > bytes) bytes = need;
+    }
     nt = nthreads < 1 ? 1 : nthreads;
     if ((size_t)nt > ntasks) nt = (int)ntasks;
     ok = 1;
@@ -271,10 +474,15 @@ int pa_attention(const pa_family *fam, const pa_attn_call *call, int nthreads)
     c.ws = wsv;
     if (call->before) call->before(call->before_ctx);   /* everything is allocated */
     attn_run(&c, ntasks, nt);
+    if (c.goff && !pa_stopping(pa_stop_get())) {
+        atomic_fetch_add(&cascade_blocks, c.nblocks);
+        atomic_fetch_add(&cascade_saved, c.nsaved);
+    }
 fail:
     for (int i = 0; i < nt; i++) pa_free64(wsv[i]);
     pa_free64(c.partials);
     pa_free64(c.sc);
     pa_free64(c.kvp);
+    free(c.goff); free(c.gmem); free(c.gch); free(c.gend);
     return ok ? 0 : -1;
 }

@@ -33,6 +33,15 @@ static inline int pa_bf16_rows_shape(pa_ssize L, pa_ssize div, pa_ssize E, pa_ss
 {
     return (L <= PA_SPLIT_MAXL || (div > 1 && L <= PA_BF16_ROWS_MAXL)) && E <= PA_FLASH_MAXD && Ev <= PA_FLASH_MAXD;
 }
+/* head dims the rows path (decode: few query rows, or a GQA group's stacked
+ * as rows) runs on the family's row kernels; larger ones, and the tiled
+ * path's past PA_FLASH_MAXD, take the exact (reference) path. Its workspace
+ * grows with them: (PA_FLASH_BK + the query block) x (E + Ev) values. */
+#define PA_ROWS_MAXD 4096
+static inline int pa_rows_dims(pa_ssize E, pa_ssize Ev)
+{
+    return E <= PA_ROWS_MAXD && Ev <= PA_ROWS_MAXD;
+}
 /* query rows and keys per block of the reference path (its workspace) */
 #define PA_REF_BQ 16
 #define PA_REF_BK 64
@@ -285,6 +294,19 @@ void pa_flash_run(const pa_family *f, int dtype, const pa_attn_args *a, pa_ssize
                   void *ws);
 void pa_flash_merge(int dtype, const pa_attn_args *a, pa_ssize i, const void *partials,
                     pa_ssize nchunks, pa_ssize chunk_stride, void *ws);
+
+/* Shared-prefix (cascade) reads (attention.c groups the heads): the rows
+ * path of the decode split for n >= 2 heads grp[0, n) of one call (L <=
+ * PA_SPLIT_MAXL rows, or a GQA group's; the same [key_begin, key_end))
+ * whose keys [key_begin, kshared) -- kshared on the key tiles' grid, within
+ * every member's filled keys -- are the same rows of the same paged pool
+ * (the same blocks of the same head; scales too): each key tile there read
+ * once for all, then each member's other tiles alone; every member's
+ * partial written as its own pa_flash_run would (the same bits). ws:
+ * pa_flash_shared_ws for n * L rows (0: the size overflows), aligned to 64. */
+size_t pa_flash_shared_ws(const pa_family *f, int dtype, pa_ssize E, pa_ssize Ev, pa_ssize R);
+void pa_flash_shared(const pa_family *f, int dtype, const pa_attn_args *const *grp, pa_ssize n,
+                     pa_ssize kshared, void *ws);
 
 /* The pa_attn_args of flat batch index b of attention call c (attn_args.c):
  * operands, the key rule, per-head options. */

@@ -649,31 +649,31 @@ size_t pa_flash_ws(const pa_family *f, int dtype, pa_ssize E, pa_ssize Ev)
 {
     if (dtype != PA_F32) return flash_ws_f64(f, E, Ev);
     const size_t a = flash_ws_f32(f, E, Ev), b = flash_bf16_ws(f, E, Ev);
-    /* + precision "int8"'s query rows on the rows path (R <= the query
-     * block, e1 bytes each), past flash_ws_f32's bytes (rows_q8_f32) */
-    const size_t q8 = (size_t)f->attn_bq[PA_F32] * (size_t)(E > 0 ? E : 1);
-    return (a > b ? a : b) + q8;
+    return a > b ? a : b;
 }
 
 void pa_flash_run(const pa_family *f, int dtype, const pa_attn_args *a, pa_ssize i0, pa_ssize i1,
                   void *ws)
 {
-    pa_family g;
-    pa_attn_args ag;
-    if (a->q8 && f->isa == PA_ISA_GENERIC) {       /* precision "int8": the SIMD families' softmax */
-        g = *f;                                    /* and softcap bits (kernels/ref/vecbits_ref.c) */
-        g.rowsm[PA_F32].fn = pa_rowsm_f32_vecbits_ref;
-        g.softcap[PA_F32].fn = pa_softcap_f32_vecbits_ref;
-        ag = *a;
-        ag.fam = &g;
-        f = &g;
-        a = &ag;
-    }
+    if (a->q8 && f->isa == PA_ISA_GENERIC) f = &pa_family_generic_vecbits;   /* precision "int8" */
     if (dtype == PA_F32 && a->bf16 && pa_bf16_rows_shape(a->L, a->rule.div, a->E, a->Ev))
         bf16_rows_run(f, a, i0, i1, ws, NULL, 0, 0);   /* decode shapes: the rows path */
     else if (dtype == PA_F32 && a->bf16) flash_bf16(f, a, i0, i1, ws, 0);
     else if (dtype == PA_F32) flash_run_f32(f, a, i0, i1, ws);
     else flash_run_f64(f, a, i0, i1, ws);
+}
+
+size_t pa_flash_shared_ws(const pa_family *f, int dtype, pa_ssize E, pa_ssize Ev, pa_ssize R)
+{
+    return dtype == PA_F32 ? rows_ws_f32(f, E, Ev, R) : rows_ws_f64(f, E, Ev, R);
+}
+
+void pa_flash_shared(const pa_family *f, int dtype, const pa_attn_args *const *grp, pa_ssize n,
+                     pa_ssize kshared, void *ws)
+{
+    if (n > 0 && grp[0]->q8 && f->isa == PA_ISA_GENERIC) f = &pa_family_generic_vecbits;   /* "int8" */
+    if (dtype == PA_F32) rows_shared_f32(f, grp, n, kshared, ws);
+    else rows_shared_f64(f, grp, n, kshared, ws);
 }
 
 void pa_flash_merge(int dtype, const pa_attn_args *a, pa_ssize i, const void *partials,

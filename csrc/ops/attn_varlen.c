@@ -143,8 +143,7 @@ int pa_seq_task_cmp(const void *x, const void *y)
 /* the dense op's split rule (attention.c, attn_splits) for one sequence */
 static int vl_splits(const pa_attn_call *s)
 {
-    return !s->has_w && !s->bf16 && s->L <= PA_SPLIT_MAXL && s->S >= PA_SPLIT_MINS &&
-           s->E <= PA_FLASH_MAXD && s->Ev <= PA_FLASH_MAXD;
+    return !s->has_w && !s->bf16 && s->L <= PA_SPLIT_MAXL && s->S >= PA_SPLIT_MINS && pa_rows_dims(s->E, s->Ev);
 }
 
 /* the dense op's query block height for L rows (attention.c, attn_init;

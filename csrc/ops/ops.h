@@ -167,6 +167,11 @@ typedef struct {
 /* Attention per flat batch index b of call c: out (and w, lse when asked). */
 int pa_attention(const pa_family *fam, const pa_attn_call *c, int nthreads);
 
+/* Shared-prefix (cascade) reads of paged decode calls since the module was
+ * loaded (attention.c): key/value blocks read once for the queries of
+ * several sequences, and the block reads that saved. */
+void pa_cascade_stats(unsigned long long *blocks, unsigned long long *saved);
+
 /* Packed sequences (attn_varlen.c): the forward and backward of a call with
  * cu_seqlens_q / cu_seqlens_k; pa_attention and pa_attention_backward hand
  * such calls on. Rows [cu_q[i], cu_q[i+1]) of L attend to keys

@@ -89,8 +89,9 @@ static pa_ssize pp_bq(const pa_family *fam, int dtype, pa_ssize L)
 /* the dense op's split rule (attention.c, attn_splits) */
 static int pp_splits(const pa_family *fam, const pa_attn_call *s)
 {
-    return !s->has_w && !s->bf16 && (s->L <= PA_SPLIT_MAXL || (s->row_div > 1 && s->L <= pp_bq(fam, s->dtype, s->L))) &&
-           s->S >= PA_SPLIT_MINS && s->E <= PA_FLASH_MAXD && s->Ev <= PA_FLASH_MAXD;
+    (void)fam;
+    return !s->has_w && !s->bf16 && (s->L <= PA_SPLIT_MAXL || s->row_div > 1) &&
+           s->S >= PA_SPLIT_MINS && pa_rows_dims(s->E, s->Ev);
 }
 
 static void pp_set(pp_task *t, pa_ssize seq, pa_ssize b, pa_ssize i0, pa_ssize i1, pa_ssize chunk,
