@@ -226,6 +226,9 @@ def cases(rng):
     qs = rng.standard_normal((1, 4, 2, 64)).astype(np.float32) * 4
     out.append(("softcap-window", lambda qs=qs, kc=kc, vc=vc, ks=ks, vs=vs: pyattn.attention_with_kvcache(
         qs, kc, vc, cache_seqlens=100, k_scale=ks, v_scale=vs, precision="int8", softcap=2.0, window=(50, 0))))
+    qx = rng.standard_normal((1, 4, 3, 64)).astype(np.float32) * 3   # scores far apart: exp's tails, flushes
+    out.append(("extreme-scale", lambda qx=qx, kc=kc, vc=vc, ks=ks, vs=vs: pyattn.attention_with_kvcache(
+        qx, kc, vc, cache_seqlens=100, k_scale=ks, v_scale=vs, precision="int8", scale=9.0, return_lse=True)))
     q3 = rng.standard_normal((2, 4, 20, 64)).astype(np.float32)
     kc, ks, vc, vs = qcache(rng, 2, 2, 90, 64, "int8", 32)
     out.append(("int8-T20", lambda: pyattn.attention_with_kvcache(q3, kc, vc, cache_seqlens=90, k_scale=ks,
