@@ -159,7 +159,8 @@ def _roof(B, Hkv, rows, G, E, Ev, cache="float32", precision=None, group=32):
     query's own bytes and the output are left out: a few KiB). `peak` names
     the instruction the products run on: "fma" (float32 FMAs: every cache
     dtype is widened to float32 today) or "bf16" (precision="bf16": bfloat16
-    dot products)."""
+    dot products); precision="int8" counts at the FMA peak too (its key
+    products run on integer dot products, its value products on FMAs)."""
     per_row = (E + Ev) * ROOF_ELEM[cache] + ((E + Ev) / group * 4.0 if cache in ("int8", "int4") else 0.0)
     n = float(rows) * Hkv * B
     return {"bytes": per_row * n, "madds": float(G) * (E + Ev) * n, "cache": cache,
@@ -686,8 +687,10 @@ def quant_caches(args, rng, run, read_side):
     """The rows of issue #25, quantized KV caches: decode (GQA 32/8, E=128,
     one new query) over float32, int8 and int4 caches (scales per 32), the
     bytes of values and scales read against the read bandwidth probed in the
-    same rounds; and the same int8 step writing one new token (the cost of
-    quantizing on append)."""
+    same rounds; the same int8 step writing one new token (the cost of
+    quantizing on append); and the int8 / int4 caches with precision="int8"
+    (the query quantized to int8, integer key products: vpdpbusd with
+    AVX512_VNNI) against the default precision's float32 products."""
     import numpy as np
     import pyattn
     Hq, Hkv, E, G = 32, 8, 128, 32
@@ -702,15 +705,23 @@ def quant_caches(args, rng, run, read_side):
         impls = {name: (lambda kc=kc, vc=vc, ks=ks, vs=vs: pyattn.attention_with_kvcache(
                      q, kc, vc, cache_seqlens=S, k_scale=ks, v_scale=vs))
                  for name, (kc, vc, ks, vs) in caches.items()}
+        for dt in ("int8", "int4"):
+            kc, vc, ks, vs = caches[f"pyattn {dt} cache"]
+            impls[f"pyattn {dt} cache, precision=int8"] = (lambda kc=kc, vc=vc, ks=ks, vs=vs: pyattn.attention_with_kvcache(
+                q, kc, vc, cache_seqlens=S, k_scale=ks, v_scale=vs, precision="int8"))
+        nbytes = {n: sum(a.nbytes for a in c if a is not None) for n, c in caches.items()}
+        for dt in ("int8", "int4"):
+            nbytes[f"pyattn {dt} cache, precision=int8"] = nbytes[f"pyattn {dt} cache"]
         kq, vq, ks, vs = (a.copy() for a in caches["pyattn int8 cache"])
         k1, v1 = rng.standard_normal((2, 1, Hkv, 1, E), dtype=np.float32)
         impls["pyattn int8 cache, appending a token"] = lambda: pyattn.attention_with_kvcache(
             q, kq, vq, k1, v1, cache_seqlens=S - 1, k_scale=ks, v_scale=vs)
-        nbytes = {n: sum(a.nbytes for a in c if a is not None) for n, c in caches.items()}
         roof = {"pyattn": _roof(1, Hkv, S, Hq // Hkv, E, E),
                 "pyattn int8 cache": _roof(1, Hkv, S, Hq // Hkv, E, E, "int8", group=G),
                 "pyattn int4 cache": _roof(1, Hkv, S, Hq // Hkv, E, E, "int4", group=G),
-                "pyattn int8 cache, appending a token": _roof(1, Hkv, S, Hq // Hkv, E, E, "int8", group=G)}
+                "pyattn int8 cache, appending a token": _roof(1, Hkv, S, Hq // Hkv, E, E, "int8", group=G),
+                "pyattn int8 cache, precision=int8": _roof(1, Hkv, S, Hq // Hkv, E, E, "int8", "int8", G),
+                "pyattn int4 cache, precision=int8": _roof(1, Hkv, S, Hq // Hkv, E, E, "int4", "int8", G)}
         run({"op": "qdecode", "shape": f"B=1 Hq={Hq} Hkv={Hkv} L=1 S={S} E={E} G={G}"}, 4.0 * Hq * S * E,
             impls, nbytes, side=read_side(), roof=roof)
         del caches, impls, k32, v32, kq, vq, ks, vs
@@ -1572,6 +1583,13 @@ def targets(rows, mem):
             extra = 100 * (a["min_ms"] / b["min_ms"] - 1)
             line(f"QDECODE {r['shape']}, {r['threads']} thr, quantizing on append (int8)",
                  f"{extra:.1f} % of a decode step", "<= 5 %", extra <= 5)
+        for dt in ("int8", "int4"):                  # issue 37: precision="int8" vs the default
+            a, b = (get("qdecode", r["shape"], n, r["threads"])
+                    for n in (f"pyattn {dt} cache, precision=int8", f"pyattn {dt} cache"))
+            if a and b:
+                ratio = b["min_ms"] / a["min_ms"]
+                line(f"QDECODE {r['shape']}, {r['threads']} thr, {dt} cache precision=int8 vs default",
+                     f"{ratio:.2f}x", "> 1x", ratio > 1.0)
     # block masks (issue #26), 1 thread: time <= 1.1 x (dense-kernel time x share of
     # non-empty tiles), >= 2x the same mask as a bool array where sparsity >= 50 %,
     # the build <= 5 % of one forward

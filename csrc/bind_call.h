@@ -17,7 +17,7 @@
 typedef struct {
     PyObject *q, *k, *v, *mask, *slopes, *sinks, *kv_len, *qoff;
     int allow;                  /* pa_get_view's allow for q, k, v */
-    int causal, bf16, want_w;
+    int causal, bf16, want_w, q8;
     double scale, dropout_p, softcap;
     unsigned long long key;
     Py_ssize_t left, right, row_div;

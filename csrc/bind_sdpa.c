@@ -53,6 +53,7 @@
     X(PA_KW_##dir##_B, reduce, "O", &redo)                                    \
     X(PA_KW_##dir##_FB, nthreads, "i", &req_threads)                          \
     X(PA_KW_##dir##_F, bf16, "p", &a.bf16)                                    \
+    X(PA_KW_##dir##_F, int8, "p", &a.q8)                                      \
     X(PA_KW_##dir##_F, append, "O", &appo)                                    \
     X(PA_KW_##dir##_FB, cu_seqlens_q, "O", &a.cuq)                            \
     X(PA_KW_##dir##_FB, cu_seqlens_k, "O", &a.cuk)                            \
@@ -86,7 +87,7 @@ const char pa_sdpa_doc[] =
     "sdpa(q, k, v, out=None, mask=None, causal=0, scale=1.0, dropout_p=0.0,\n"
     "     dropout_key=0, want_weights=False, want_lse=False, left=-1, right=-1,\n"
     "     softcap=0.0, slopes=None, sinks=None, kv_len=None, row_div=1, qoff=None,\n"
-    "     nthreads=0, bf16=False, append=None, cu_seqlens_q=None, cu_seqlens_k=None, paged=None,\n"
+    "     nthreads=0, bf16=False, int8=False, append=None, cu_seqlens_q=None, cu_seqlens_k=None, paged=None,\n"
     "     k_scale=None, v_scale=None, seq_align=False)\n"
     "     -> (out, weights or None, lse or None)\n\n"
     "Private kernel entry: fused attention, all operands with equal batch axes;\n"
@@ -97,7 +98,8 @@ const char pa_sdpa_doc[] =
     "written); k_scale, v_scale: float32 scales of int8 / int4 (uint8) k, v;\n"
     "paged = (k_pool, v_pool, block_table): a paged cache (bind_paged.c; append\n"
     "then (key, value, positions)); quantized pools: + (k_scale_pool, v_scale_pool),\n"
-    "k_scale / v_scale then stand-ins of the call's shape. Use\n"
+    "k_scale / v_scale then stand-ins of the call's shape. int8: precision\n"
+    "'int8' (an int8 / int4 k with k_scale; query rows quantized to int8). Use\n"
     "pyattn.scaled_dot_product_attention.";
 
 PyObject *pa_py_sdpa(PyObject *self, PyObject *args, PyObject *kw)

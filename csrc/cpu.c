@@ -71,6 +71,24 @@ int pa_cpu_has_avx512bf16(void)
 #endif
 }
 
+/* AVX512_VNNI (CPUID leaf 7, subleaf 0, ECX bit 11) with the AVX-512 state. */
+int pa_cpu_has_avx512vnni(void)
+{
+#if defined(PA_HAVE_X86_KERNELS)
+    static int has = -1;         /* first set under the GIL, at import */
+    if (has < 0) {
+        unsigned int a, b, c, d;
+        has = pa_isa_machine() == PA_ISA_AVX512 && __get_cpuid_count(7, 0, &a, &b, &c, &d) &&
+              ((c >> 11) & 1);
+        const char *cap = getenv("PYATTN_TEST_CPU");    /* testing hook: without VNNI on any AVX-512 CPU */
+        if (cap && strstr(cap, "novnni")) has = 0;
+    }
+    return has;
+#else
+    return 0;
+#endif
+}
+
 int pa_isa_machine(void)
 {
     static int machine = -1;     /* first set under the GIL, at import */

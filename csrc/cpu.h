@@ -13,6 +13,8 @@ int pa_isa_machine(void);
 
 /* Whether the CPU has AVX512_BF16 (vdpbf16ps) with AVX-512 usable. */
 int pa_cpu_has_avx512bf16(void);
+/* Whether the CPU has AVX512_VNNI (vpdpbusd) with AVX-512 usable. */
+int pa_cpu_has_avx512vnni(void);
 
 void pa_cache_sizes(size_t *l1d, size_t *l2, size_t *l3);
 

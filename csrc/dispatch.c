@@ -32,7 +32,11 @@ int pa_isa_built(int isa)
 static const pa_family *pa_family_of(int isa)
 {
 #ifdef PA_HAVE_X86_KERNELS
-    if (isa == PA_ISA_AVX512 && pa_cpu_has_avx512bf16()) return pa_ukr_family(&pa_family_avx512bf16);
+    if (isa == PA_ISA_AVX512) {
+        const int bf = pa_cpu_has_avx512bf16(), vn = pa_cpu_has_avx512vnni();
+        return pa_ukr_family(bf ? (vn ? &pa_family_avx512bf16vnni : &pa_family_avx512bf16)
+                                : (vn ? &pa_family_avx512vnni : &pa_family_avx512));
+    }
 #endif
     return pa_ukr_family(pa_isa_built(isa) ? pa_isa_tables[isa] : &pa_family_generic);
 }

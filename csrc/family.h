@@ -228,6 +228,15 @@ PA_FAMILIES(PA_FAMILY_EXTERN, _)
 #undef PA_FAMILY_EXTERN
 #ifdef PA_HAVE_X86_KERNELS
 extern const pa_family pa_family_avx512bf16;   /* avx512 with AVX512_BF16's bfloat16 products */
+extern const pa_family pa_family_avx512vnni;   /* avx512 with AVX512_VNNI's q8rowdot */
+extern const pa_family pa_family_avx512bf16vnni;   /* both */
 #endif
+/* the generic family with the SIMD families' float32 rowsm and softcap (the
+ * shared vector exp) in portable C (kernels/ref/vecbits_ref.c): precision
+ * "int8" promises the same bits on every family, and runs it in place of
+ * the generic family (ops/attn_flash.c, ops/attn_args.c) */
+extern const pa_family pa_family_generic_vecbits;
+pa_rowsm_sig pa_rowsm_f32_vecbits_ref;
+pa_softcap_sig pa_softcap_f32_vecbits_ref;
 
 #endif

@@ -352,7 +352,7 @@ done:
     free(p);
 }
 
-#include "kernel_check_quant.inc"       /* qrowdot, qrowpv, qwiden */
+#include "kernel_check_quant.inc"       /* qrowdot, qrowpv, qwiden, q8rowdot */
 
 /* ---- the kinds: one check each, generated from the registry -------------- */
 /* the kernels that read operands stored in a dtype (rowdot, rowpv): every

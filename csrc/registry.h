@@ -39,7 +39,9 @@
  * are a quantized KV cache's storage (ops/quant.h: symmetric, per group,
  * float32 scales beside the rows; int4 two values per byte, its "element"
  * and its strides are bytes): the kinds qrowdot, qrowpv, qwiden read them
- * with their scales (one kernel per family, the bits as an argument). */
+ * with their scales (one kernel per family, the bits as an argument), and
+ * q8rowdot against int8 query rows (precision "int8": exact integer sums per
+ * group). */
 #define PA_DTYPES(X, ...)                                                   \
     X(F32,  f32,      "float32",  4, PA_F32, 1, 1, 0, __VA_ARGS__)          \
     X(F64,  f64,      "float64",  8, PA_F64, 1, 1, 0, __VA_ARGS__)          \
@@ -90,7 +92,11 @@
                         const float *vs, pa_ssize vsrs, pa_ssize nj, pa_ssize Ev, pa_ssize G,  \
                         int bits, float *acc, pa_ssize ald), __VA_ARGS__)                      \
     X(qwiden, F, void, (float *dst, const void *src, const float *scale, pa_ssize n, pa_ssize G, \
-                        int bits), __VA_ARGS__)
+                        int bits), __VA_ARGS__)                                                \
+    X(q8rowdot, F, void, (const int8_t *Q, pa_ssize qrs, const float *qs, pa_ssize qsrs,        \
+                          pa_ssize R, const void *K, pa_ssize krs, const float *ks,            \
+                          pa_ssize ksrs, pa_ssize nj, pa_ssize E, pa_ssize G, int bits,        \
+                          float scale, float *s, pa_ssize ss), __VA_ARGS__)
 
 /* ---- kernel families --------------------------------------------------------
  * X(CODE, word, isa, arch, ...)

@@ -112,10 +112,11 @@ int pa_ukr_force(int shape)
 const pa_family *pa_ukr_family(const pa_family *base)
 {
 #ifdef PA_HAVE_X86_KERNELS
-    enum { NBASE = 2, NSHAPE = sizeof pa_ukr_shapes / sizeof pa_ukr_shapes[0] };
+    enum { NBASE = 4, NSHAPE = sizeof pa_ukr_shapes / sizeof pa_ukr_shapes[0] };
     static pa_family copies[NBASE][NSHAPE];
     static char made[NBASE][NSHAPE];
-    const int b = base == &pa_family_avx512 ? 0 : base == &pa_family_avx512bf16 ? 1 : -1;
+    const int b = base == &pa_family_avx512 ? 0 : base == &pa_family_avx512bf16 ? 1
+                : base == &pa_family_avx512vnni ? 2 : base == &pa_family_avx512bf16vnni ? 3 : -1;
     if (b < 0) return base;
     const int s = pa_ukr_info()->shape;
     if (s == 0) return base;

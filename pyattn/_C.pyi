@@ -14,7 +14,7 @@ def sdpa(q: NDArray[Any], k: NDArray[Any], v: NDArray[Any], out: Optional[NDArra
          want_weights: bool = ..., want_lse: bool = ..., left: int = ..., right: int = ...,
          softcap: float = ..., slopes: Optional[NDArray[np.float64]] = ...,
          sinks: Optional[NDArray[np.float64]] = ..., kv_len: Optional[NDArray[np.int64]] = ...,
-         row_div: int = ..., qoff: Optional[int] = ..., nthreads: int = ..., bf16: bool = ...,
+         row_div: int = ..., qoff: Optional[int] = ..., nthreads: int = ..., bf16: bool = ..., int8: bool = ...,
          append: Optional[Tuple[NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any],
                                 NDArray[np.int64]]] = ...,
          cu_seqlens_q: Optional[NDArray[np.int64]] = ..., cu_seqlens_k: Optional[NDArray[np.int64]] = ...,

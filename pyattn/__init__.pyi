@@ -23,6 +23,7 @@ __all__ = [
 _Causal = Union[bool, Literal["top_left", "bottom_right"]]
 _Rng = Union[None, int, np.random.Generator]
 _Precision = Optional[Literal["highest", "bf16"]]
+_KVPrecision = Optional[Literal["highest", "bf16", "int8"]]   # "int8": int8 / int4 caches
 _Align = Optional[Literal["top_left", "bottom_right"]]
 
 def matmul(a: ArrayLike, b: ArrayLike, /, *, out: Optional[NDArray[Any]] = ...,
@@ -90,7 +91,7 @@ def attention_with_kvcache(
     query: ArrayLike, k_cache: NDArray[Any], v_cache: NDArray[Any], key: Optional[ArrayLike] = ...,
     value: Optional[ArrayLike] = ..., *, cache_seqlens: Union[int, ArrayLike], is_causal: bool = ...,
     scale: Optional[float] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
-    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: Literal[False] = ...,
+    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _KVPrecision = ..., return_lse: Literal[False] = ...,
     out: Optional[NDArray[Any]] = ...,
     rotary_cos: Optional[ArrayLike] = ..., rotary_sin: Optional[ArrayLike] = ...,
     rotary_interleaved: bool = ..., cache_leftpad: Optional[ArrayLike] = ...,
@@ -105,7 +106,7 @@ def attention_with_kvcache(
     query: ArrayLike, k_cache: NDArray[Any], v_cache: NDArray[Any], key: Optional[ArrayLike] = ...,
     value: Optional[ArrayLike] = ..., *, cache_seqlens: Union[int, ArrayLike], is_causal: bool = ...,
     scale: Optional[float] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
-    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: Literal[True],
+    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _KVPrecision = ..., return_lse: Literal[True],
     out: Optional[NDArray[Any]] = ...,
     rotary_cos: Optional[ArrayLike] = ..., rotary_sin: Optional[ArrayLike] = ...,
     rotary_interleaved: bool = ..., cache_leftpad: Optional[ArrayLike] = ...,
@@ -120,7 +121,7 @@ def attention_with_kvcache(
     query: ArrayLike, k_cache: NDArray[Any], v_cache: NDArray[Any], key: Optional[ArrayLike] = ...,
     value: Optional[ArrayLike] = ..., *, cache_seqlens: Union[int, ArrayLike], is_causal: bool = ...,
     scale: Optional[float] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
-    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _Precision = ..., return_lse: bool,
+    softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., precision: _KVPrecision = ..., return_lse: bool,
     out: Optional[NDArray[Any]] = ...,
     rotary_cos: Optional[ArrayLike] = ..., rotary_sin: Optional[ArrayLike] = ...,
     rotary_interleaved: bool = ..., cache_leftpad: Optional[ArrayLike] = ...,
@@ -145,17 +146,17 @@ class KVCache:
     def attend(self, query: ArrayLike, key: ArrayLike, value: ArrayLike, *, is_causal: bool = ...,
                scale: Optional[float] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
                softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., return_lse: Literal[False] = ...,
-               out: Optional[NDArray[Any]] = ..., precision: _Precision = ...) -> _F: ...
+               out: Optional[NDArray[Any]] = ..., precision: _KVPrecision = ...) -> _F: ...
     @overload
     def attend(self, query: ArrayLike, key: ArrayLike, value: ArrayLike, *, is_causal: bool = ...,
                scale: Optional[float] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
                softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., return_lse: Literal[True],
-               out: Optional[NDArray[Any]] = ..., precision: _Precision = ...) -> Tuple[_F, _F]: ...
+               out: Optional[NDArray[Any]] = ..., precision: _KVPrecision = ...) -> Tuple[_F, _F]: ...
     @overload
     def attend(self, query: ArrayLike, key: ArrayLike, value: ArrayLike, *, is_causal: bool = ...,
                scale: Optional[float] = ..., window: _Window = ..., alibi_slopes: Optional[ArrayLike] = ...,
                softcap: Optional[float] = ..., sinks: Optional[ArrayLike] = ..., return_lse: bool,
-               out: Optional[NDArray[Any]] = ..., precision: _Precision = ...) -> Union[_F, Tuple[_F, _F]]: ...
+               out: Optional[NDArray[Any]] = ..., precision: _KVPrecision = ...) -> Union[_F, Tuple[_F, _F]]: ...
     def reset(self) -> None: ...
 
 class CacheFullError(MemoryError): ...

@@ -10,7 +10,7 @@ from . import _C, _kvextra, _kvfast
 from ._spec import attn_spec
 from ._checks import (
     as_array, bcast, broadcast_shapes, causal_code, check_numeric, check_out, compute_dtype,
-    dropout_key, index_value, is16, number, out_for_kernel, precision_value, prep_mask, real_scalar,
+    dropout_key, index_value, int8_precision, is16, number, out_for_kernel, precision_value, prep_mask, real_scalar,
     split_axis, store16, to_dtype,
 )
 
@@ -414,6 +414,8 @@ def _sdpa(spec, out=None, *, nthreads=0, append=None, paged=None):
         extra["row_div"] = groups
     if spec.bf16:
         extra["bf16"] = True
+    if spec.int8:
+        extra["int8"] = True
     if spec.kv_len is not None:
         a = spec.kv_len
         if stack:
@@ -738,6 +740,23 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
         ``precision="bf16"`` with float32 / float16 / bfloat16 caches runs the
         bfloat16 decode kernel on decode steps -- bfloat16 caches read in place
         -- and the tiled bfloat16 path on longer query blocks).
+        ``precision="int8"``, with an int8 / int4 ``k_cache`` only (any other
+        cache: ``ValueError``): each query row of each head is quantized to
+        int8 per group of the cache's group size ``G`` exactly as
+        ``quantize(q, "int8", group_size=G)`` does (its own float32 scale
+        ``s_q,g`` per group; the query as float32 first); each key product is
+        the exact integer sum of a group's products, ``fma((float)isum,
+        s_q,g * s_k,g, acc)`` summed over the groups in order in float32, times
+        ``scale``; then the softmax and the value products as at the default
+        precision (AVX512_VNNI ``vpdpbusd`` where the CPU has it). Every query
+        length works (longer blocks run the decode kernels row by row). The
+        same bits on every kernel family and thread count. The bound: a
+        score differs from the default precision's by at most
+        ``|scale| * sum_g (s_q,g / 2) * sum_{e in g} |k_e|`` (half a query
+        step per element times the dequantized key's magnitudes), plus the
+        float32 rounding of the two scores; so each softmax weight moves by a
+        factor within ``exp(+-2 D)`` (``D`` the largest such bound of the row)
+        and the output by at most ``(exp(2 D) - 1) * max |v|``.
     block_mask : pyattn.BlockMask, optional
         Over the cache: ``kv_idx`` is the cache row, ``q_idx`` the query's
         cache position; its S must be ``S_max`` and its L at least the
@@ -811,7 +830,8 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
         inf in them is a ValueError and nothing is written); the kernels
         read the rows and scales in place and dequantize in registers. The
         result equals attention over ``dequantize(cache)`` to float32
-        tolerance. Not with ``precision="bf16"`` or head dims over 512.
+        tolerance. Not with ``precision="bf16"`` or head dims over 512; with
+        ``precision="int8"`` (above), integer key products.
 
     Returns
     -------
@@ -823,7 +843,8 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
         Shapes that do not match (caches, query, key/value); query heads
         not a multiple of the cache heads; ``cache_seqlens`` negative, of
         the wrong shape, or past ``S_max`` (with the new rows: ``n_b + T >
-        S_max``, compared without a sum that could wrap); a read-only cache when key/value are given; only one of
+        S_max``, compared without a sum that could wrap); ``precision="int8"``
+        with a cache that is not int8 / int4; a read-only cache when key/value are given; only one of
         key and value; and the structured-mask errors of
         :func:`scaled_dot_product_attention`. With ``block_table``: an entry
         a call reads or writes out of ``[0, num_blocks)`` (or -1), two
@@ -988,15 +1009,17 @@ def _kvcache_full(query, k_cache, v_cache, key=None, value=None, *, cache_seqlen
     # a 16-bit query is read in place (bfloat16 as such: _sdpa views its bits);
     # anything else is converted to the caches' compute dtype
     qd = q if is16(q.dtype) and cd == np.float32 else to_dtype(q, cd)
+    q8 = int8_precision(precision, kc)          # precision="int8": an int8 / int4 k_cache
     # a quantized cache is described by a float32 stand-in of its shape (the
     # spec's checks), then the spec carries the cache and its scales
     ks = np.broadcast_to(np.float32(0), kc.shape[:3] + (E,)) if kq else kc
     vs = np.broadcast_to(np.float32(0), vc.shape[:3] + (Ev,)) if vq else vc
     spec = attn_spec(qd, ks, vs, None, 0.0, "bottom_right" if is_causal else False, sc, Hq != Hkv,
                      window=window, alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks,
-                     precision=precision, return_lse=return_lse, kv_len=n[:, None], block_mask=block_mask)
+                     precision=None if q8 else precision, return_lse=return_lse, kv_len=n[:, None],
+                     block_mask=block_mask)
     if kq or vq:
         if spec.bf16:
             raise ValueError("precision='bf16' is not available with int8 / int4 caches")
-        spec = spec._replace(key=kc, value=vc, kv_scales=(k_scale, v_scale))
+        spec = spec._replace(key=kc, value=vc, kv_scales=(k_scale, v_scale), int8=q8)
     return _sdpa(spec, out, append=append)

@@ -378,4 +378,22 @@ def precision_value(precision, dt):
             raise ValueError(f"precision='bf16' needs float32 (or float16 / bfloat16) inputs; these compute "
                              f"in {dt} (cast them to float32 first)")
         return True
-    raise ValueError(f"precision must be None, 'highest' or 'bf16', got {precision!r}")
+    if isinstance(precision, str) and precision == "int8":
+        raise ValueError("precision='int8' is for int8 / int4 KV caches only (attention_with_kvcache, "
+                         "KVCache.attend, PagedKVCache.attend with such a cache)")
+    raise ValueError(f"precision must be None, 'highest' or 'bf16' (or 'int8' with an int8 / int4 KV "
+                     f"cache), got {precision!r}")
+
+
+def int8_precision(precision, k_cache) -> bool:
+    """precision="int8" (API.md "Decode precision and FP8 caches"): True when
+    asked for, with k_cache an int8 / int4 cache (np.int8, or packed np.uint8);
+    a ValueError naming precision with any other cache. Any other precision:
+    False (precision_value checks it)."""
+    if not (isinstance(precision, str) and precision == "int8"):
+        return False
+    dt = getattr(k_cache, "dtype", None)
+    if dt not in (np.dtype(np.int8), np.dtype(np.uint8)):
+        raise ValueError(f"precision='int8' needs an int8 or int4 cache (k_cache int8, or int4 packed in "
+                         f"uint8, with k_scale); this k_cache is {dt}")
+    return True

@@ -133,9 +133,18 @@ class KVCache:
         out : ndarray, optional
             ``(B, Hq, T, Ev)`` of the compute dtype, writeable: the result is
             written there.
-        precision : None, "highest" or "bf16", optional
+        precision : None, "highest", "bf16" or "int8", optional
             As in :func:`pyattn.scaled_dot_product_attention` (not
-            ``"bf16"`` with an int8 / int4 cache).
+            ``"bf16"`` with an int8 / int4 cache). ``"int8"`` with an int8 /
+            int4 cache only (else a ``ValueError``, nothing written): the
+            query rows quantized to int8 per group as :func:`pyattn.quantize`
+            does, integer key products per group scaled by the two scales and
+            summed over the groups in float32, then softmax and values as at
+            the default precision; the same bits on every kernel family. Each
+            score differs from the default's by at most ``|scale| * sum_g
+            (s_q,g / 2) * sum_{e in g} |k_e|`` (half a query step per element
+            times the key's magnitudes) plus float32 rounding; see
+            :func:`pyattn.attention_with_kvcache`.
 
         Returns
         -------

@@ -25,7 +25,7 @@ import numpy as np
 from ._api import _cache_array, _qcache, _sdpa, _seqlens
 from . import _C, _kvfast
 from ._checks import (as_array, not_flag_mask, bcast, cache_dtype, check_numeric, check_out, is16, number, per_head,
-                      precision_value, real_scalar, split_axis, standin, store16, to_dtype)
+                      int8_precision, precision_value, real_scalar, split_axis, standin, store16, to_dtype)
 from ._spec import attn_spec
 
 __all__ = ["PagedKVCache", "PagedPlan", "CacheFullError"]
@@ -256,7 +256,8 @@ def kvcache_paged(query, k_cache, v_cache, key, value, cache_seqlens, block_tabl
         if slopes.ndim == 2 and slopes.shape != (B, Hq):
             raise ValueError(f"alibi_slopes has shape {slopes.shape}; expected (Hq,) or (B, Hq) = "
                              f"({Hq},) or ({B}, {Hq})")
-    if quant and precision_value(precision, cd):
+    q8 = int8_precision(precision, kc)          # precision="int8": an int8 / int4 k_cache
+    if quant and not q8 and precision_value(precision, cd):
         raise ValueError("precision='bf16' is not available with int8 / int4 caches")
     qd = q if is16(q.dtype) and cd == np.float32 else to_dtype(q, cd)
     u16 = [c.view(np.uint16) if c.dtype.kind == "V" else c for c in (kc, vc)]
@@ -385,12 +386,13 @@ def _group(qd, kc, vc, u16, table, kn, vn, idx, Tg, n, kv_len, cu, packed, whole
     # then the spec carries the pools' stand-ins and their scales'
     kspec = np.broadcast_to(np.float32(0), views[0].shape[:3] + (E,)) if ks is not None else views[0]
     vspec = np.broadcast_to(np.float32(0), views[1].shape[:3] + (Ev,)) if vs is not None else views[1]
+    q8 = int8_precision(precision, kc)
     spec = attn_spec(qg, kspec, vspec, mask, 0.0, "bottom_right" if is_causal else False, sc,
                      qg.shape[1] != Hkv, window=window, alibi_slopes=sl, softcap=softcap, sinks=sinks,
-                     precision=precision, return_lse=return_lse, kv_len=kv_len[ix][:, None])
+                     precision=None if q8 else precision, return_lse=return_lse, kv_len=kv_len[ix][:, None])
     paged = (u16[0], u16[1], np.ascontiguousarray(table[ix]))
     if quant:
-        spec = spec._replace(key=views[0], value=views[1], kv_scales=tuple(svs))
+        spec = spec._replace(key=views[0], value=views[1], kv_scales=tuple(svs), int8=q8)
         paged += (ks, vs)
     return _sdpa(spec, None, append=append, paged=paged)
 
@@ -1136,6 +1138,15 @@ class PagedKVCache:
             (``is_causal``, ``scale``, ``window``, ``tree_mask``,
             ``return_lse``, ...); not ``block_table``, ``cache_seqlens``,
             ``k_scale`` or ``v_scale`` (the cache holds them).
+            ``precision="int8"`` with an int8 / int4 pool (else a
+            ``ValueError``, nothing written): the query rows quantized to
+            int8 per group as :func:`pyattn.quantize` does, integer key
+            products per group scaled by the two scales and summed over the
+            groups in float32; the same bits as a :class:`pyattn.KVCache`
+            with the same rows, on every kernel family. Each score differs
+            from the default precision's by at most ``|scale| * sum_g (s_q,g
+            / 2) * sum_{e in g} |k_e|`` plus float32 rounding (see
+            :func:`pyattn.attention_with_kvcache`).
 
         Returns
         -------

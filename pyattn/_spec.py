@@ -67,6 +67,7 @@ class AttnSpec(NamedTuple):
     kv_scales: Optional[tuple] = None
     block_mask: Optional[tuple] = None   # BlockMask._c_arg(full_batch): the binding's tuple
     seq_align: bool = False      # varlen: each sequence bottom-right (align="bottom_right")
+    int8: bool = False           # precision="int8" (int8 / int4 k caches): int8 query rows
 
     @property
     def out_shape(self) -> tuple:

@@ -499,11 +499,11 @@ class _Attention:
         hd = self.d_out // self.num_heads
         return KVCache(batch, self.num_heads, max_len, hd, hd, dtype, group_size)
 
-    def _call_cached(self, x, cache, attn_mask, return_weights):
+    def _call_cached(self, x, cache, attn_mask, return_weights, precision=None):
         """x (B, T, d_in) or (T, d_in): only the new tokens; their keys and
         values are appended to cache, and they attend to everything cached."""
         if isinstance(cache, tuple):                  # (PagedKVCache, seqs, cu_seqlens_q, plan)
-            return self._call_paged(x, *cache, attn_mask, return_weights)
+            return self._call_paged(x, *cache, attn_mask, return_weights, precision)
         if not isinstance(cache, KVCache):
             raise TypeError(f"cache must be a pyattn.KVCache (layer.new_cache(...)) or a "
                             f"pyattn.PagedKVCache with seqs=, got {type(cache).__name__}")
@@ -525,13 +525,13 @@ class _Attention:
         x3 = to_dtype(x if x.ndim == 3 else x[None], dt)
         q, k, v = self._qkv(x3, dt)
         ctx = np.empty((B, T, H, hd), dt)
-        cache.attend(q, k, v, is_causal=bool(self.causal), out=ctx.transpose(0, 2, 1, 3))
+        cache.attend(q, k, v, is_causal=bool(self.causal), out=ctx.transpose(0, 2, 1, 3), precision=precision)
         out = ctx.reshape(B, T, self.d_out)
         if self._has_out:
             out = _linear(out, self.out_proj_weight, self.out_proj_bias, dt)
         return out if x.ndim == 3 else out[0]
 
-    def _call_paged(self, x, cache, seqs, cu, plan, attn_mask, return_weights):
+    def _call_paged(self, x, cache, seqs, cu, plan, attn_mask, return_weights, precision=None):
         """x (len(seqs), T, d_in), or packed (total, d_in) with cu_seqlens_q:
         the new tokens of the sequences seqs of a PagedKVCache."""
         if attn_mask is not None or return_weights:
@@ -568,7 +568,8 @@ class _Attention:
                     if cache.length(s) + int(t) > self.context_length:
                         raise ValueError(f"sequence {s} holds {cache.length(s)} tokens; {int(t)} more exceed "
                                          f"context_length={self.context_length}")
-        ctx = cache.attend(seqs, q, k, v, cu_seqlens_q=cu, is_causal=bool(self.causal), plan=plan)
+        ctx = cache.attend(seqs, q, k, v, cu_seqlens_q=cu, is_causal=bool(self.causal), plan=plan,
+                           precision=precision)
         out = ctx.reshape(-1, self.d_out) if cu is not None else \
             ctx.transpose(0, 2, 1, 3).reshape(x.shape[0], x.shape[1], self.d_out)
         if self._has_out:
@@ -588,7 +589,7 @@ class _Attention:
 
     # -- forward --------------------------------------------------------------
     def __call__(self, x, attn_mask=None, return_weights=False, *args, context=None, cache=None,
-                 seqs=None, cu_seqlens_q=None, plan=None):
+                 seqs=None, cu_seqlens_q=None, plan=None, precision=None):
         """x (B, T, d_in) or (T, d_in) -> (B, T, d_out) [, weights (B, H, T, T)].
 
         Self-attention: queries, keys and values all come from ``x``.
@@ -650,6 +651,10 @@ class _Attention:
             ``seqs`` and ``cu_seqlens_q`` default to the plan's (given, they
             must be the plan's). The result is the call without it, bit for
             bit.
+        precision : None, "highest", "bf16" or "int8", optional
+            With a cache only (else a ``ValueError``): the cache's
+            ``attend``'s (``"int8"``: int8 / int4 caches, int8 query rows and
+            integer key products; see :func:`pyattn.attention_with_kvcache`).
 
         Returns
         -------
@@ -738,10 +743,13 @@ class _Attention:
             raise ValueError(f"x must have shape {lead}, {self.d_in}) or (T, {self.d_in}), got {x.shape}")
         if context is not None:
             context = self._check_context(context, x, cache)
+        if precision is not None and cache is None:
+            raise ValueError("precision= goes with a cache (the cache's attend); without one the layer "
+                             "computes at the default precision")
         if self.batch_first or x.ndim == 2:
-            return self._forward(x, attn_mask, return_weights, cache, context)
+            return self._forward(x, attn_mask, return_weights, cache, context, precision)
         res = self._forward(x.swapaxes(0, 1), attn_mask, return_weights, cache,
-                            None if context is None else context.swapaxes(0, 1))   # (T, B, .)
+                            None if context is None else context.swapaxes(0, 1), precision)   # (T, B, .)
         if self._tape is not None:
             self._tape["seq_first"] = True
         if isinstance(res, tuple):
@@ -763,11 +771,11 @@ class _Attention:
                              f"(x has shape {x.shape}), got {c.shape}")
         return c
 
-    def _forward(self, x, attn_mask, return_weights, cache, context=None):
+    def _forward(self, x, attn_mask, return_weights, cache, context=None, precision=None):
         """The call on x (B, T, d_in) or (T, d_in) (and context (B, S, d_in) or (S, d_in))."""
         self._tape = None                  # backward goes back through this call only
         if cache is not None:
-            return self._call_cached(x, cache, attn_mask, return_weights)
+            return self._call_cached(x, cache, attn_mask, return_weights, precision)
         T = x.shape[-2]
         if self.context_length is not None and T > self.context_length:
             raise ValueError(f"x has {T} tokens (shape {x.shape}), more than context_length={self.context_length}")

@@ -42,6 +42,11 @@ PA_FAMILIES(PA_DECL_FAMILY, _)
 #undef PA_DECL_DT_S
 #undef PA_DECL_DT_W
 
+/* the SIMD families' float32 rowsm and softcap bits (the shared vector exp)
+ * in portable C (kernels/ref/vecbits_ref.c): precision "int8" on the
+ * generic family */
+float pa_vexp_f32_ref(float x);
+
 /* bfloat16 products (gemm_bf16): the exact emulation, and AVX512_BF16's vdpbf16ps */
 pa_gemm_sig pa_gemm_bf16_ref;
 #ifdef PA_HAVE_X86_KERNELS
@@ -56,6 +61,14 @@ double pa_bf16_probe_avx512bf16(long long iters, float *sink);
 /* the FMA peak probe of the avx2 family (kernels/vec/probe_vec.inc), which
  * avx512emu borrows */
 double pa_fma_probe_avx2(long long iters, float *sink);
+/* precision "int8"'s key products (the q8rowdot contract) on AVX2 integer
+ * vectors (kernels/x86/q8dot_avx2.c), for the x86 families; other group
+ * sizes and head dims over PA_Q8_MAXE go portable (the same bits) */
+#define PA_Q8_MAXE 512
+pa_q8rowdot_sig pa_q8dot_i16_avx2;
+/* ... and on AVX512_VNNI's vpdpbusd (kernels/x86/q8dot_vnni.c): the
+ * q8rowdot of the avx512 family's tables for CPUs with it */
+pa_q8rowdot_sig pa_q8rowdot_avx512vnni;
 #endif
 #ifdef PA_HAVE_NEON_KERNELS
 pa_gemm_sig pa_gemm_bf16_neon;             /* the same on NEON FMAs (kernels/arm/bf16emu_neon.c) */

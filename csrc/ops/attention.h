@@ -72,6 +72,7 @@ typedef struct {
     void *w; pa_ssize w_rs, w_cs;           /* (L, S) weights, or NULL */
     void *lse; pa_ssize lse_s;              /* (L,) log-sum-exp of the rows, or NULL */
     int bf16;                               /* precision "bf16": the tiled bfloat16 path */
+    int q8;                                 /* precision "int8": the rows path, q8rowdot */
     const uint16_t *kvp;                    /* bf16: K, V packed per key tile (pa_bf16_pack_kv), */
     pa_ssize kvp_tile;                      /* tile t at kvp + t * kvp_tile; or NULL */
     const int64_t *bt_row;                  /* a paged cache (ops/paged.h): key j in row j % bsz */

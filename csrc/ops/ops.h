@@ -141,6 +141,8 @@ typedef struct {
     pa_ssize qoff;              /* longer sequence: pyattn.dask) */
     int bf16;                   /* precision "bf16" (float32 only): bfloat16 products --
                                    q, k, v and the weights rounded to bfloat16 */
+    int q8;                     /* precision "int8" (an int8 / int4 k): query rows quantized
+                                   to int8 per group of kG, integer key products (q8rowdot) */
     /* the forward's results (the backward reads out and lse) */
     pa_operand out;
     int has_w, has_lse;         /* 0: no w / lse */

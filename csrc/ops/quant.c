@@ -32,13 +32,6 @@ int pa_quant_rows_finite(const float *rows, const pa_ssize st[4], const pa_ssize
     return 1;
 }
 
-/* value x of a group with this scale (> 0) as an integer in [-qmax, qmax] */
-static inline int pa_quant_value(float x, float scale, float qmax)
-{
-    const float r = rintf(x / scale);
-    return (int)(r > qmax ? qmax : r < -qmax ? -qmax : r);
-}
-
 int pa_quant_row(int bits, const float *x, pa_ssize xcs, pa_ssize E, pa_ssize G, void *q,
                  pa_ssize qcs, float *s, pa_ssize scs)
 {
@@ -47,12 +40,7 @@ int pa_quant_row(int bits, const float *x, pa_ssize xcs, pa_ssize E, pa_ssize G,
     int8_t *q8 = (int8_t *)q;
     uint8_t *q4 = (uint8_t *)q;
     for (pa_ssize g0 = 0; g0 < E; g0 += G) {
-        float amax = 0;
-        for (pa_ssize e = g0; e < g0 + G; e++) {
-            const float a = fabsf(x[e * xcs]);
-            amax = a > amax ? a : amax;
-        }
-        const float scale = amax / qmax;
+        const float scale = pa_quant_scale(x + g0 * xcs, xcs, G, qmax);
         s[(g0 / G) * scs] = scale;
         for (pa_ssize e = g0; e < g0 + G; e++) {
             const int v = scale == 0 ? 0 : pa_quant_value(x[e * xcs], scale, qmax);

@@ -19,6 +19,7 @@
 #ifndef PYATTN_OPS_QUANT_H
 #define PYATTN_OPS_QUANT_H
 
+#include <math.h>
 #include "ops.h"
 #include "rotary.h"
 
@@ -48,6 +49,25 @@ typedef struct {
 
 /* bits of a storage dtype: 8 (PA_I8), 4 (PA_I4), 0 (not quantized) */
 static inline int pa_qbits(int dt) { return dt == PA_I8 ? 8 : dt == PA_I4 ? 4 : 0; }
+
+/* THE rule's two steps (pa_quant_row, and precision "int8"'s query rows in
+ * the attention frame): the scale of a group of G finite values at x
+ * (stride xcs), and value x of a group with scale > 0 as an integer in
+ * [-qmax, qmax] */
+static inline float pa_quant_scale(const float *x, pa_ssize xcs, pa_ssize G, float qmax)
+{
+    float amax = 0;
+    for (pa_ssize e = 0; e < G; e++) {
+        const float a = fabsf(x[e * xcs]);
+        amax = a > amax ? a : amax;
+    }
+    return amax / qmax;
+}
+static inline int pa_quant_value(float x, float scale, float qmax)
+{
+    const float r = rintf(x / scale);
+    return (int)(r > qmax ? qmax : r < -qmax ? -qmax : r);
+}
 
 /* quantize: returns 0, 1 when x holds a NaN or an infinity (the outputs
  * are then incomplete: the caller discards them; *bad = the flat row index

@@ -10,5 +10,24 @@ const pa_family pa_family_generic = {
     .attn_bq = {48, 48},
     .fma_probe = NULL, .fma_lanes = 0,
 };
+
+/* precision "int8" on the generic family (ops/attn_flash.c): the SIMD
+ * families' float32 rowsm and softcap bits (kernels/ref/vecbits_ref.c), the
+ * two fields overridden */
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Woverride-init"
+#endif
+const pa_family pa_family_generic_vecbits = {
+    PA_FAMILY_KERNELS(ref),
+    .gemm_bf16 = {PA_NAMED(pa_gemm_bf16_ref), 4, 16, PA_GEMM_KC_BF16, 64, 2048},
+    .attn_bq = {48, 48},
+    .fma_probe = NULL, .fma_lanes = 0,
+    .rowsm = {[PA_F32] = {PA_NAMED(pa_rowsm_f32_vecbits_ref)}, [PA_F64] = {PA_NAMED(pa_rowsm_f64_ref)}},
+    .softcap = {[PA_F32] = {PA_NAMED(pa_softcap_f32_vecbits_ref)}, [PA_F64] = {PA_NAMED(pa_softcap_f64_ref)}},
+};
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
 #undef PA_TILE_gemm_f32
 #undef PA_TILE_gemm_f64

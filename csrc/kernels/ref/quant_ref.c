@@ -53,3 +53,29 @@ void pa_qwiden_ref(float *dst, const void *src, const float *scale, pa_ssize n, 
 {
     for (pa_ssize e = 0; e < n; e++) dst[e] = (float)pa_qval(src, e, bits) * scale[e / G];
 }
+
+/* precision "int8" (q8rowdot): Q (R, E) int8 query rows (row stride qrs),
+ * qs (R, E / G) their float32 scales (row stride qsrs); per row r and key j,
+ * per group g in order: the exact integer sum of the group's products, then
+ * acc = fmaf((float)isum, qs[g] * ks[g], acc) from +0 (the scales' product
+ * rounded once); s = acc * scale. Every family gives these bits (the integer
+ * sums are exact in any order; the float steps are these, in this order). */
+void pa_q8rowdot_ref(const int8_t *Q, pa_ssize qrs, const float *qs, pa_ssize qsrs, pa_ssize R,
+                     const void *K, pa_ssize krs, const float *ks, pa_ssize ksrs, pa_ssize nj, pa_ssize E,
+                     pa_ssize G, int bits, float scale, float *s, pa_ssize ss)
+{
+    for (pa_ssize r = 0; r < R; r++)
+        for (pa_ssize j = 0; j < nj; j++) {
+            const int8_t *q = Q + r * qrs;
+            const char *k = (const char *)K + j * krs;
+            const float *sc = ks + j * ksrs, *qsc = qs + r * qsrs;
+            float acc = 0.0f;
+            for (pa_ssize g0 = 0, g = 0; g0 < E; g0 += G, g++) {
+                int32_t isum = 0;
+                for (pa_ssize e = g0; e < g0 + G; e++) isum += (int32_t)q[e] * pa_qval(k, e, bits);
+                const float t = qsc[g] * sc[g];
+                acc = fmaf((float)isum, t, acc);
+            }
+            s[r * ss + j] = acc * scale;
+        }
+}

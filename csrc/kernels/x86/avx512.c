@@ -52,6 +52,34 @@ const pa_family pa_family_avx512bf16 = {
     .bf16_probe = pa_bf16_probe_avx512bf16,
     .bf16_pack_p = pa_bf16_pack_p_avx512,
 };
+
+/* where the CPU has AVX512_VNNI (dispatch.c): q8rowdot on vpdpbusd, the
+ * same bits (kernels/x86/q8dot_vnni.c); the one field the family's own
+ * kernel is overridden in */
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Woverride-init"
+#endif
+const pa_family pa_family_avx512vnni = {
+    PA_FAMILY_KERNELS(avx512),
+    .gemm_bf16 = {PA_NAMED(pa_gemm_bf16_avx512), 12, 32, PA_GEMM_KC_BF16, 96, 2048},
+    .attn_bq = {96, 48},
+    .fma_probe = pa_fma_probe_avx512, .fma_lanes = 16,
+    .bf16_pack_p = pa_bf16_pack_p_avx512,
+    .q8rowdot = {PA_NAMED(pa_q8rowdot_avx512vnni)},
+};
+const pa_family pa_family_avx512bf16vnni = {
+    PA_FAMILY_KERNELS(avx512),
+    .gemm_bf16 = {PA_NAMED(pa_gemm_bf16_avx512bf16), 12, 32, PA_GEMM_KC_BF16, 96, 2048},
+    .attn_bq = {96, 48},
+    .fma_probe = pa_fma_probe_avx512, .fma_lanes = 16,
+    .bf16_probe = pa_bf16_probe_avx512bf16,
+    .bf16_pack_p = pa_bf16_pack_p_avx512,
+    .q8rowdot = {PA_NAMED(pa_q8rowdot_avx512vnni)},
+};
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
 #undef PA_TILE_gemm_f32
 #undef PA_TILE_gemm_f64
 #endif
