@@ -369,6 +369,8 @@ def worker(args):
         varlen(args, rng, run, torch)
     if want("paged"):
         paged(args, rng, run)
+    if want("groups"):                    # issue 41: MQA / MLA decode, large head dims
+        group_decode(args, rng, run)
     if want("shared"):                    # issue 38: shared-prefix (cascade) reads
         shared_prefix(args, rng, run)
     if want("percall"):                   # issue 38: the fixed cost of a tiny decode call
@@ -681,6 +683,37 @@ def shared_prefix(args, rng, run):
                 finally:
                     _C.select_isa(codes[best])
         del kp, vp, ks, vs, un
+
+
+def group_decode(args, rng, run):
+    """Issue 41 item 4: decode where a key/value head serves many query heads
+    (MQA: 32 and 128 query heads on one; DeepSeek's latent attention: 128
+    query heads, one key head of E = 576 = 512 + 64 rotary dims, the value a
+    view of its first 512), float32 and bfloat16 caches, S = 8192 -- compute-
+    bound shapes, GFLOP/s against the FMA peak; and head dims 64 ... 1024
+    (32 query heads on one key head) against the rate at E = 256."""
+    import numpy as np
+    import pyattn
+    try:
+        import ml_dtypes
+        bf = ml_dtypes.bfloat16
+    except ImportError:
+        bf = None
+    S = 8192
+    cases = [(32, 128, 128, False, np.float32), (128, 128, 128, False, np.float32),
+             (128, 576, 512, True, np.float32)]
+    if bf is not None:
+        cases += [(128, 576, 512, True, bf)]
+    cases += [(32, E, E, False, np.float32) for E in (64, 256, 512, 768, 1024)]
+    for Hq, E, Ev, view, dt in cases:
+        q = rng.standard_normal((1, Hq, 1, E), dtype=np.float32).astype(dt)
+        k = rng.standard_normal((1, 1, S, E), dtype=np.float32).astype(dt)
+        v = k[..., :Ev] if view else rng.standard_normal((1, 1, S, Ev), dtype=np.float32).astype(dt)
+        name = "MLA" if view else "MQA"
+        run({"op": "group decode", "shape": f"{name} Hq={Hq} Hkv=1 E={E} Ev={Ev} S={S} "
+             f"{np.dtype(dt).name} cache" + (" (v = k[..., :512])" if view else "")},
+            2.0 * Hq * S * (E + Ev), {"pyattn": lambda: pyattn.attention_with_kvcache(q, k, v, cache_seqlens=S)},
+            rounds=max(3, args.repeat // 2))
 
 
 def quant_caches(args, rng, run, read_side):
@@ -1556,6 +1589,23 @@ def targets(rows, mem):
                 ratio = c["min_ms"] / r["min_ms"]
                 line(f"mixed batch {r['shape']}, {r['threads']} thr, vs the parts", f"{ratio:.2f}x", ">= 0.9x",
                      ratio >= 0.9)
+    # MQA / MLA decode (issue 41): % of the FMA peak, head dims against E = 256
+    for r in data:
+        if r["op"] != "group decode" or not peak.get(r["threads"]):
+            continue
+        if "Hq=32 Hkv=1 E=" in r["shape"] and "E=128 " not in r["shape"]:
+            base = next((x for x in data if x["op"] == "group decode" and x["threads"] == r["threads"]
+                         and "Hq=32 Hkv=1 E=256 " in x["shape"]), None)
+            if base and r is not base:
+                rate = lambda x: x["flops"] / x["min_ms"]   # noqa: E731
+                ratio = rate(r) / rate(base)
+                line(f"group decode {r['shape']}, {r['threads']} thr, rate vs E=256", f"{ratio:.2f}x",
+                     ">= 0.5x", ratio >= 0.5)
+            continue
+        if "E=256 " in r["shape"]:
+            continue
+        p = pct(r)
+        line(f"group decode {r['shape']}, {r['threads']} thr, % of FMA peak", f"{p:.0f} %", ">= 70 %", p >= 70)
     # shared-prefix reads (issue 38): the forks' step vs the same step on unshared copies
     for r in data:
         if r["op"] == "shared prefix" and r["impl"] == "pyattn shared reads":
@@ -1734,7 +1784,7 @@ def main():
     ap.add_argument("--no-memory", action="store_true", help="skip the 32768-token memory probe")
     ap.add_argument("--only", default=None, help="comma-separated sections to run: matmul, sdpa, decode, "
                     "generation (kvdecode: its decode rows alone), quant, training, varlen, bf16, mha, flash, paged, "
-                    "percall, shared, blockmask, hf (default: all)")
+                    "percall, shared, groups, blockmask, hf (default: all)")
     ap.add_argument("--from-json", default=None, help="re-render the table, targets and plot from a saved "
                     "results.json instead of measuring")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
