@@ -10,7 +10,8 @@
  * not depend on the thread count, nor on the batch a row came in. Within each b, blocks are handed out last-first so
  * that with causal masking the long rows start early (better balance).
  *
- * Decode shapes (L <= PA_SPLIT_MAXL queries, S >= PA_SPLIT_MINS keys) have too
+ * Decode shapes (L <= PA_SPLIT_MAXL queries, or a GQA group of any size
+ * stacked as rows; S >= PA_SPLIT_MINS keys) have too
  * few query blocks to keep the threads busy: there a task is (b, chunk of
  * PA_SPLIT_CHUNK keys), each leaves its running max, sum and unnormalised
  * output, and a second pass merges the chunks of each row in chunk order.
@@ -467,7 +468,10 @@ int pa_attention(const pa_family *fam, const pa_attn_call *call, int nthreads)
         if (need > bytes) bytes = need;
     }
     nt = nthreads < 1 ? 1 : nthreads;
-    if ((size_t)nt > ntasks) nt = (int)ntasks;
+    {   /* the most tasks a pass has: a split call's merge has count (shared tasks may be fewer) */
+        const size_t most = c.nchunks && (size_t)call->bt.count > ntasks ? (size_t)call->bt.count : ntasks;
+        if ((size_t)nt > most) nt = (int)most;
+    }
     ok = 1;
     for (int i = 0; i < nt; i++) { wsv[i] = pa_alloc64(bytes); ok &= wsv[i] != NULL; }
     if (!ok) goto fail;
