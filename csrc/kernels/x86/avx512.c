@@ -35,22 +35,23 @@
 
 #define PA_TILE_gemm_f32 12, 32, PA_GEMM_KC, 96, 2048
 #define PA_TILE_gemm_f64 12, 16, PA_GEMM_KC, 96, 1024
+/* the four avx512 tables (dispatch.c picks by AVX512_BF16, AVX512_VNNI):
+ * the same kernels but bfloat16 products on vdpbf16ps and int8 query
+ * products on vpdpbusd, each the same bits as the portable twins */
+#define PA_AVX512_TABLE(bf16gemm)                                                           \
+    PA_FAMILY_KERNELS(avx512),                                                            \
+    .gemm_bf16 = {PA_NAMED(bf16gemm), 12, 32, PA_GEMM_KC_BF16, 96, 2048},                 \
+    .attn_bq = {96, 48},                                                                  \
+    .fma_probe = pa_fma_probe_avx512, .fma_lanes = 16,                                    \
+    .bf16_pack_p = pa_bf16_pack_p_avx512
 const pa_family pa_family_avx512 = {
-    PA_FAMILY_KERNELS(avx512),
-    .gemm_bf16 = {PA_NAMED(pa_gemm_bf16_avx512), 12, 32, PA_GEMM_KC_BF16, 96, 2048},
-    .attn_bq = {96, 48},
-    .fma_probe = pa_fma_probe_avx512, .fma_lanes = 16,
-    .bf16_pack_p = pa_bf16_pack_p_avx512,
+    PA_AVX512_TABLE(pa_gemm_bf16_avx512),
 };
 
 /* where the CPU has AVX512_BF16 (dispatch.c): vdpbf16ps, the same bits */
 const pa_family pa_family_avx512bf16 = {
-    PA_FAMILY_KERNELS(avx512),
-    .gemm_bf16 = {PA_NAMED(pa_gemm_bf16_avx512bf16), 12, 32, PA_GEMM_KC_BF16, 96, 2048},
-    .attn_bq = {96, 48},
-    .fma_probe = pa_fma_probe_avx512, .fma_lanes = 16,
+    PA_AVX512_TABLE(pa_gemm_bf16_avx512bf16),
     .bf16_probe = pa_bf16_probe_avx512bf16,
-    .bf16_pack_p = pa_bf16_pack_p_avx512,
 };
 
 /* where the CPU has AVX512_VNNI (dispatch.c): q8rowdot on vpdpbusd, the
@@ -61,20 +62,12 @@ const pa_family pa_family_avx512bf16 = {
 #pragma GCC diagnostic ignored "-Woverride-init"
 #endif
 const pa_family pa_family_avx512vnni = {
-    PA_FAMILY_KERNELS(avx512),
-    .gemm_bf16 = {PA_NAMED(pa_gemm_bf16_avx512), 12, 32, PA_GEMM_KC_BF16, 96, 2048},
-    .attn_bq = {96, 48},
-    .fma_probe = pa_fma_probe_avx512, .fma_lanes = 16,
-    .bf16_pack_p = pa_bf16_pack_p_avx512,
+    PA_AVX512_TABLE(pa_gemm_bf16_avx512),
     .q8rowdot = {PA_NAMED(pa_q8rowdot_avx512vnni)},
 };
 const pa_family pa_family_avx512bf16vnni = {
-    PA_FAMILY_KERNELS(avx512),
-    .gemm_bf16 = {PA_NAMED(pa_gemm_bf16_avx512bf16), 12, 32, PA_GEMM_KC_BF16, 96, 2048},
-    .attn_bq = {96, 48},
-    .fma_probe = pa_fma_probe_avx512, .fma_lanes = 16,
+    PA_AVX512_TABLE(pa_gemm_bf16_avx512bf16),
     .bf16_probe = pa_bf16_probe_avx512bf16,
-    .bf16_pack_p = pa_bf16_pack_p_avx512,
     .q8rowdot = {PA_NAMED(pa_q8rowdot_avx512vnni)},
 };
 #if defined(__GNUC__)
