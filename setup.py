@@ -30,9 +30,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # compiling for a minute each time; delete the folder to drop them.
 CACHE = os.path.join(HERE, "build", "pyattn-ext-cache")
 CACHE_KEEP = 8
+# csrc/check/ is left out: the kernel checks are a test-only extension
+# (tests/kcheck.py builds it), not part of the shipped pyattn._C
+TEST_ONLY = os.path.join("csrc", "check") + os.sep
 SOURCES = sorted(
     os.path.relpath(p, HERE)
     for p in glob(os.path.join(HERE, "csrc", "**", "*.c"), recursive=True)
+    if not os.path.relpath(p, HERE).startswith(TEST_ONLY)
 )
 # headers and templates included by the sources: a change to any of them
 # rebuilds the extension (setuptools tracks only what is listed)
@@ -40,6 +44,7 @@ DEPENDS = sorted(
     os.path.relpath(p, HERE)
     for ext in ("h", "inc")
     for p in glob(os.path.join(HERE, "csrc", "**", "*." + ext), recursive=True)
+    if not os.path.relpath(p, HERE).startswith(TEST_ONLY)
 )
 
 

@@ -1,16 +1,21 @@
 /*
- * kernel_check_py.c -- pyattn._C._kernel_check, the binding of the per-kernel
- * checks (kernel_check.h) for tests/test_kernels.py. Private: a test entry
- * point, not part of the API.
+ * kcheck_module.c -- the test-only extension _kcheck: the per-kernel checks
+ * (kernel_check.h) for tests/test_kernels.py, tests/test_ukr.py and
+ * tests/test_exp.py. Not part of pyattn and never installed: tests/kcheck.py
+ * builds it from csrc/check/ (kernel_check.c, this file) and imports it.
+ * It runs the shipped pyattn._C's own family tables, which it gets at import
+ * through the private capsule pyattn._C._families_capsule (families_api.h):
+ * the kernels checked are the ones pyattn runs, and none is compiled here.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#include "dispatch.h"
 #include "kernel_check.h"
 
-const char pa_kernel_check_doc[] =
-    "_kernel_check(isa, kinds=None) -> (family, {kind: cases}, failures, kernels)\n\n"
+static const pa_families_api *api;     /* _C's, set once by PyInit__kcheck */
+
+static const char kernel_check_doc[] =
+    "kernel_check(isa, kinds=None) -> (family, {kind: cases}, failures, kernels)\n\n"
     "Runs each kernel kind of the family for isa code `isa` (as select_isa: capped at what the\n"
     "CPU has; -1 the best; `family` says which ran) against its portable twin. kinds: names\n"
     "to run (None: all). cases: cases checked, 0 for a kind not run, -1 where the kind does\n"
@@ -18,7 +23,7 @@ const char pa_kernel_check_doc[] =
     "kind, then a count), naming the family, the kernel and the case. kernels: the symbols\n"
     "of the family's kernels that ran.";
 
-PyObject *pa_py_kernel_check(PyObject *self, PyObject *args)
+static PyObject *py_kernel_check(PyObject *self, PyObject *args)
 {
     int isa;
     PyObject *kinds = Py_None, *seq = NULL, *counts = NULL, *fails = NULL, *used = NULL, *out = NULL;
@@ -26,9 +31,9 @@ PyObject *pa_py_kernel_check(PyObject *self, PyObject *args)
     pa_kc_result *res = NULL;
     char *run = NULL;
     int rc = 0;
-    if (!PyArg_ParseTuple(args, "i|O:_kernel_check", &isa, &kinds)) return NULL;
-    if (isa < -1 || isa >= PA_ISA_COUNT) {
-        PyErr_Format(PyExc_ValueError, "isa must be -1 to %d, got %d", PA_ISA_COUNT - 1, isa);
+    if (!PyArg_ParseTuple(args, "i|O:kernel_check", &isa, &kinds)) return NULL;
+    if (isa < -1 || isa >= api->isa_count) {
+        PyErr_Format(PyExc_ValueError, "isa must be -1 to %d, got %d", api->isa_count - 1, isa);
         return NULL;
     }
     res = PyMem_Calloc((size_t)nk, sizeof *res);
@@ -60,10 +65,10 @@ PyObject *pa_py_kernel_check(PyObject *self, PyObject *args)
             run[found] = 1;
         }
     }
-    const pa_family *f = pa_choose_family(isa);
+    const pa_family *f = api->choose_family(isa);
     Py_BEGIN_ALLOW_THREADS
     for (int k = 0; k < nk; k++)
-        if (run[k] && pa_kernel_check(f, k, &res[k]) < 0) rc = -1;
+        if (run[k] && pa_kernel_check(api, f, k, &res[k]) < 0) rc = -1;
     Py_END_ALLOW_THREADS
     if (rc < 0) {
         PyErr_NoMemory();
@@ -93,7 +98,7 @@ PyObject *pa_py_kernel_check(PyObject *self, PyObject *args)
             if (i < res[k].nlines)
                 line = PyUnicode_DecodeUTF8(res[k].lines[i], (Py_ssize_t)strlen(res[k].lines[i]), "replace");
             else if (res[k].failures > res[k].nlines)
-                line = PyUnicode_FromFormat("%s %s: %lld more failed cases", pa_isa_name(f->isa), pa_kc_kind_name(k),
+                line = PyUnicode_FromFormat("%s %s: %lld more failed cases", api->isa_name(f->isa), pa_kc_kind_name(k),
                                             res[k].failures - res[k].nlines);
             else
                 break;
@@ -104,7 +109,7 @@ PyObject *pa_py_kernel_check(PyObject *self, PyObject *args)
             Py_DECREF(line);
         }
     }
-    out = Py_BuildValue("(sOOO)", pa_isa_name(f->isa), counts, fails, used);
+    out = Py_BuildValue("(sOOO)", api->isa_name(f->isa), counts, fails, used);
 fail:
     Py_XDECREF(seq);
     Py_XDECREF(counts);
@@ -115,23 +120,23 @@ fail:
     return out;
 }
 
-const char pa_vexp_doc[] =
-    "_vexp(isa, x) -> (family, bytes)\n\n"
+static const char vexp_doc[] =
+    "vexp(isa, x) -> (family, bytes)\n\n"
     "The shared vector exp (kernels/vec/exp_vec.inc) of the family for isa code `isa` (as\n"
     "select_isa: capped at what the CPU has; `family` says which ran) on x, a C-contiguous\n"
     "buffer of float32 ('f') or float64 ('d') whose length is a multiple of 16: its results'\n"
     "bytes. ValueError for a family without a vector exp (generic) or a bad x. A test hook.";
 
-PyObject *pa_py_vexp(PyObject *self, PyObject *args)
+static PyObject *py_vexp(PyObject *self, PyObject *args)
 {
     int isa, dtype = -1, vl = 0;
     PyObject *obj, *out = NULL, *res = NULL;
     Py_buffer x = {0};
     Py_ssize_t es = 0;
     (void)self;
-    if (!PyArg_ParseTuple(args, "iO:_vexp", &isa, &obj)) return NULL;
-    if (isa < -1 || isa >= PA_ISA_COUNT) {
-        PyErr_Format(PyExc_ValueError, "isa must be -1 to %d, got %d", PA_ISA_COUNT - 1, isa);
+    if (!PyArg_ParseTuple(args, "iO:vexp", &isa, &obj)) return NULL;
+    if (isa < -1 || isa >= api->isa_count) {
+        PyErr_Format(PyExc_ValueError, "isa must be -1 to %d, got %d", api->isa_count - 1, isa);
         return NULL;
     }
     if (PyObject_GetBuffer(obj, &x, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) return NULL;
@@ -145,20 +150,69 @@ PyObject *pa_py_vexp(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "x's length must be a multiple of 16");
         goto fail;
     }
-    const pa_family *f = pa_choose_family(isa);
+    const pa_family *f = api->choose_family(isa);
     out = PyBytes_FromStringAndSize(NULL, x.len);
     if (!out) goto fail;
     char *y = PyBytes_AS_STRING(out);
     Py_BEGIN_ALLOW_THREADS
-    vl = pa_kc_vexp(f, dtype, x.buf, y, x.len / es);
+    vl = pa_kc_vexp(api, f, dtype, x.buf, y, x.len / es);
     Py_END_ALLOW_THREADS
     if (vl <= 0) {
-        PyErr_Format(PyExc_ValueError, "the %s family has no vector exp", pa_isa_name(f->isa));
+        PyErr_Format(PyExc_ValueError, "the %s family has no vector exp", api->isa_name(f->isa));
         goto fail;
     }
-    res = Py_BuildValue("(sO)", pa_isa_name(f->isa), out);
+    res = Py_BuildValue("(sO)", api->isa_name(f->isa), out);
 fail:
     Py_XDECREF(out);
     PyBuffer_Release(&x);
     return res;
+}
+
+static PyObject *py_kinds(PyObject *self, PyObject *noargs)
+{
+    const int nk = pa_kc_nkinds();
+    PyObject *out = PyTuple_New(nk);
+    (void)self;
+    if (!out) return NULL;
+    for (int k = 0; k < nk; k++) {
+        PyObject *s = PyUnicode_FromString(pa_kc_kind_name(k));
+        if (!s) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(out, k, s);
+    }
+    return out;
+}
+
+static PyMethodDef methods[] = {
+    {"kernel_check", py_kernel_check, METH_VARARGS, kernel_check_doc},
+    {"vexp", py_vexp, METH_VARARGS, vexp_doc},
+    {"kinds", py_kinds, METH_NOARGS, "kinds() -> (name, ...): the kernel kinds checked, in order"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moddef = {
+    PyModuleDef_HEAD_INIT, "_kcheck",
+    "pyattn's per-kernel checks (test-only; built by tests/kcheck.py, not installed).", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+/* _C's capsule, checked against the layout this file was compiled with: a
+ * _kcheck built from other sources than the _C it meets refuses to load
+ * (tests/kcheck.py keys its build by the sources, so it rebuilds). */
+PyMODINIT_FUNC PyInit__kcheck(void)
+{
+    const pa_families_api *a = PyCapsule_Import(PA_FAMILIES_API_NAME, 0);
+    if (!a) return NULL;
+    if (a->version != PA_FAMILIES_API_VERSION || a->size != (int)sizeof(pa_families_api)
+        || a->family_size != (int)sizeof(pa_family) || a->isa_count != PA_ISA_COUNT || a->ndtypes != PA_NDTYPES) {
+        PyErr_Format(PyExc_ImportError,
+                     "_kcheck was built for another pyattn._C (families API version %d, family table %d bytes; "
+                     "this _C has %d, %d bytes): rebuild pyattn and the checks from the same sources",
+                     PA_FAMILIES_API_VERSION, (int)sizeof(pa_family), a->version, a->family_size);
+        return NULL;
+    }
+    api = a;
+    return PyModule_Create(&moddef);
 }

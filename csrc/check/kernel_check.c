@@ -18,15 +18,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "dispatch.h"
+#include "families_api.h"
 #include "kernel_check.h"
 #include "kernels/kernels.h"
-#include "kernels/vec/vocab_check.h"
 
 #define KC_STR_(x) #x
 #define KC_STR(x) KC_STR_(x)
 
 typedef struct {
+    const pa_families_api *api;         /* what _C lends (families_api.h) */
     const pa_family *f;
     const char *fam;                    /* its PYATTN_ISA word */
     pa_kc_result *res;
@@ -106,7 +106,7 @@ static const pa_ssize kc_Es[] = {1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33,
 #define KC_N(a) (sizeof a / sizeof a[0])
 enum { KC_RMAX = 9, KC_NJMAX = 60, KC_EMAX = 129, KC_LDE = KC_EMAX + 16 + 4, KC_SS = KC_NJMAX + 3 };
 
-#define PA_TEMPLATE "kernel_check.inc"
+#define PA_TEMPLATE "check/kernel_check.inc"
 #include "dtypes.inc"
 #undef PA_TEMPLATE
 
@@ -142,11 +142,11 @@ static void kc_widen(kc_ctx *k)
         const int w = code == PA_BF16;
         snprintf(sym, sizeof sym, "%s", k->f->widen[code].name ? k->f->widen[code].name : "widen");
         if (code != PA_F16 && code != PA_BF16) {
-            kc_fail(k, sym, "no twin for widening %s: add one to kernel_check.c", pa_dtypes[code].name);
+            kc_fail(k, sym, "no twin for widening %s: add one to kernel_check.c", k->api->dtypes[code].name);
             continue;
         }
         if (!fn) {
-            kc_fail(k, sym, "no kernel for %s", pa_dtypes[code].name);
+            kc_fail(k, sym, "no kernel for %s", k->api->dtypes[code].name);
             continue;
         }
         kc_used(k, k->f->widen[code].name);
@@ -362,10 +362,10 @@ static void kc_stored(kc_ctx *k, int code, int pv)
     const int sd = code == PA_F16 ? 1 : code == PA_BF16 ? 2 : 0;
     if (code != PA_F32 && code != PA_F64 && !sd) {
         kc_fail(k, pv ? "rowpv" : "rowdot", "no twin for storage dtype %s: add one to kernel_check.c",
-                pa_dtypes[code].name);
+                k->api->dtypes[code].name);
         return;
     }
-    if (pa_dtypes[code].compute == PA_F32) (pv ? kc_rowpv_f32 : kc_rowdot_f32)(k, code, sd);
+    if (k->api->dtypes[code].compute == PA_F32) (pv ? kc_rowpv_f32 : kc_rowdot_f32)(k, code, sd);
     else (pv ? kc_rowpv_f64 : kc_rowdot_f64)(k, code, sd);
 }
 #define KC_S(CODE, sfx, name, size, compute, c, s, w, pv) PA_WHEN(s)(if (!k->oom) kc_stored(k, PA_##CODE, pv);)
@@ -412,26 +412,7 @@ static const struct {
 #undef KC_KIND
 #define KC_NKINDS ((int)(sizeof kc_kinds / sizeof kc_kinds[0]))
 
-/* each SIMD family's vocabulary hook (kernels/vec/vocab_check.inc, which
- * family_vec.inc instantiates for every family built on it: the registry's
- * rows of arch x86 and arm; the portable family, arch any, has none) */
-#define KC_SIMD_any 0
-#define KC_SIMD_x86 PA_ARCH_x86
-#define KC_SIMD_arm PA_ARCH_arm
-#define KC_DECL(CODE, word, isa, arch, ...) \
-    PA_WHEN(KC_SIMD_##arch)(pa_vocab_sig pa_vocab_f32_##isa; pa_vocab_sig pa_vocab_f64_##isa;)
-#define KC_HOOK(CODE, word, isa, arch, ...) \
-    PA_WHEN(KC_SIMD_##arch)(case PA_ISA_##CODE: v[PA_F32] = pa_vocab_f32_##isa; v[PA_F64] = pa_vocab_f64_##isa; break;)
 #define KC_WORD(CODE, word, isa, arch, ...) case PA_ISA_##CODE: return #isa;
-PA_FAMILIES(KC_DECL, _)
-static void kc_hooks(int isa, pa_vocab_fn v[PA_NCOMPUTE])
-{
-    v[PA_F32] = v[PA_F64] = NULL;
-    switch (isa) {
-    PA_FAMILIES(KC_HOOK, _)
-    default: break;
-    }
-}
 static const char *kc_isa_word(int isa)
 {
     switch (isa) {
@@ -439,12 +420,7 @@ static const char *kc_isa_word(int isa)
     default: return "?";
     }
 }
-#undef KC_DECL
-#undef KC_HOOK
 #undef KC_WORD
-#undef KC_SIMD_any
-#undef KC_SIMD_x86
-#undef KC_SIMD_arm
 
 int pa_kc_nkinds(void) { return KC_NKINDS; }
 
@@ -453,13 +429,13 @@ const char *pa_kc_kind_name(int kind)
     return kind >= 0 && kind < KC_NKINDS ? kc_kinds[kind].name : NULL;
 }
 
-int pa_kernel_check(const pa_family *f, int kind, pa_kc_result *res)
+int pa_kernel_check(const pa_families_api *api, const pa_family *f, int kind, pa_kc_result *res)
 {
     memset(res, 0, sizeof *res);
     if (kind < 0 || kind >= KC_NKINDS) return 0;
-    kc_ctx k = {f, pa_isa_name(f->isa), res, kc_isa_word(f->isa), {NULL, NULL}, {0, 0},
+    kc_ctx k = {api, f, api->isa_name(f->isa), res, kc_isa_word(f->isa), {NULL, NULL}, {0, 0},
                 0x5eed0000ULL + (uint64_t)kind, 0};
-    kc_hooks(f->isa, k.vocab);
+    api->vocab_hooks(f->isa, k.vocab);
     for (int d = 0; d < PA_NCOMPUTE; d++)
         k.vl[d] = k.vocab[d] ? k.vocab[d](PA_VOP_LANES, NULL, NULL, NULL, NULL, 0) : 0;
     kc_kinds[kind].fn(&k);
@@ -470,10 +446,10 @@ int pa_kernel_check(const pa_family *f, int kind, pa_kc_result *res)
  * (the vocabulary hook's PA_VOP_EXP), for tests/test_exp.py. Returns the
  * family's VL, 0 when the family has no vector exp (the generic family:
  * the C library's), or -1 when n is not a multiple of 16. */
-int pa_kc_vexp(const pa_family *f, int dtype, const void *x, void *y, pa_ssize n)
+int pa_kc_vexp(const pa_families_api *api, const pa_family *f, int dtype, const void *x, void *y, pa_ssize n)
 {
     pa_vocab_fn v[PA_NCOMPUTE];
-    kc_hooks(f->isa, v);
+    api->vocab_hooks(f->isa, v);
     if (dtype < 0 || dtype >= PA_NCOMPUTE || !v[dtype]) return 0;
     if (n % 16) return -1;
     return n ? v[dtype](PA_VOP_EXP, x, x, x, y, n) : 16;

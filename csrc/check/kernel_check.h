@@ -2,13 +2,15 @@
  * kernel_check.h -- every kernel of a family checked on its own against its
  * portable twin (kernel_check.c): the contract of csrc/README.md written as
  * scalar C, case by case (edge tiles, ragged widths, special values), bit
- * for bit where the contract fixes the bits. A test entry point
- * (pyattn._C._kernel_check, tests/test_kernels.py), not used by any op.
+ * for bit where the contract fixes the bits. Test-only: not in the shipped
+ * pyattn._C; built with kcheck_module.c as the extension _kcheck
+ * (tests/kcheck.py, tests/test_kernels.py) or with tests/c/kernel_check_main.c
+ * as a C program. What it needs of _C's it gets through families_api.h.
  */
 #ifndef PYATTN_KERNEL_CHECK_H
 #define PYATTN_KERNEL_CHECK_H
 
-#include "family.h"
+#include "families_api.h"
 
 #define PA_KC_LINE 360        /* bytes of one failure line */
 #define PA_KC_MAXLINES 12     /* failure lines kept per kind (the rest counted) */
@@ -26,22 +28,15 @@ typedef struct {
 int pa_kc_nkinds(void);
 const char *pa_kc_kind_name(int kind);
 
-/* Checks kind `kind` (0 <= kind < pa_kc_nkinds()) of family f into *res.
- * Returns 0, or -1 when out of memory. Reads no global state; runs no threads. */
-int pa_kernel_check(const pa_family *f, int kind, pa_kc_result *res);
+/* Checks kind `kind` (0 <= kind < pa_kc_nkinds()) of family f (from
+ * api->choose_family) into *res. Returns 0, or -1 when out of memory. Reads
+ * no global state; runs no threads. */
+int pa_kernel_check(const pa_families_api *api, const pa_family *f, int kind, pa_kc_result *res);
 
 /* The shared vector exp of f (its vocabulary's vexp) on n values (n a
  * multiple of 16) of compute dtype `dtype`: returns VL, 0 where f has no
- * vector exp, -1 for a bad n. A test hook (pyattn._C._vexp). */
-int pa_kc_vexp(const pa_family *f, int dtype, const void *x, void *y, pa_ssize n);
+ * vector exp, -1 for a bad n. A test hook (_kcheck.vexp). */
+int pa_kc_vexp(const pa_families_api *api, const pa_family *f, int dtype, const void *x, void *y, pa_ssize n);
 
-#ifdef Py_PYTHON_H
-/* pyattn._C._kernel_check (kernel_check_py.c): the binding, for module.c's method table */
-PyObject *pa_py_kernel_check(PyObject *self, PyObject *args);
-extern const char pa_kernel_check_doc[];
-/* pyattn._C._vexp (kernel_check_py.c) */
-PyObject *pa_py_vexp(PyObject *self, PyObject *args);
-extern const char pa_vexp_doc[];
-#endif
 
 #endif
