@@ -8,10 +8,12 @@ above -(bias + 1/2) ln 2; subnormal results counted in their own ULP),
 exactly +0 below it and for -inf (masked keys), NaN for NaN, 1 for -0, +0
 and subnormal x; the arguments the kernels pass are <= 0, and a little
 above 0 in the backward (s - lse), so the positive side is checked up to
-88.37 (float32: 2^127 times p(r))."""
+88.37 (float32: 2^127 times p(r)). The exp runs through the kernel checks'
+test-only extension (tests/kcheck.py: `_kcheck.vexp`)."""
 import numpy as np
 import pytest
 
+import kcheck
 import pyattn
 from pyattn import _C
 
@@ -23,7 +25,7 @@ HI = {np.float32: 88.37, np.float64: 709.4}
 def vexp(word, x):
     x = np.ascontiguousarray(x)
     pad = (-x.size) % 16
-    ran, out = _C._vexp(pyattn._ISA_CODES[word], np.concatenate([x, np.zeros(pad, x.dtype)]))
+    ran, out = kcheck.module_or_skip().vexp(pyattn._ISA_CODES[word], np.concatenate([x, np.zeros(pad, x.dtype)]))
     if ran != word:
         pytest.skip(f"this CPU cannot run the {word} family (it would run {ran})")
     return np.frombuffer(out, x.dtype)[: x.size]
@@ -92,12 +94,13 @@ def test_specials(word, dtype):
 
 
 def test_generic_has_no_vector_exp():
+    kc = kcheck.module_or_skip()
     with pytest.raises(ValueError, match="no vector exp"):
-        _C._vexp(pyattn._ISA_CODES["generic"], np.zeros(16, np.float32))
+        kc.vexp(pyattn._ISA_CODES["generic"], np.zeros(16, np.float32))
     with pytest.raises(ValueError, match="multiple of 16"):
-        _C._vexp(-1, np.zeros(5, np.float32))
+        kc.vexp(-1, np.zeros(5, np.float32))
     with pytest.raises(ValueError, match="float32 or float64"):
-        _C._vexp(-1, np.zeros(16, np.int32))
+        kc.vexp(-1, np.zeros(16, np.int32))
 
 
 @pytest.mark.parametrize("word", SIMD)

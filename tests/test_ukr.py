@@ -1,7 +1,8 @@
 """The avx512 family's float32 GEMM micro-kernel shape per CPU class
 (csrc/ukr_select.c, pyattn/_ukr.py): the decision on given probe figures (no
 timing), PYATTN_UKR, show_config's line, and the same bits from every shape
-kept -- each GEMM edge tile against its exact twin (_C._kernel_check), matmul
+kept -- each GEMM edge tile against its exact twin (the kernel checks'
+test-only extension, tests/kcheck.py), matmul
 and attention (forward and backward) against the 12x32 shape and the avx2
 family, which the contract says give the same bits.
 
@@ -15,6 +16,7 @@ import sys
 import numpy as np
 import pytest
 
+import kcheck
 import pyattn
 from pyattn import _C
 
@@ -112,7 +114,7 @@ def test_each_shape_passes_the_edge_tile_sweep(shape, shape_of):
     cfg = shape_of(shape)
     mr, nr = (int(x) for x in shape.split("x"))
     assert cfg["gemm_f32_blocking"][:2] == (mr, nr)
-    ran, counts, failures, kernels = _C._kernel_check(AVX512, ["gemm"])
+    ran, counts, failures, kernels = kcheck.module_or_skip().kernel_check(AVX512, ["gemm"])
     assert ran == "avx512" and counts["gemm"] > 0
     assert not failures, "\n".join(failures)
     assert cfg["gemm_f32"] in kernels
