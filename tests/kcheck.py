@@ -28,6 +28,7 @@ NAME = "_kcheck"
 GCC_FLAGS = ["-std=c11", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-fno-strict-aliasing",
              "-ffp-contract=off", "-fvisibility=hidden", "-pthread"]
 MSVC_FLAGS = ["/O2", "/std:c11", "/W3"]
+KEEP = 8                                # builds kept in build/kcheck/ (sanitized, per Python ...)
 ENV = ("CC", "CFLAGS", "CPPFLAGS", "LDFLAGS", "LDSHARED")
 
 _loaded = None
@@ -67,6 +68,16 @@ def _out_dir(key):
         except OSError:
             pass
     raise OSError("no writable folder for the kernel checks' build (build/kcheck/, the temp folder)")
+
+
+def _prune(base, keep=KEEP):
+    """Drop all but the `keep` newest builds (each a folder named by its key)."""
+    try:
+        dirs = sorted((os.path.join(base, d) for d in os.listdir(base)), key=os.path.getmtime)
+    except OSError:
+        return
+    for d in dirs[:-keep]:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def _build(out_dir):
@@ -110,6 +121,7 @@ def _build(out_dir):
         built = cmd.get_ext_fullpath(NAME)
         final = os.path.join(out_dir, os.path.basename(built))
         os.replace(built, final)
+        _prune(os.path.dirname(out_dir))
         return final, None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

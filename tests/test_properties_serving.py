@@ -1,12 +1,12 @@
 """The property grid of the dense entry points
-(test_properties_v3.py) extended to every wave-3 entry point: varlen
+(test_properties_product.py) extended to every wave-3 entry point: varlen
 (forward, backward, vjp), paged caches, packed mixed batches, tree masks,
 quantized caches, block masks, rotary / cache_leftpad / cache_batch_idx,
 ``pyattn.flash`` and ``pyattn.torch``: storage dtype x NaN/inf placement x
 precision x path (tiled, decode rows, split decode), with
 
 - the dense twin of each call checked against the float64 oracle and the NaN
-  rule exactly as test_properties_v3 checks it (``check_cache_result`` /
+  rule exactly as test_properties_product checks it (``check_cache_result`` /
   ``check_forward``);
 - the wave-3 entry point equal to that dense twin **bit for bit** (API.md: a
   row's result does not depend on the batch it was computed in, nor on how
@@ -14,7 +14,7 @@ precision x path (tiled, decode rows, split decode), with
   are attention over ``dequantize(cache)`` to float32 tolerance instead;
 - results independent of the thread count (1 and 2 threads, bit for bit);
 - nothing written on an error: every allocation of the writing entry points
-  made to fail in turn (test_reliability_binding's sweep).
+  made to fail in turn (test_allocation_failures's sweep).
 
 The hypothesis profile is bounded and derandomized (reproducible in CI).
 """
@@ -26,16 +26,16 @@ from hypothesis import given, strategies as st  # noqa: E402
 
 import pyattn  # noqa: E402
 from conftest import examples  # noqa: E402
-from test_properties_v3 import (  # noqa: E402
+from test_properties_product import (  # noqa: E402
     DT, admissible, cache_case, check_cache_result, check_forward, paths, places, poison, poisons,
     seeds, sizes, storage)
-from test_properties_v3 import profile as _profile  # noqa: E402
+from test_properties_product import profile as _profile  # noqa: E402
 
 
 def profile(n):
-    """test_properties_v3's bounded, derandomized profile; n scaled by PYATTN_EXAMPLES."""
+    """test_properties_product's bounded, derandomized profile; n scaled by PYATTN_EXAMPLES."""
     return _profile(examples(n))
-from test_reliability_binding import _sweep  # noqa: E402
+from test_allocation_failures import _sweep  # noqa: E402
 
 # CI (.ci/run): a frame path / entry-point grid -- whole on the CPU's own family, a generated subset elsewhere
 pytestmark = [pytest.mark.frame]

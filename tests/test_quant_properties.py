@@ -184,6 +184,6 @@ def test_attention_over_quantized_caches_matches_the_dequantized_oracle(case):
         vv = np.repeat(vd[b, :, :m[b]], groups, axis=0)
         mag = mag_attention(q[b], kk, vv, w, scale)
         check(got[0][b], o.astype(np.float32), mag)
-        S_b = int(m[b])                                  # the log-sum-exp's error scale (test_properties_v3)
+        S_b = int(m[b])                                  # the log-sum-exp's error scale (test_properties_product)
         lmag = (4 + np.abs(np.where(np.isfinite(lse), lse, 0)) + np.log1p(S_b)) * np.sqrt(S_b + 1)
         check(got[1][b], lse.astype(np.float32), lmag)
