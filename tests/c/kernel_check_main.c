@@ -1,18 +1,21 @@
 /*
- * kernel_check_main.c -- the per-kernel checks (csrc/kernel_check.c) as a
+ * kernel_check_main.c -- the per-kernel checks (csrc/check/kernel_check.c) as a
  * plain C program, without Python: every family this build has and this CPU
  * runs, every kind; prints each kind's case count and every failure line;
  * exits 1 on a failure. For machines where Python and NumPy are not at hand
  * (a cross-compiled aarch64 binary under qemu-user, the neon family):
  *
- *   SRC="csrc/kernel_check.c csrc/dispatch.c csrc/cpu.c csrc/ops/common.c"
- *   aarch64-linux-gnu-gcc -std=c11 -O2 -ffp-contract=off -static -Icsrc \
+ *   SRC="csrc/check/kernel_check.c csrc/families_api.c csrc/dispatch.c csrc/cpu.c
+ *        csrc/ukr_select.c csrc/ops/common.c"
+ *   aarch64-linux-gnu-gcc -std=c11 -O2 -ffp-contract=off -static -Icsrc -Icsrc/check \
  *     tests/c/kernel_check_main.c $SRC csrc/kernels/ref/[a-z]*.c csrc/kernels/arm/[a-z]*.c \
  *     -lm -o build/kc_arm64
  *   qemu-aarch64-static build/kc_arm64
  *
  * (x86-64: gcc, and csrc/kernels/x86/[a-z]*.c for the arm files.) tests/test_kernels.py
- * runs the same checks through pyattn._C._kernel_check.
+ * runs the same checks through the test-only extension _kcheck (tests/kcheck.py).
+ * The checks reach the family tables through families_api.h, here linked
+ * directly (pa_families_api_table), in _kcheck through _C's capsule.
  */
 #include <stdio.h>
 
@@ -31,7 +34,7 @@ int main(void)
             continue;
         }
         for (int k = 0; k < pa_kc_nkinds(); k++) {
-            if (pa_kernel_check(f, k, &res) < 0) {
+            if (pa_kernel_check(&pa_families_api_table, f, k, &res) < 0) {
                 printf("%s %s: out of memory\n", pa_isa_name(isa), pa_kc_kind_name(k));
                 return 2;
             }
