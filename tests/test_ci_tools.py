@@ -65,3 +65,17 @@ def test_valgrind_summary_finds_pyattn_frames(tmp_path, text):
     r = run(tmp_path, text)
     assert r.returncode == 1, r.stdout
     assert "1 through pyattn's code" in r.stdout
+
+
+def test_ci_selects_tests_by_markers_not_file_lists():
+    """.ci/run names no test file but the one a step exists for (the notebooks):
+    a new test file runs in every step unless its markers say otherwise; and
+    the sanitizer step builds the kernel checks' extension with its flags."""
+    import re
+    with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as f:
+        lines = [s for s in f.read().splitlines() if not s.lstrip().startswith("#")]
+    named = {m for s in lines for m in re.findall(r"tests/(test_\w+\.py)", s) if "echo" not in s}
+    assert named <= {"test_notebooks.py"}, named
+    san = next(s for s in lines if s.startswith("san() {"))
+    body = lines[lines.index(san) + 1]
+    assert 'CFLAGS="$SAN_CFLAGS"' in body and 'LDFLAGS="$SAN_LDFLAGS"' in body, body
