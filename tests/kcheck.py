@@ -95,19 +95,14 @@ def _build(out_dir):
         cmd.build_lib = os.path.join(tmp, "lib")
         cmd.build_temp = os.path.join(tmp, "obj")
         cmd.ensure_finalized()
-        cmd.compiler = None
-        # the compiler setuptools picks (sysconfig's, CC/CFLAGS/LDFLAGS applied)
-        from setuptools._distutils.ccompiler import new_compiler
-        from setuptools._distutils.sysconfig import customize_compiler
-        cc = new_compiler()
-        customize_compiler(cc)
-        if cc.compiler_type != "msvc":
-            exe = cc.compiler_so[0]
-            if shutil.which(exe) is None:
-                return None, f"no C compiler: {exe!r} was not found (the kernel checks are compiled for the test)"
-            ext.extra_compile_args, ext.extra_link_args = GCC_FLAGS, ["-pthread"]
-        else:
+        if os.name == "nt":             # MSVC (setuptools finds it, or raises PlatformError)
             ext.extra_compile_args = MSVC_FLAGS
+        else:                           # the compiler setuptools will run: CC, else Python's own
+            cc = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "").split()
+            if not cc or shutil.which(cc[0]) is None:
+                return None, (f"no C compiler: {cc[0] if cc else 'CC'!r} was not found (the kernel checks "
+                              "are compiled for the tests: tests/kcheck.py)")
+            ext.extra_compile_args, ext.extra_link_args = GCC_FLAGS, ["-pthread"]
         cwd = os.getcwd()
         os.chdir(ROOT)                  # relative sources: objects land under build_temp
         try:
