@@ -173,16 +173,16 @@ static PyObject *py_kinds(PyObject *self, PyObject *noargs)
     const int nk = pa_kc_nkinds();
     PyObject *out = PyTuple_New(nk);
     (void)self;
-    if (!out) return NULL;
+    if (!out) goto fail;
     for (int k = 0; k < nk; k++) {
         PyObject *s = PyUnicode_FromString(pa_kc_kind_name(k));
-        if (!s) {
-            Py_DECREF(out);
-            return NULL;
-        }
+        if (!s) goto fail;
         PyTuple_SET_ITEM(out, k, s);
     }
     return out;
+fail:
+    Py_XDECREF(out);
+    return NULL;
 }
 
 static PyMethodDef methods[] = {
