@@ -17,7 +17,9 @@ cd "$(dirname "$0")/.."
 # chroot, update-binfmts, debootstrap live in sbin, which a CI shell's PATH may lack
 export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
 
-# every family: the kernels against their portable twins, the recorded bits,
+# every family: the kernels against their portable twins (tests/test_kernels.py
+# builds the test-only extension of the checks in the root: tests/kcheck.py, with
+# the root's gcc and setuptools), the recorded bits,
 # the exp, the reference and the errors; the frame paths (which the x86 families
 # already ran on the same portable C) on the SIMD family only (neon), which
 # keeps this stage inside CI's time budget
