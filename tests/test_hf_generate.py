@@ -76,10 +76,11 @@ def _generate(m, impl, ids, am, cache):
 
 class _PlanSpy:
     """Counts pyattn.transformers' step plans: derived (_derive), run
-    (_Step.run), and the rows of the NumPy calls they make."""
+    (_Step.run; direct: by the NumPy call itself), and the rows of the NumPy
+    calls they make."""
 
     def __init__(self, monkeypatch):
-        self.derived = self.runs = 0
+        self.derived = self.runs = self.direct = 0
         self.rows = []
         derive, run, call = pht._derive, pht._Step.run, pht._api.scaled_dot_product_attention
 
@@ -89,6 +90,7 @@ class _PlanSpy:
 
         def spy_run(plan, *a, **kw):
             self.runs += 1
+            self.direct += bool(plan.direct)
             return run(plan, *a, **kw)
 
         def spy_call(q, *a, **kw):
@@ -123,6 +125,8 @@ def test_generate_equals_sdpa(name, cache, batch, monkeypatch):
     assert spy.rows.count(12) == layers
     assert spy.rows.count(group) == (NEW - 1) * layers
     assert len(spy.rows) == NEW * layers
+    # no gradient wanted: every layer's call is the plan's direct NumPy call (no custom op dispatch)
+    assert spy.direct == spy.runs
 
 
 @pytest.mark.parametrize("cache", [None, "static"], ids=["dynamic", "static"])
