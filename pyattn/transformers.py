@@ -81,6 +81,11 @@ def _analyse(mask, L, S, sliding_window):
     m = _as_bool(mask)
     if m is None:
         return None
+    if L == 1:
+        # one query row (a decode step): a causal rule or window bottom-right leaves it every
+        # key the row admits, so the row is the key padding (the general test below finds the
+        # same); in NumPy, a few microseconds
+        return False, None, (None if _np(m).all() else m)
     m = m[:, 0]                                           # (B, L, S)
     pad = m.any(dim=1)                                    # (B, S): keys some row may see
     i = torch.arange(L).view(L, 1) + (S - L)
@@ -313,9 +318,9 @@ def _derive(query, key, value, mask, causal, sliding_window, scaling, softcap, d
             # a decode step on a static cache, no key padded: the mask only hides the
             # unfilled rows past the filled n; the keys cut to those n instead (the same
             # keys, weight 0 for the others either way), and no mask to pass
-            row = mask[:, 0, 0, :]
+            row = _np(mask)[:, 0, 0, :]
             n = int(row[0].sum())
-            if 0 < n < S and bool(row[:, :n].all()) and not bool(row[:, n:].any()):
+            if 0 < n < S and row[:, :n].all() and not row[:, n:].any():
                 p.cut, S, mask = n, n, None
     Hq, Hkv = query.shape[1], key.shape[1]
     p.mask, p.causal, p.window = mask, causal, window
