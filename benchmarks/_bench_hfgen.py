@@ -198,11 +198,13 @@ def hfgen_tables(rows):
            "model.generate, greedy, float32, models built from configs; prefill = the generate call's first "
            "forward, decode = its other forwards (ms per token); x = sdpa's (eager's) time / pyattn's "
            "(above 1: pyattn is faster); attn % = the share of the forward spent in the attention function "
-           "(pyattn / sdpa / eager); own us = pyattn.transformers' time per attention call outside pyattn's "
-           "C calls (prefill; decode median). Medians over the rounds.", "",
+           "(pyattn / sdpa / eager); attn x sdpa = sdpa's attention time / pyattn's (the attention alone); "
+           "own us = pyattn.transformers' time per attention call outside pyattn's C calls (prefill; decode "
+           "median). Medians over the rounds.", "",
            "| model | shape | cache | thr | prefill ms pyattn / sdpa / eager | x sdpa | x eager | attn % | "
-           "decode ms/tok pyattn / sdpa / eager | x sdpa | x eager | attn % | own us/call | tokens = sdpa's |",
-           "|" + "---|" * 14]
+           "attn x sdpa | decode ms/tok pyattn / sdpa / eager | x sdpa | x eager | attn % | attn x sdpa | "
+           "own us/call | tokens = sdpa's |",
+           "|" + "---|" * 16]
     groups = {}
     for r in rs:
         groups.setdefault((r["model"], r["shape"], r["cache"], r["threads"]), {})[r["impl"]] = r
@@ -215,7 +217,8 @@ def hfgen_tables(rows):
             return (f"{p[key]:.1f} / {s[key]:.1f} / {e[key]:.1f}" if key == "prefill_ms" else
                     f"{p[key]:.2f} / {s[key]:.2f} / {e[key]:.2f}",
                     f"{s[key] / p[key]:.2f}x", f"{e[key] / p[key]:.2f}x",
-                    " / ".join(f"{100 * x[akey] / x[key]:.0f}" for x in (p, s, e)))
+                    " / ".join(f"{100 * x[akey] / x[key]:.0f}" for x in (p, s, e)),
+                    f"{s[akey] / p[akey]:.2f}x")
         pre, dec = part("prefill_ms", "prefill_attn_ms"), part("decode_ms", "decode_attn_ms")
         same = "yes" if p["same_tokens_as_sdpa"] else "no"
         out.append(f"| {model} | {shape} | {cache} | {thr} | " + " | ".join(pre) + " | " + " | ".join(dec) +
@@ -237,7 +240,9 @@ def hfgen_targets(rows, line):
             continue
         a, b = s["prefill_ms"] / p["prefill_ms"], s["decode_ms"] / p["decode_ms"]
         share = (f"attention {100 * p['prefill_attn_ms'] / p['prefill_ms']:.0f} % / "
-                 f"{100 * p['decode_attn_ms'] / p['decode_ms']:.0f} % of pyattn's prefill / decode step")
+                 f"{100 * p['decode_attn_ms'] / p['decode_ms']:.0f} % of pyattn's prefill / decode step, "
+                 f"attention alone {s['prefill_attn_ms'] / p['prefill_attn_ms']:.2f}x / "
+                 f"{s['decode_attn_ms'] / p['decode_attn_ms']:.2f}x sdpa's")
         line(f"issue 38: HF generate {model} {shape}, {cache} cache, {thr} thr, prefill and decode vs sdpa ({share})",
              f"{a:.2f}x, {b:.2f}x", ">= 1.0x both", a >= 1.0 and b >= 1.0)
         own = max(p["own_prefill_us"], p["own_decode_us"])
