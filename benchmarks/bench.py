@@ -31,7 +31,9 @@ worker, and the time as % of it (a column, the "Decode roofline" table with
 each cache dtype's speed against the float32 cache, and roof_* fields in the
 JSON rows): see _roof and _roofline. `--only percall` times the fixed cost of
 a tiny decode call per entry point against PyTorch's SDPA, with a breakdown
-of attention_with_kvcache (issue 38). The worker imports pyattn from outside
+of attention_with_kvcache (issue 38); `--only hfgen` (run only when named)
+times Hugging Face `model.generate` with "pyattn", "sdpa" and "eager"
+(benchmarks/_bench_hfgen.py, issue 38). The worker imports pyattn from outside
 the source tree: to time a build in place, put its folder on PYTHONPATH
 (`PYTHONPATH=$PWD python benchmarks/bench.py ...`).
 """
@@ -1792,8 +1794,8 @@ def main():
     ap.add_argument("--no-memory", action="store_true", help="skip the 32768-token memory probe")
     ap.add_argument("--only", default=None, help="comma-separated sections to run: matmul, sdpa, decode, "
                     "generation (kvdecode: its decode rows alone), quant, training, varlen, bf16, mha, flash, paged, "
-                    "percall, shared, groups, blockmask, hf (default: all); hfgen (Hugging Face generate, issue 38: only when "
-                    "named)")
+                    "percall, shared, groups, blockmask, hf (default: all); hfgen (Hugging Face generate, "
+                    "issue 38: only when named)")
     ap.add_argument("--from-json", default=None, help="re-render the table, targets and plot from a saved "
                     "results.json instead of measuring")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
