@@ -31,7 +31,9 @@ worker, and the time as % of it (a column, the "Decode roofline" table with
 each cache dtype's speed against the float32 cache, and roof_* fields in the
 JSON rows): see _roof and _roofline. `--only percall` times the fixed cost of
 a tiny decode call per entry point against PyTorch's SDPA, with a breakdown
-of attention_with_kvcache (issue 38). The worker imports pyattn from outside
+of attention_with_kvcache (issue 38); `--only hfgen` (run only when named)
+times Hugging Face `model.generate` with "pyattn", "sdpa" and "eager"
+(benchmarks/_bench_hfgen.py, issue 38). The worker imports pyattn from outside
 the source tree: to time a build in place, put its folder on PYTHONPATH
 (`PYTHONPATH=$PWD python benchmarks/bench.py ...`).
 """
@@ -379,6 +381,10 @@ def worker(args):
         sys.path.insert(0, HERE)
         from _bench_hf import hf
         hf(args, rng, run, torch)
+    if args.only and "hfgen" in args.only.split(","):   # issue 38: HF generation (only when named)
+        sys.path.insert(0, HERE)
+        from _bench_hfgen import hfgen
+        hfgen(args, emit, torch)
     from pyattn import _C
     bf16_emulated = _C.config()["gemm_bf16"].endswith("_ref")      # the portable scalar emulation
     if want("bf16") and args.quick and bf16_emulated and not args.only:
@@ -1589,6 +1595,8 @@ def targets(rows, mem):
                 ratio = c["min_ms"] / r["min_ms"]
                 line(f"mixed batch {r['shape']}, {r['threads']} thr, vs the parts", f"{ratio:.2f}x", ">= 0.9x",
                      ratio >= 0.9)
+                line(f"issue 38: mixed prefill + decode batch {r['shape']}, {r['threads']} thr, vs the sum of its "
+                     "parts", f"{ratio:.2f}x", ">= 0.95x", ratio >= 0.95)
     # MQA / MLA decode (issue 41): % of the FMA peak, head dims against E = 256
     for r in data:
         if r["op"] != "group decode" or not peak.get(r["threads"]):
@@ -1715,6 +1723,8 @@ def targets(rows, mem):
     sys.path.insert(0, HERE)
     from _bench_hf import hf_targets      # pyattn in PyTorch and transformers
     hf_targets(data, get, line)
+    from _bench_hfgen import hfgen_targets    # issue 38: HF generation
+    hfgen_targets(rows, line)
     if mem is not None:
         line("causal L=S=32768 E=64: peak memory growth", f"{mem:.1f} MB", "< 64 MB", mem < 64)
     # FlashAttention's interface (pyattn.flash): within 5 % of pyattn's own API;
@@ -1784,7 +1794,8 @@ def main():
     ap.add_argument("--no-memory", action="store_true", help="skip the 32768-token memory probe")
     ap.add_argument("--only", default=None, help="comma-separated sections to run: matmul, sdpa, decode, "
                     "generation (kvdecode: its decode rows alone), quant, training, varlen, bf16, mha, flash, paged, "
-                    "percall, shared, groups, blockmask, hf (default: all)")
+                    "percall, shared, groups, blockmask, hf (default: all); hfgen (Hugging Face generate, "
+                    "issue 38: only when named)")
     ap.add_argument("--from-json", default=None, help="re-render the table, targets and plot from a saved "
                     "results.json instead of measuring")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -1885,8 +1896,11 @@ def main():
                     "during the call, beyond its inputs and output (the (L, S) float32 matrix would be 4096 MB)")
     roof = roofline_table(rows)
     pc = percall_tables(rows)
+    from _bench_hfgen import hfgen_tables
+    hg = hfgen_tables(rows)
     text = "\n".join("- " + h for h in head) + "\n\n" + tab + \
         ("\n\n## Decode roofline\n\n" + roof if roof else "") + (("\n\n" + pc) if pc else "") + \
+        (("\n\n" + hg) if hg else "") + \
         "\n\n## Performance targets\n\n" + targets(rows, mem) + "\n"
     if args.md and not args.from_json:
         with open(os.path.splitext(os.path.abspath(args.md))[0].lower() + ".json", "w") as f:

@@ -24,9 +24,12 @@ A model calls the attention function once per layer per step with the same
 shapes, mask and options: the first layer of a step works out the call (the
 mask's structure, the causal rule and window, the kind of call -- a plan of
 the step) and the other layers find it by those values (the mask by identity
-and version) and only run it; a decode step without a mask then goes
-straight to pyattn's NumPy call on the tensors' memory. The results are
-those of working every call out anew, bit for bit.
+and version) and only run it. A call that wants no gradient (inference,
+``model.generate``) then goes straight to pyattn's NumPy call on the
+tensors' memory, past the custom op's dispatch; a decode step on a static
+cache with no key padded reads only the filled rows (its mask, which only
+hides the unfilled ones, is dropped). The results are those of working
+every call out anew, bit for bit.
 
 Importing this module imports torch and transformers (``import pyattn``
 alone does not).
@@ -39,7 +42,7 @@ from typing import Any, Optional, Tuple
 import torch
 
 from . import _api, torch as _pt
-from ._checks import real_scalar, softcap_value
+from ._checks import causal_code, real_scalar, softcap_value, window_value
 
 __all__ = ["register", "attention_forward"]
 
@@ -78,6 +81,11 @@ def _analyse(mask, L, S, sliding_window):
     m = _as_bool(mask)
     if m is None:
         return None
+    if L == 1:
+        # one query row (a decode step): a causal rule or window bottom-right leaves it every
+        # key the row admits, so the row is the key padding (the general test below finds the
+        # same); in NumPy, a few microseconds
+        return False, None, (None if _np(m).all() else m)
     m = m[:, 0]                                           # (B, L, S)
     pad = m.any(dim=1)                                    # (B, S): keys some row may see
     i = torch.arange(L).view(L, 1) + (S - L)
@@ -232,20 +240,33 @@ def _np(t):
 class _Step:
     """A call's plan (attention_forward's derivation, see _steps): run it on a
     layer's query, key and value."""
-    __slots__ = ("cut", "mask", "causal", "window", "decode", "fast", "scale", "cap", "qshape", "oshape", "to")
+    __slots__ = ("cut", "mask", "causal", "window", "decode", "direct", "npmask", "causal_arg", "win", "scale",
+                 "cap", "qshape", "oshape", "to")
 
     def run(self, query, key, value, scaling, dropout, softcap, s_aux):
-        if self.cut is not None:            # prefill into an empty static cache: its filled rows
-            key, value = key[:, :, :self.cut], value[:, :, :self.cut]
-        if self.fast and query.is_cpu and key.is_cpu and value.is_cpu and _pt._plain(query, key, value):
-            # a decode step without a mask: what pyattn.torch does for it (the same NumPy call,
-            # on the tensors' memory), its checks made by the step's first layer
-            res = _api.scaled_dot_product_attention(_np(query).reshape(self.qshape), _np(key), _np(value),
-                                                    None, 0.0, False, self.scale, False,
-                                                    window=None, softcap=self.cap, precision=None,
-                                                    return_lse=False)
-            out = torch.from_numpy(res.reshape(self.oshape))
+        if self.direct and query.is_cpu and key.is_cpu and value.is_cpu and _pt._plain(query, key, value):
+            # nothing for autograd, autocast, torch.compile or a mode to see: the NumPy call
+            # pyattn.torch makes (the same arguments, on the tensors' memory) without the custom
+            # op's dispatch (issue 38: a decode step's own cost), pyattn.torch's checks of
+            # dtypes, devices and the mask made by _derive
+            k, v = _np(key), _np(value)
+            if self.cut is not None:        # a static cache: its filled rows
+                k, v = k[:, :, :self.cut], v[:, :, :self.cut]
+            if self.decode:
+                res = _api.scaled_dot_product_attention(_np(query).reshape(self.qshape), k, v,
+                                                        self.npmask, 0.0, False, self.scale, False,
+                                                        window=None, softcap=self.cap, precision=None,
+                                                        return_lse=False)
+                out = torch.from_numpy(res.reshape(self.oshape))
+            else:
+                res = _api.scaled_dot_product_attention(_np(query), k, v, self.npmask, 0.0,
+                                                        self.causal_arg, self.scale, query.shape[1] != key.shape[1],
+                                                        window=self.win, softcap=self.cap, precision=None,
+                                                        return_lse=False)
+                out = torch.from_numpy(res).transpose(1, 2).contiguous()
             return (out if self.to is None else out.to(self.to)), None
+        if self.cut is not None:            # a static cache: its filled rows
+            key, value = key[:, :, :self.cut], value[:, :, :self.cut]
         B, Hq, Hkv = query.shape[0], query.shape[1], key.shape[1]
         if self.decode:
             q = query.reshape(B, Hkv, Hq // Hkv, query.shape[-1])
@@ -292,6 +313,15 @@ def _derive(query, key, value, mask, causal, sliding_window, scaling, softcap, d
         else:
             causal, left, mask = found
             window = None if left is None else (left, 0)
+        if (mask is not None and L == 1 and window is None and mask.dtype == torch.bool
+                and mask.shape[1] == mask.shape[2] == 1):
+            # a decode step on a static cache, no key padded: the mask only hides the
+            # unfilled rows past the filled n; the keys cut to those n instead (the same
+            # keys, weight 0 for the others either way), and no mask to pass
+            row = _np(mask)[:, 0, 0, :]
+            n = int(row[0].sum())
+            if 0 < n < S and row[:, :n].all() and not row[:, n:].any():
+                p.cut, S, mask = n, n, None
     Hq, Hkv = query.shape[1], key.shape[1]
     p.mask, p.causal, p.window = mask, causal, window
     p.decode = (L == 1 and Hq != Hkv and Hq % Hkv == 0 and window is None and s_aux is None and not dropout
@@ -299,7 +329,15 @@ def _derive(query, key, value, mask, causal, sliding_window, scaling, softcap, d
     # a decode step with grouped heads: each key/value head's query heads as rows of one
     # (Hq/Hkv)-row query against it (key/value read once per group; as transformers'
     # sdpa path packs them); a mask for the keys only broadcasts over those rows
-    p.fast = p.decode and mask is None and p.cut is None
+    # the direct NumPy call (_Step.run) where pyattn.torch would make it too: no dropout, no sinks,
+    # query, key and value of one of its dtypes, a plain CPU mask (bool or float) wanting no gradient
+    dts = (query.dtype, key.dtype, value.dtype)
+    p.direct = (not dropout and s_aux is None and dts[0] == dts[1] == dts[2] and dts[0] in _pt._FLOATS
+                and (mask is None or (type(mask) is torch.Tensor and mask.is_cpu and not mask.requires_grad
+                                      and mask.dtype in (torch.bool, torch.float32, torch.float64))))
+    p.npmask = _pt._numpy(mask) if p.direct and mask is not None else None
+    p.causal_arg = _pt._CAUSAL[causal_code("bottom_right" if causal else False)]
+    p.win = _pt._window(*window_value(window))
     B, E, Ev = query.shape[0], query.shape[-1], value.shape[-1]
     p.qshape, p.oshape = (B, Hkv, Hq // max(Hkv, 1), E), (B, 1, Hq, Ev)
     p.to = None if query.dtype in (torch.float32, torch.float64) else query.dtype
