@@ -212,7 +212,7 @@ int pa_attn_call_of(const pa_call_args *a, pa_attn_call *c, pa_view *qkv)
     c->right = window_side(a->right, S, L, c->qoff);
     if (get_cu(a, c) < 0) return -1;
     if (a->qsc && pa_bind_kv_scales(a->k_scale, a->v_scale, c, a->want_w, a->qsc) < 0) return -1;
-    if (a->q8 && (!c->kv_scales || (c->k_dt != PA_I8 && c->k_dt != PA_I4) || a->want_w || c->E > PA_FLASH_MAXD)) {
+    if (a->q8 && (!pa_call_quant(c) || (c->k_dt != PA_I8 && c->k_dt != PA_I4) || a->want_w || c->E > PA_FLASH_MAXD)) {
         PyErr_Format(PyExc_ValueError, "precision='int8' needs an int8 or int4 key cache (with k_scale), "
                                        "no weights and a head dim of at most %d", PA_FLASH_MAXD);
         return -1;

@@ -23,7 +23,7 @@ typedef struct {
     Py_ssize_t left, right, row_div;
     PyObject *cuq, *cuk;        /* packed sequences' offsets (varlen), or None */
     PyObject *k_scale, *v_scale;    /* a quantized cache's scales, or None */
-    pa_kv_scales *qsc;              /* where pa_attn_call_of puts them (NULL: not accepted) */
+    pa_cache *qsc;                  /* where pa_attn_call_of puts them (NULL: not accepted) */
     int paged;                      /* a paged cache: cu_seqlens_q alone (ops/paged_packed.c) */
     int seq_align;                  /* varlen: each sequence bottom-right aligned (align=) */
 } pa_call_args;

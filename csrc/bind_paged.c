@@ -1,6 +1,6 @@
 /*
  * bind_paged.c -- _C.sdpa's paged caches (bind_paged.h): the pools and the
- * block table checked and described for the frame (ops/paged.h), and the
+ * block table checked and described for the frame (pa_cache, ops/ops.h), and the
  * new rows written into their pages by the call's `before` hook (once
  * everything is allocated: a failing call writes nothing). pyattn/_paged.py
  * gives the user-facing checks and messages; these repeat what the C code
@@ -36,7 +36,7 @@ static int get_arr(PyObject *o, const char *name, int nd, int want_dt, int write
 /* the physical element offset of logical row r of sequence b in a pool */
 static pa_ssize page_off(const pa_paged_append *ap, int x, pa_ssize b, pa_ssize h, pa_ssize r)
 {
-    const pa_paged *pg = ap->pg;
+    const pa_cache *pg = ap->pg;
     const int64_t blk = pg->table[b * pg->tbs[0] + r / pg->block_size];
     return (pa_ssize)blk * ap->pst[x][0] + h * ap->pst[x][1] + (r % pg->block_size) * ap->pst[x][2];
 }
@@ -111,7 +111,7 @@ static int get_rot(PyObject *o, const parr *pool, pa_paged_append *ap)
 
 /* packed new rows (cu_seqlens_q): key / value (total, H, E / Ev) as the pools
  * are stored, positions (nseq,) int64, each with pos + T_i <= the table's rows */
-static int get_rows_packed(PyObject *o, const parr *pool, pa_attn_call *c, pa_paged *pg, pa_paged_append *ap)
+static int get_rows_packed(PyObject *o, const parr *pool, pa_attn_call *c, const pa_cache *pg, pa_paged_append *ap)
 {
     static const char *rn[2] = {"key", "value"};
     if (get_rot(o, pool, ap) < 0) return -1;
@@ -161,7 +161,7 @@ static int get_rows_packed(PyObject *o, const parr *pool, pa_attn_call *c, pa_pa
 
 /* the new rows: key / value (B, H, T, E / Ev) as the pools are stored, and
  * their positions (B,) int64, each with pos + T <= the table's rows */
-static int get_rows(PyObject *o, const parr *pool, pa_attn_call *c, pa_paged *pg, pa_paged_append *ap)
+static int get_rows(PyObject *o, const parr *pool, pa_attn_call *c, const pa_cache *pg, pa_paged_append *ap)
 {
     static const char *rn[2] = {"key", "value"};
     if (get_rot(o, pool, ap) < 0) return -1;
@@ -185,7 +185,7 @@ static int get_rows(PyObject *o, const parr *pool, pa_attn_call *c, pa_paged *pg
         ap->es[x] = pa_elsize(pool[x].dtype);
         ap->bits[x] = bits;
         if (bits) {                         /* its scale pool (bind_scale_pools) */
-            const pa_kv_scales *qs = (const pa_kv_scales *)c->kv_scales;
+            const pa_cache *qs = pg;
             const pa_operand *so = x ? &qs->vs : &qs->ks;
             ap->sc[x] = (float *)(uintptr_t)so->p;
             ap->sst[x][0] = x ? qs->vs_blk : qs->ks_blk;
@@ -240,7 +240,7 @@ static int get_rows(PyObject *o, const parr *pool, pa_attn_call *c, pa_paged *pg
  * Hkv, block_size, D / G) for each quantized pool (G: the stand-ins' group,
  * in qs), None for a float one; then qs's operands read them (per flat b the
  * pool's [0, h, 0, 0]; rows through the block table) */
-static int bind_scale_pools(PyObject *paged, int writeable, const parr *pool, pa_kv_scales *qs)
+static int bind_scale_pools(PyObject *paged, int writeable, const parr *pool, pa_cache *qs)
 {
     static const char *sn[2] = {"k_scale", "v_scale"};
     pa_operand *op[2] = {&qs->ks, &qs->vs};
@@ -275,12 +275,12 @@ static int bind_scale_pools(PyObject *paged, int writeable, const parr *pool, pa
     return 0;
 }
 
-int pa_bind_paged(PyObject *paged, PyObject *append, pa_attn_call *c, pa_paged *pg, pa_paged_append *ap)
+int pa_bind_paged(PyObject *paged, PyObject *append, pa_attn_call *c, pa_cache *pg, pa_paged_append *ap)
 {
     static const char *pn[2] = {"k_cache", "v_cache"};
     if (PyArray_API == NULL && _import_array() < 0) return -1;   /* this file's NumPy API table (NumPy 1.x and 2.x) */
     memset(ap, 0, sizeof *ap);                         /* (bits[], cu: 0 unless set below) */
-    pa_kv_scales *qs = (pa_kv_scales *)c->kv_scales;    /* py_sdpa's own: rebound below */
+    pa_cache *qs = pa_call_quant(c) ? pg : NULL;        /* its scales' stand-ins: rebound below */
     if (!PyTuple_Check(paged) || PyTuple_GET_SIZE(paged) != (qs ? 5 : 3)) {
         PyErr_SetString(PyExc_TypeError, qs ? "paged must be (k_pool, v_pool, block_table, k_scale_pool, "
                                               "v_scale_pool) with k_scale / v_scale"
@@ -315,8 +315,8 @@ int pa_bind_paged(PyObject *paged, PyObject *append, pa_attn_call *c, pa_paged *
                         "table's rows, Hkv = the pools' heads, and S = its columns x block_size (>= 1)");
         return -1;
     }
-    memset(pg, 0, sizeof *pg);
     pg->table = (const int64_t *)tb.data;
+    memset(pg->tbs, 0, sizeof pg->tbs);
     pg->tbs[0] = tb.st[0];
     pg->block_size = bs;
     pg->k_blk = pool[0].st[0]; pg->v_blk = pool[1].st[0];
@@ -325,10 +325,10 @@ int pa_bind_paged(PyObject *paged, PyObject *append, pa_attn_call *c, pa_paged *
     for (int x = 0; x < 2; x++) {             /* element [0, h, 0, 0] of the pool per flat b */
         kv[x]->p = pool[x].data;
         for (int d = 0; d < c->bt.nb; d++) kv[x]->bs[d] = d == (packed ? 0 : 1) ? pool[x].st[1] : 0;
-        kv[x]->rs = 0;                       /* rows through the table (pa_attn_krow) */
+        kv[x]->rs = 0;                       /* rows through the table (pa_kv_row) */
         kv[x]->cs = pool[x].st[3];
     }
-    c->block_table = pg;
+    c->cache = pg;
     if (qs && bind_scale_pools(paged, append != Py_None, pool, qs) < 0) return -1;
     for (pa_ssize i = 0; packed && i < c->nseq; i++) {  /* the rows each sequence reads (any head) */
         int64_t n = 0;
@@ -344,7 +344,7 @@ int pa_bind_paged(PyObject *paged, PyObject *append, pa_attn_call *c, pa_paged *
     if (packed) return append == Py_None ? 0 : get_rows_packed(append, pool, c, pg, ap);
     for (pa_ssize b = 0; b < c->bt.count; b++) {   /* the rows the call reads */
         const pa_ssize n = c->kv_len ? (pa_ssize)c->kv_len[b] : c->S;
-        if (check_entries(pa_paged_row(c, b), n, bs, nblocks, pa_batch_offset(&c->bt, pg->tbs, b) / (tb.st[0] ? tb.st[0] : 1)) < 0)
+        if (check_entries(pa_cache_table_row(c, b), n, bs, nblocks, pa_batch_offset(&c->bt, pg->tbs, b) / (tb.st[0] ? tb.st[0] : 1)) < 0)
             return -1;
     }
     return append == Py_None ? 0 : get_rows(append, pool, c, pg, ap);

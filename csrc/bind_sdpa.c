@@ -106,14 +106,15 @@ PyObject *pa_py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = PA_SDPA_KWLIST(F);
     pa_call_args a;
-    pa_kv_scales qsc;
+    pa_cache cache;                     /* a paged / quantized cache: the call's one (ops.h) */
     pa_call_args_init(&a, PA_ALLOW_16 | PA_ALLOW_Q);
-    a.qsc = &qsc;
+    memset(&cache, 0, sizeof cache);
+    cache.kG = cache.vG = 1;
+    a.qsc = &cache;
     PyObject *outo = Py_None, *appo = Py_None, *pago = Py_None, *bmo = Py_None;
     pa_bm_arg bma = {.nbuf = 0};
     int req_threads = 0, want_lse = 0;
     pa_kv_append ap;
-    pa_paged pg;
     pa_paged_append pap;
     pa_attn_call c;
     pa_view qkv[3], o, w, lv;
@@ -122,7 +123,7 @@ PyObject *pa_py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
         return NULL;
     a.paged = pago != Py_None;
     if (pa_attn_call_of(&a, &c, qkv) < 0) goto fail;
-    if (((appo != Py_None && pago == Py_None) || c.kv_scales || (bmo != Py_None && pago != Py_None)) &&
+    if (((appo != Py_None && pago == Py_None) || pa_call_quant(&c) || (bmo != Py_None && pago != Py_None)) &&
         c.cu_seqlens_q) {
         PyErr_SetString(PyExc_ValueError, "cu_seqlens exclude append (but for a paged cache), quantized caches "
                         "and block_mask with a paged cache");
@@ -130,7 +131,7 @@ PyObject *pa_py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
     }
     if (pa_bm_get(bmo, &c, &bma) < 0) goto fail;
     if (pago != Py_None) {              /* a paged cache (bind_paged.c), checked in full */
-        if (pa_bind_paged(pago, appo, &c, &pg, &pap) < 0) goto fail;
+        if (pa_bind_paged(pago, appo, &c, &cache, &pap) < 0) goto fail;
     } else if (appo != Py_None) {       /* checked in full before anything is allocated */
         if (pa_get_append(appo, &ap) < 0) goto fail;
         c.before = pa_kv_append_run;
