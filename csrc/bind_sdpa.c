@@ -115,7 +115,6 @@ PyObject *pa_py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
     pa_bm_arg bma = {.nbuf = 0};
     int req_threads = 0, want_lse = 0;
     pa_kv_append ap;
-    pa_paged_append pap;
     pa_attn_call c;
     pa_view qkv[3], o, w, lv;
     PyArrayObject *res = NULL, *wres = NULL, *lres = NULL;
@@ -131,7 +130,7 @@ PyObject *pa_py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
     }
     if (pa_bm_get(bmo, &c, &bma) < 0) goto fail;
     if (pago != Py_None) {              /* a paged cache (bind_paged.c), checked in full */
-        if (pa_bind_paged(pago, appo, &c, &cache, &pap) < 0) goto fail;
+        if (pa_bind_paged(pago, appo, &c, &cache, &ap) < 0) goto fail;
     } else if (appo != Py_None) {       /* checked in full before anything is allocated */
         if (pa_get_append(appo, &ap) < 0) goto fail;
         c.before = pa_kv_append_run;
