@@ -25,14 +25,19 @@ static void widen_rows(const pa_family *f, int sd, const void *p, pa_ssize rs, p
     }
 }
 
-/* n rows of a quantized operand (bits 8 / 4; rows of bytes at p + r * rs,
- * their scales at sc + r * srs, groups of G), dequantized into dst (row
- * stride ld) by the family's qwiden: the tiled paths' key tiles */
-static void qwiden_rows(const pa_family *f, int bits, const void *p, pa_ssize rs, const float *sc,
-                        pa_ssize srs, pa_ssize G, pa_ssize n, pa_ssize cols, float *dst, pa_ssize ld)
+/* n rows of a quantized K (v = 0) or V (v = 1) from key j, within one
+ * block (a run: pa_kv_run), dequantized into dst (row stride ld) by the
+ * family's qwiden, rows and scales read through the accessor: the tiled
+ * paths' key tiles */
+static void qwiden_rows(const pa_family *f, const pa_attn_args *a, int v, pa_ssize j, pa_ssize n, float *dst,
+                        pa_ssize ld)
 {
-    for (pa_ssize r = 0; r < n; r++)
-        f->qwiden.fn(dst + r * ld, (const char *)p + r * rs, sc + r * srs, cols, G, bits);
+    const char *p = (const char *)(v ? a->v : a->k) + pa_kv_row(&a->kv, v ? PA_KV_V : PA_KV_K, j);
+    const float *sc = (v ? a->kv.vs : a->kv.ks) + pa_kv_row(&a->kv, v ? PA_KV_VS : PA_KV_KS, j);
+    const pa_ssize rs = v ? a->v_rs : a->k_rs, srs = a->kv.rs[v ? PA_KV_VS : PA_KV_KS];
+    const pa_ssize cols = v ? a->Ev : a->E, G = v ? a->kv.vG : a->kv.kG;
+    const int bits = pa_qbits(v ? a->v_dt : a->k_dt);
+    for (pa_ssize r = 0; r < n; r++) f->qwiden.fn(dst + r * ld, p + r * rs, sc + r * srs, cols, G, bits);
 }
 
 #define PA_TEMPLATE "ops/attn_flash.inc"
