@@ -1,5 +1,7 @@
 /*
- * bind_append.c -- the contiguous KV cache append (bind_append.h).
+ * bind_append.c -- the contiguous KV cache append (bind_append.h): the
+ * checks of append=; the rows are written by THE append's writer
+ * (bind_paged.c, pa_kv_append_run), the identity table.
  *
  * Shape legend: B batch, H heads, T new rows, S_max cache rows, E / Ev head
  * dims of k / v.
@@ -11,38 +13,6 @@
 #include "ops/quant.h"
 
 #include <string.h>
-
-void pa_kv_append_run(void *ctx)
-{
-    const pa_kv_append *a = (const pa_kv_append *)ctx;
-    for (int x = 0; x < 2; x++) {
-        const pa_ssize es = (pa_ssize)a->es[x], D = a->D[x];
-        const pa_ssize res = a->rot && x == 0 ? (pa_ssize)pa_elsize(a->rope.dt) : es;   /* the rows' */
-        const pa_ssize *cs = a->cst[x], *rs = a->rst[x];
-        for (pa_ssize b = 0; b < a->B; b++)
-            for (pa_ssize h = 0; h < a->H; h++)
-                for (pa_ssize t = 0; t < a->T; t++) {
-                    const pa_ssize at = b * cs[0] + h * cs[1] + ((pa_ssize)a->pos[b] + t) * cs[2];
-                    const char *src = a->rows[x] + (b * rs[0] + h * rs[1] + t * rs[2]) * res;
-                    char *dst = a->cache[x] + (a->bits[x] ? at : at * es);
-                    const int rot = a->rot && x == 0;
-                    float tmp[PA_QROT_MAXD];
-                    if (rot && a->bits[x])  /* rotated, then quantized */
-                        pa_rope_row(&a->rope, (pa_ssize)a->pos[b] + t, src, PA_F32, rs[3], tmp, PA_F32, 1, D);
-                    if (a->bits[x]) {       /* finite: pa_get_append checked every row */
-                        const pa_ssize *ss = a->sst[x];
-                        float *srow = a->sc[x] + b * ss[0] + h * ss[1] + ((pa_ssize)a->pos[b] + t) * ss[2];
-                        (void)pa_quant_row(a->bits[x], rot ? tmp : (const float *)src, rot ? 1 : rs[3], D,
-                                           a->G[x], dst, cs[3], srow, ss[3]);
-                    } else if (rot)
-                        pa_rope_row(&a->rope, (pa_ssize)a->pos[b] + t, src, a->rope.dt, rs[3], dst, a->kdt, cs[3], D);
-                    else if (cs[3] == 1 && rs[3] == 1)
-                        memmove(dst, src, (size_t)(D * es));
-                    else
-                        for (pa_ssize e = 0; e < D; e++) memmove(dst + e * cs[3] * es, src + e * rs[3] * es, (size_t)es);
-                }
-    }
-}
 
 /* append = (k_cache, v_cache, key, value, positions (B,) int64[, k_scale,
  * v_scale][, rotary]): validated in full here, before the call allocates or
@@ -92,6 +62,7 @@ int pa_get_append(PyObject *o, pa_kv_append *ap)
                                          "[, k_scale, v_scale][, rotary])");
         return -1;
     }
+    memset(ap, 0, sizeof *ap);          /* (table, cu: NULL) */
     ap->rot = na == 6 || na == 8;
     pa_view c[2], r[2];
     for (int x = 0; x < 2; x++)
@@ -106,12 +77,13 @@ int pa_get_append(PyObject *o, pa_kv_append *ap)
             pa_shape_error(rn[x], &r[x], cn[x], &c[x]);
             return -1;
         }
-        ap->cache[x] = c[x].data;
+        ap->pool[x] = c[x].data;
         ap->rows[x] = r[x].data;
-        memcpy(ap->cst[x], c[x].st, sizeof(ap->cst[x]));
+        memcpy(ap->pst[x], c[x].st, sizeof(ap->pst[x]));
         memcpy(ap->rst[x], r[x].st, sizeof(ap->rst[x]));
         ap->D[x] = c[x].shape[3];
-        ap->es[x] = pa_elsize(ap->bits[x] ? r[x].dtype : c[x].dtype);
+        ap->es[x] = pa_elsize(c[x].dtype);
+        ap->res[x] = pa_elsize(r[x].dtype);
         if (ap->bits[x] && pa_append_scales(na >= 7 ? PyTuple_GET_ITEM(o, 5 + x) : Py_None,
                                             x, B, H, S, ap->D[x], &ap->sc[x], ap->sst[x], &ap->G[x]) < 0)
             return -1;
@@ -127,28 +99,12 @@ int pa_get_append(PyObject *o, pa_kv_append *ap)
             return -1;
         }
     ap->B = B; ap->H = H; ap->T = T;
+    ap->table = NULL;                   /* the identity: block b, rows [0, S_max) */
+    ap->bsz = S > 0 ? S : 1;
     if (ap->rot) {                      /* the tables, every new row's position in them */
         ap->kdt = c[0].dtype;
         if (pa_bind_rope(PyTuple_GET_ITEM(o, na - 1), pa_dtypes[c[0].dtype].compute, c[0].shape[3], &ap->rope) < 0)
             return -1;
-        if (ap->bits[0] && ap->D[0] > PA_QROT_MAXD) {
-            PyErr_Format(PyExc_ValueError, "rotary with a quantized k_cache takes head dims up to %d, got %zd",
-                         PA_QROT_MAXD, (Py_ssize_t)ap->D[0]);
-            return -1;
-        }
-        for (pa_ssize b = 0; b < B; b++)
-            if (pa_rope_check_rows(&ap->rope, b, ap->pos[b], T) < 0) return -1;
     }
-    for (int x = 0; x < 2; x++) {       /* quantized: every new row finite, before anything is written */
-        const pa_ssize shape[3] = {B, H, T};
-        pa_ssize at[3];
-        if (ap->bits[x] && !pa_quant_rows_finite((const float *)ap->rows[x], ap->rst[x], shape, ap->D[x],
-                                                 ap->rot && x == 0 ? &ap->rope : NULL, ap->pos, at)) {
-            PyErr_Format(PyExc_ValueError, "%s holds NaN or infinity (batch %zd, head %zd, row %zd): the %s "
-                         "cache's scales cannot hold it; nothing was written", rn[x], (Py_ssize_t)at[0],
-                         (Py_ssize_t)at[1], (Py_ssize_t)at[2], pa_dtype_name(c[x].dtype));
-            return -1;
-        }
-    }
-    return 0;
+    return pa_kv_append_check(ap, "batch", "cache");
 }

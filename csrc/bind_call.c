@@ -4,6 +4,7 @@
  * Shape legend: B batch axes, L queries, S keys, E head dim, Ev value dim.
  */
 #include "bind_call.h"
+#include "bind_append.h"
 #include "bind_quant.h"
 
 #include <math.h>
@@ -211,12 +212,33 @@ int pa_attn_call_of(const pa_call_args *a, pa_attn_call *c, pa_view *qkv)
     c->left = window_side(a->left, S, L, c->qoff);
     c->right = window_side(a->right, S, L, c->qoff);
     if (get_cu(a, c) < 0) return -1;
-    if (a->qsc && pa_bind_kv_scales(a->k_scale, a->v_scale, c, a->want_w, a->qsc) < 0) return -1;
-    if (a->q8 && (!c->kv_scales || (c->k_dt != PA_I8 && c->k_dt != PA_I4) || a->want_w || c->E > PA_FLASH_MAXD)) {
+    return get_perhead(a, c);
+}
+
+int pa_cache_of(const pa_call_args *a, PyObject *paged, PyObject *append, int has_bm, pa_attn_call *c,
+                pa_cache *cc, pa_kv_append *ap)
+{
+    memset(cc, 0, sizeof *cc);
+    cc->kG = cc->vG = 1;
+    if (pa_bind_kv_scales(a->k_scale, a->v_scale, c, a->want_w, cc) < 0) return -1;   /* c->cache = cc if so */
+    if (a->q8 && (!pa_call_quant(c) || (c->k_dt != PA_I8 && c->k_dt != PA_I4) || a->want_w || c->E > PA_FLASH_MAXD)) {
         PyErr_Format(PyExc_ValueError, "precision='int8' needs an int8 or int4 key cache (with k_scale), "
                                        "no weights and a head dim of at most %d", PA_FLASH_MAXD);
         return -1;
     }
     c->q8 = a->q8;
-    return get_perhead(a, c);
+    if (((append != Py_None && paged == Py_None) || pa_call_quant(c) || (has_bm && paged != Py_None)) &&
+        c->cu_seqlens_q) {
+        PyErr_SetString(PyExc_ValueError, "cu_seqlens exclude append (but for a paged cache), quantized caches "
+                        "and block_mask with a paged cache");
+        return -1;
+    }
+    if (paged != Py_None)               /* pools, block table (c->cache = cc), new rows */
+        return pa_bind_paged(paged, append, c, cc, ap);
+    if (append != Py_None) {            /* a contiguous cache's new rows: the identity table */
+        if (pa_get_append(append, ap) < 0) return -1;
+        c->before = pa_kv_append_run;
+        c->before_ctx = ap;
+    }
+    return 0;
 }

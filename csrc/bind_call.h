@@ -9,7 +9,7 @@
 #define PYATTN_BIND_CALL_H
 
 #include "bind_views.h"
-#include "ops/quant.h"
+#include "bind_paged.h"
 
 /* An attention call as the entries' keywords give it (the forward's and
  * the backward's share these: pyattn/_spec.py's AttnSpec.c_kwargs), before
@@ -22,8 +22,7 @@ typedef struct {
     unsigned long long key;
     Py_ssize_t left, right, row_div;
     PyObject *cuq, *cuk;        /* packed sequences' offsets (varlen), or None */
-    PyObject *k_scale, *v_scale;    /* a quantized cache's scales, or None */
-    pa_kv_scales *qsc;              /* where pa_attn_call_of puts them (NULL: not accepted) */
+    PyObject *k_scale, *v_scale;    /* a quantized cache's scales, or None (pa_cache_of) */
     int paged;                      /* a paged cache: cu_seqlens_q alone (ops/paged_packed.c) */
     int seq_align;                  /* varlen: each sequence bottom-right aligned (align=) */
 } pa_call_args;
@@ -34,5 +33,16 @@ void pa_call_args_init(pa_call_args *a, int allow);
  * mask and every option, and fills *c but for the results and the entry's
  * own operands. -1 with an exception set. */
 int pa_attn_call_of(const pa_call_args *a, pa_attn_call *c, pa_view *qkv);
+/* THE converter of the call's KV cache (pa_cache, ops/ops.h), after
+ * pa_attn_call_of (the forward's): into *cc, in this order, the scales of an
+ * int8 / int4 k, v (a's k_scale, v_scale; bind_quant.c), precision "int8"'s
+ * needs, then paged = (pools, block table[, scale pools]) or None
+ * (bind_paged.c, which rebinds the scales to the scale pools), and the new
+ * rows of append (paged's or a contiguous cache's: bind_append.c) into *ap,
+ * written by c->before. c->cache = cc when the call has a paged or a
+ * quantized cache. has_bm: the call has a block mask. -1 with an exception
+ * set. */
+int pa_cache_of(const pa_call_args *a, PyObject *paged, PyObject *append, int has_bm, pa_attn_call *c,
+                pa_cache *cc, pa_kv_append *ap);
 
 #endif

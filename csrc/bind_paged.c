@@ -1,6 +1,6 @@
 /*
  * bind_paged.c -- _C.sdpa's paged caches (bind_paged.h): the pools and the
- * block table checked and described for the frame (ops/paged.h), and the
+ * block table checked and described for the frame (pa_cache, ops/ops.h), and the
  * new rows written into their pages by the call's `before` hook (once
  * everything is allocated: a failing call writes nothing). pyattn/_paged.py
  * gives the user-facing checks and messages; these repeat what the C code
@@ -33,53 +33,76 @@ static int get_arr(PyObject *o, const char *name, int nd, int want_dt, int write
     return pa_nd_view(o, name, nd, writeable, r);
 }
 
-/* the physical element offset of logical row r of sequence b in a pool */
-static pa_ssize page_off(const pa_paged_append *ap, int x, pa_ssize b, pa_ssize h, pa_ssize r)
+/* where logical row r of sequence b lies: its block (the identity for a
+ * contiguous cache) and its row in the block */
+static inline pa_ssize append_block(const pa_kv_append *a, pa_ssize b, pa_ssize r, pa_ssize *rr)
 {
-    const pa_paged *pg = ap->pg;
-    const int64_t blk = pg->table[b * pg->tbs[0] + r / pg->block_size];
-    return (pa_ssize)blk * ap->pst[x][0] + h * ap->pst[x][1] + (r % pg->block_size) * ap->pst[x][2];
+    if (!a->table) { *rr = r; return b; }
+    *rr = r % a->bsz;
+    return (pa_ssize)a->table[b * a->tbs0 + r / a->bsz];
 }
 
-static void paged_append_run(void *ctx)
+/* new row t of sequence b, head h, pool x, at logical row r */
+static void append_row(const pa_kv_append *a, int x, pa_ssize b, pa_ssize h, pa_ssize t, pa_ssize r)
 {
-    const pa_paged_append *a = (const pa_paged_append *)ctx;
-    for (int x = 0; x < 2; x++) {
-        const pa_ssize es = (pa_ssize)a->es[x], D = a->D[x];
-        const pa_ssize res = a->rot && x == 0 ? (pa_ssize)pa_elsize(a->rope.dt) : es;   /* the rows' */
-        const pa_ssize *ps = a->pst[x], *rs = a->rst[x];
-        if (a->bits[x]) {                  /* float32 rows quantized into their pages (finite:
-                                              get_rows checked every one) */
-            const pa_ssize *ss = a->sst[x];
-            for (pa_ssize b = 0; b < a->B; b++)
-                for (pa_ssize h = 0; h < a->H; h++)
-                    for (pa_ssize t = 0; t < a->T; t++) {
-                        const pa_ssize r = (pa_ssize)a->pos[b] + t;
-                        const int64_t blk = a->pg->table[b * a->pg->tbs[0] + r / a->pg->block_size];
-                        float *srow = a->sc[x] + (pa_ssize)blk * ss[0] + h * ss[1] + (r % a->pg->block_size) * ss[2];
-                        const float *src = (const float *)a->rows[x] + (b * rs[0] + h * rs[1] + t * rs[2]);
-                        float tmp[PA_QROT_MAXD];
-                        const int rot = a->rot && x == 0;
-                        if (rot) pa_rope_row(&a->rope, r, src, PA_F32, rs[3], tmp, PA_F32, 1, D);
-                        (void)pa_quant_row(a->bits[x], rot ? tmp : src, rot ? 1 : rs[3], D, a->G[x],
-                                           a->pool[x] + page_off(a, x, b, h, r), ps[3], srow, ss[3]);
-                    }
-            continue;
-        }
-        for (pa_ssize b = 0; b < a->B; b++)
+    const pa_ssize es = (pa_ssize)a->es[x], D = a->D[x];
+    const pa_ssize *ps = a->pst[x], *rs = a->rst[x];
+    pa_ssize rr;
+    const pa_ssize blk = append_block(a, b, r, &rr);
+    char *dst = a->pool[x] + (blk * ps[0] + h * ps[1] + rr * ps[2]) * es;
+    const char *src = a->rows[x] + (a->cu ? ((pa_ssize)a->cu[b] + t) * rs[0] + h * rs[1]
+                                          : b * rs[0] + h * rs[1] + t * rs[2]) * (pa_ssize)a->res[x];
+    const int rot = a->rot && x == 0;
+    if (a->bits[x]) {                   /* float32 rows quantized (finite: pa_kv_append_check) */
+        const pa_ssize *ss = a->sst[x];
+        float *srow = a->sc[x] + blk * ss[0] + h * ss[1] + rr * ss[2];
+        float tmp[PA_QROT_MAXD];
+        if (rot) pa_rope_row(&a->rope, r, src, PA_F32, rs[3], tmp, PA_F32, 1, D);
+        (void)pa_quant_row(a->bits[x], rot ? tmp : (const float *)src, rot ? 1 : rs[3], D, a->G[x], dst, ps[3],
+                           srow, ss[3]);
+    } else if (rot)
+        pa_rope_row(&a->rope, r, src, a->rope.dt, rs[3], dst, a->kdt, ps[3], D);
+    else if (ps[3] == 1 && rs[3] == 1)
+        memmove(dst, src, (size_t)(D * es));
+    else
+        for (pa_ssize e = 0; e < D; e++) memmove(dst + e * ps[3] * es, src + e * rs[3] * es, (size_t)es);
+}
+
+void pa_kv_append_run(void *ctx)
+{
+    const pa_kv_append *a = (const pa_kv_append *)ctx;
+    for (int x = 0; x < 2; x++)
+        for (pa_ssize b = 0; b < a->B; b++) {
+            const pa_ssize T = a->cu ? (pa_ssize)(a->cu[b + 1] - a->cu[b]) : a->T;
             for (pa_ssize h = 0; h < a->H; h++)
-                for (pa_ssize t = 0; t < (a->cu ? (pa_ssize)(a->cu[b + 1] - a->cu[b]) : a->T); t++) {
-                    char *dst = a->pool[x] + page_off(a, x, b, h, (pa_ssize)a->pos[b] + t) * es;
-                    const char *src = a->rows[x] + (a->cu ? ((pa_ssize)a->cu[b] + t) * rs[0] + h * rs[1]
-                                                          : b * rs[0] + h * rs[1] + t * rs[2]) * res;
-                    if (a->rot && x == 0)
-                        pa_rope_row(&a->rope, (pa_ssize)a->pos[b] + t, src, a->rope.dt, rs[3], dst, a->kdt, ps[3], D);
-                    else if (ps[3] == 1 && rs[3] == 1)
-                        memmove(dst, src, (size_t)(D * es));
-                    else
-                        for (pa_ssize e = 0; e < D; e++) memmove(dst + e * ps[3] * es, src + e * rs[3] * es, (size_t)es);
-                }
+                for (pa_ssize t = 0; t < T; t++) append_row(a, x, b, h, t, (pa_ssize)a->pos[b] + t);
+        }
+}
+
+int pa_kv_append_check(const pa_kv_append *ap, const char *seq, const char *pool)
+{
+    static const char *rn[2] = {"key", "value"};
+    if (ap->rot && ap->bits[0] && ap->D[0] > PA_QROT_MAXD) {
+        PyErr_Format(PyExc_ValueError, "rotary with a quantized k_cache takes head dims up to %d, got %zd",
+                     PA_QROT_MAXD, (Py_ssize_t)ap->D[0]);
+        return -1;
     }
+    for (pa_ssize b = 0; ap->rot && b < ap->B; b++)
+        if (pa_rope_check_rows(&ap->rope, b, ap->pos[b], ap->cu ? (pa_ssize)(ap->cu[b + 1] - ap->cu[b]) : ap->T) < 0)
+            return -1;
+    for (int x = 0; x < 2; x++) {       /* quantized: every new row finite, before anything is written */
+        const pa_ssize shape[3] = {ap->B, ap->H, ap->T};
+        pa_ssize at[3];
+        if (ap->bits[x] && !pa_quant_rows_finite((const float *)ap->rows[x], ap->rst[x], shape, ap->D[x],
+                                                 ap->rot && x == 0 ? &ap->rope : NULL, ap->pos, at)) {
+            PyErr_Format(PyExc_ValueError, "%s holds NaN or infinity (%s %zd, head %zd, row %zd): the %s "
+                         "%s's scales cannot hold it; nothing was written", rn[x], seq, (Py_ssize_t)at[0],
+                         (Py_ssize_t)at[1], (Py_ssize_t)at[2], pa_dtypes[ap->bits[x] == 8 ? PA_I8 : PA_I4].name,
+                         pool);
+            return -1;
+        }
+    }
+    return 0;
 }
 
 /* every entry of table row b for logical rows [0, n) in [0, nblocks) */
@@ -97,7 +120,7 @@ static int check_entries(const int64_t *row, pa_ssize n, pa_ssize bs, pa_ssize n
 
 /* append = (key, value, positions[, rotary]): the tables of rotary (the
  * keys' compute dtype, their head dim) into ap->rope, ap->rot = 1 */
-static int get_rot(PyObject *o, const parr *pool, pa_paged_append *ap)
+static int get_rot(PyObject *o, const parr *pool, pa_kv_append *ap)
 {
     if (!PyTuple_Check(o) || (PyTuple_GET_SIZE(o) != 3 && PyTuple_GET_SIZE(o) != 4)) {
         PyErr_SetString(PyExc_TypeError, "append must be (key, value, positions[, rotary]) with paged=");
@@ -111,7 +134,7 @@ static int get_rot(PyObject *o, const parr *pool, pa_paged_append *ap)
 
 /* packed new rows (cu_seqlens_q): key / value (total, H, E / Ev) as the pools
  * are stored, positions (nseq,) int64, each with pos + T_i <= the table's rows */
-static int get_rows_packed(PyObject *o, const parr *pool, pa_attn_call *c, pa_paged *pg, pa_paged_append *ap)
+static int get_rows_packed(PyObject *o, const parr *pool, pa_attn_call *c, const pa_cache *pg, pa_kv_append *ap)
 {
     static const char *rn[2] = {"key", "value"};
     if (get_rot(o, pool, ap) < 0) return -1;
@@ -132,6 +155,7 @@ static int get_rows_packed(PyObject *o, const parr *pool, pa_attn_call *c, pa_pa
         ap->rst[x][2] = 0; ap->rst[x][3] = r[x].st[2];
         ap->D[x] = pool[x].shape[3];
         ap->es[x] = pa_elsize(pool[x].dtype);
+        ap->res[x] = ap->rot && !x ? pa_elsize(ap->rope.dt) : ap->es[x];
     }
     if (get_arr(PyTuple_GET_ITEM(o, 2), "positions", 1, PA_ND_INT64, 0, &pos) < 0) return -1;
     if (pos.shape[0] != B || pos.st[0] != 1) {
@@ -139,7 +163,8 @@ static int get_rows_packed(PyObject *o, const parr *pool, pa_attn_call *c, pa_pa
         return -1;
     }
     ap->pos = (const int64_t *)pos.data;
-    ap->B = B; ap->H = pool[0].shape[1]; ap->T = 0; ap->pg = pg; ap->cu = c->cu_seqlens_q;
+    ap->B = B; ap->H = pool[0].shape[1]; ap->T = 0; ap->cu = c->cu_seqlens_q;
+    ap->table = pg->table; ap->tbs0 = pg->tbs[0]; ap->bsz = pg->block_size;
     for (pa_ssize b = 0; b < B; b++) {
         const pa_ssize T = (pa_ssize)(c->cu_seqlens_q[b + 1] - c->cu_seqlens_q[b]);
         if (T > c->S || ap->pos[b] < 0 || ap->pos[b] > (int64_t)(c->S - T) ||
@@ -152,16 +177,16 @@ static int get_rows_packed(PyObject *o, const parr *pool, pa_attn_call *c, pa_pa
         if (check_entries(pg->table + b * pg->tbs[0], (pa_ssize)ap->pos[b] + T, pg->block_size,
                           pool[0].shape[0], b) < 0)
             return -1;
-        if (ap->rot && pa_rope_check_rows(&ap->rope, b, ap->pos[b], T) < 0) return -1;
     }
-    c->before = paged_append_run;
+    if (pa_kv_append_check(ap, "sequence", "pool") < 0) return -1;
+    c->before = pa_kv_append_run;
     c->before_ctx = ap;
     return 0;
 }
 
 /* the new rows: key / value (B, H, T, E / Ev) as the pools are stored, and
  * their positions (B,) int64, each with pos + T <= the table's rows */
-static int get_rows(PyObject *o, const parr *pool, pa_attn_call *c, pa_paged *pg, pa_paged_append *ap)
+static int get_rows(PyObject *o, const parr *pool, pa_attn_call *c, const pa_cache *pg, pa_kv_append *ap)
 {
     static const char *rn[2] = {"key", "value"};
     if (get_rot(o, pool, ap) < 0) return -1;
@@ -183,9 +208,10 @@ static int get_rows(PyObject *o, const parr *pool, pa_attn_call *c, pa_paged *pg
         memcpy(ap->rst[x], r[x].st, sizeof(ap->rst[x]));
         ap->D[x] = x ? c->Ev : c->E;
         ap->es[x] = pa_elsize(pool[x].dtype);
+        ap->res[x] = bits ? sizeof(float) : ap->rot && !x ? pa_elsize(ap->rope.dt) : ap->es[x];
         ap->bits[x] = bits;
         if (bits) {                         /* its scale pool (bind_scale_pools) */
-            const pa_kv_scales *qs = (const pa_kv_scales *)c->kv_scales;
+            const pa_cache *qs = pg;
             const pa_operand *so = x ? &qs->vs : &qs->ks;
             ap->sc[x] = (float *)(uintptr_t)so->p;
             ap->sst[x][0] = x ? qs->vs_blk : qs->ks_blk;
@@ -202,7 +228,8 @@ static int get_rows(PyObject *o, const parr *pool, pa_attn_call *c, pa_paged *pg
         return -1;
     }
     ap->pos = (const int64_t *)pos.data;
-    ap->B = B; ap->H = pool[0].shape[1]; ap->T = T; ap->pg = pg; ap->cu = NULL;
+    ap->B = B; ap->H = pool[0].shape[1]; ap->T = T; ap->cu = NULL;
+    ap->table = pg->table; ap->tbs0 = pg->tbs[0]; ap->bsz = pg->block_size;
     for (pa_ssize b = 0; b < B; b++) {
         if (T > c->S || ap->pos[b] < 0 || ap->pos[b] > (int64_t)(c->S - T)) {
             PyErr_Format(PyExc_ValueError, "cache_seqlens + T exceeds the block table: entry %zd is %lld, "
@@ -213,25 +240,9 @@ static int get_rows(PyObject *o, const parr *pool, pa_attn_call *c, pa_paged *pg
         if (check_entries(pg->table + b * pg->tbs[0], (pa_ssize)ap->pos[b] + T, pg->block_size,
                           pool[0].shape[0], b) < 0)
             return -1;
-        if (ap->rot && pa_rope_check_rows(&ap->rope, b, ap->pos[b], T) < 0) return -1;
     }
-    if (ap->rot && ap->bits[0] && ap->D[0] > PA_QROT_MAXD) {
-        PyErr_Format(PyExc_ValueError, "rotary with a quantized k_cache takes head dims up to %d, got %zd",
-                     PA_QROT_MAXD, (Py_ssize_t)ap->D[0]);
-        return -1;
-    }
-    for (int x = 0; x < 2; x++) {       /* quantized: every new row finite, before anything is written */
-        const pa_ssize shape[3] = {B, ap->H, T};
-        pa_ssize at[3];
-        if (ap->bits[x] && !pa_quant_rows_finite((const float *)ap->rows[x], ap->rst[x], shape, ap->D[x],
-                                                 ap->rot && x == 0 ? &ap->rope : NULL, ap->pos, at)) {
-            PyErr_Format(PyExc_ValueError, "%s holds NaN or infinity (sequence %zd, head %zd, row %zd): the %s "
-                         "pool's scales cannot hold it; nothing was written", rn[x], (Py_ssize_t)at[0],
-                         (Py_ssize_t)at[1], (Py_ssize_t)at[2], pa_dtypes[pool[x].dtype].name);
-            return -1;
-        }
-    }
-    c->before = paged_append_run;
+    if (pa_kv_append_check(ap, "sequence", "pool") < 0) return -1;
+    c->before = pa_kv_append_run;
     c->before_ctx = ap;
     return 0;
 }
@@ -240,7 +251,7 @@ static int get_rows(PyObject *o, const parr *pool, pa_attn_call *c, pa_paged *pg
  * Hkv, block_size, D / G) for each quantized pool (G: the stand-ins' group,
  * in qs), None for a float one; then qs's operands read them (per flat b the
  * pool's [0, h, 0, 0]; rows through the block table) */
-static int bind_scale_pools(PyObject *paged, int writeable, const parr *pool, pa_kv_scales *qs)
+static int bind_scale_pools(PyObject *paged, int writeable, const parr *pool, pa_cache *qs)
 {
     static const char *sn[2] = {"k_scale", "v_scale"};
     pa_operand *op[2] = {&qs->ks, &qs->vs};
@@ -275,12 +286,12 @@ static int bind_scale_pools(PyObject *paged, int writeable, const parr *pool, pa
     return 0;
 }
 
-int pa_bind_paged(PyObject *paged, PyObject *append, pa_attn_call *c, pa_paged *pg, pa_paged_append *ap)
+int pa_bind_paged(PyObject *paged, PyObject *append, pa_attn_call *c, pa_cache *pg, pa_kv_append *ap)
 {
     static const char *pn[2] = {"k_cache", "v_cache"};
     if (PyArray_API == NULL && _import_array() < 0) return -1;   /* this file's NumPy API table (NumPy 1.x and 2.x) */
     memset(ap, 0, sizeof *ap);                         /* (bits[], cu: 0 unless set below) */
-    pa_kv_scales *qs = (pa_kv_scales *)c->kv_scales;    /* py_sdpa's own: rebound below */
+    pa_cache *qs = pa_call_quant(c) ? pg : NULL;        /* its scales' stand-ins: rebound below */
     if (!PyTuple_Check(paged) || PyTuple_GET_SIZE(paged) != (qs ? 5 : 3)) {
         PyErr_SetString(PyExc_TypeError, qs ? "paged must be (k_pool, v_pool, block_table, k_scale_pool, "
                                               "v_scale_pool) with k_scale / v_scale"
@@ -315,8 +326,8 @@ int pa_bind_paged(PyObject *paged, PyObject *append, pa_attn_call *c, pa_paged *
                         "table's rows, Hkv = the pools' heads, and S = its columns x block_size (>= 1)");
         return -1;
     }
-    memset(pg, 0, sizeof *pg);
     pg->table = (const int64_t *)tb.data;
+    memset(pg->tbs, 0, sizeof pg->tbs);
     pg->tbs[0] = tb.st[0];
     pg->block_size = bs;
     pg->k_blk = pool[0].st[0]; pg->v_blk = pool[1].st[0];
@@ -325,10 +336,10 @@ int pa_bind_paged(PyObject *paged, PyObject *append, pa_attn_call *c, pa_paged *
     for (int x = 0; x < 2; x++) {             /* element [0, h, 0, 0] of the pool per flat b */
         kv[x]->p = pool[x].data;
         for (int d = 0; d < c->bt.nb; d++) kv[x]->bs[d] = d == (packed ? 0 : 1) ? pool[x].st[1] : 0;
-        kv[x]->rs = 0;                       /* rows through the table (pa_attn_krow) */
+        kv[x]->rs = 0;                       /* rows through the table (pa_kv_row) */
         kv[x]->cs = pool[x].st[3];
     }
-    c->block_table = pg;
+    c->cache = pg;
     if (qs && bind_scale_pools(paged, append != Py_None, pool, qs) < 0) return -1;
     for (pa_ssize i = 0; packed && i < c->nseq; i++) {  /* the rows each sequence reads (any head) */
         int64_t n = 0;
@@ -344,7 +355,7 @@ int pa_bind_paged(PyObject *paged, PyObject *append, pa_attn_call *c, pa_paged *
     if (packed) return append == Py_None ? 0 : get_rows_packed(append, pool, c, pg, ap);
     for (pa_ssize b = 0; b < c->bt.count; b++) {   /* the rows the call reads */
         const pa_ssize n = c->kv_len ? (pa_ssize)c->kv_len[b] : c->S;
-        if (check_entries(pa_paged_row(c, b), n, bs, nblocks, pa_batch_offset(&c->bt, pg->tbs, b) / (tb.st[0] ? tb.st[0] : 1)) < 0)
+        if (check_entries(pa_cache_table_row(c, b), n, bs, nblocks, pa_batch_offset(&c->bt, pg->tbs, b) / (tb.st[0] ? tb.st[0] : 1)) < 0)
             return -1;
     }
     return append == Py_None ? 0 : get_rows(append, pool, c, pg, ap);

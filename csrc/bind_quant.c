@@ -248,9 +248,8 @@ static int call_scales(PyObject *o, const char *name, const char *what, int dt, 
     return 0;
 }
 
-int pa_bind_kv_scales(PyObject *ks, PyObject *vs, pa_attn_call *c, int want_w, pa_kv_scales *qs)
+int pa_bind_kv_scales(PyObject *ks, PyObject *vs, pa_attn_call *c, int want_w, pa_cache *qs)
 {
-    memset(qs, 0, sizeof *qs);
     /* a row of one stored element (int4 with head dim 2, int8 with 1): the
      * stride of a length-1 axis is no layout (NumPy broadcasts it as 0) */
     pa_operand *kv[2] = {&c->k, &c->v};
@@ -267,6 +266,6 @@ int pa_bind_kv_scales(PyObject *ks, PyObject *vs, pa_attn_call *c, int want_w, p
                      want_w ? "return_weights" : c->bf16 ? "precision='bf16'" : "head dims over 512");
         return -1;
     }
-    c->kv_scales = qs;
+    c->cache = qs;
     return 0;
 }

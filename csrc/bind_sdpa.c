@@ -7,7 +7,6 @@
  */
 #include "bind_call.h"
 #include "bind_sdpa.h"
-#include "bind_append.h"
 #include "bind_interrupt.h"
 #include "bind_config.h"
 #include "bind_paged.h"
@@ -106,15 +105,12 @@ PyObject *pa_py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = PA_SDPA_KWLIST(F);
     pa_call_args a;
-    pa_kv_scales qsc;
+    pa_cache cache;                     /* a paged / quantized cache: the call's one (ops.h) */
     pa_call_args_init(&a, PA_ALLOW_16 | PA_ALLOW_Q);
-    a.qsc = &qsc;
     PyObject *outo = Py_None, *appo = Py_None, *pago = Py_None, *bmo = Py_None;
     pa_bm_arg bma = {.nbuf = 0};
     int req_threads = 0, want_lse = 0;
     pa_kv_append ap;
-    pa_paged pg;
-    pa_paged_append pap;
     pa_attn_call c;
     pa_view qkv[3], o, w, lv;
     PyArrayObject *res = NULL, *wres = NULL, *lres = NULL;
@@ -122,20 +118,9 @@ PyObject *pa_py_sdpa(PyObject *self, PyObject *args, PyObject *kw)
         return NULL;
     a.paged = pago != Py_None;
     if (pa_attn_call_of(&a, &c, qkv) < 0) goto fail;
-    if (((appo != Py_None && pago == Py_None) || c.kv_scales || (bmo != Py_None && pago != Py_None)) &&
-        c.cu_seqlens_q) {
-        PyErr_SetString(PyExc_ValueError, "cu_seqlens exclude append (but for a paged cache), quantized caches "
-                        "and block_mask with a paged cache");
-        goto fail;
-    }
+    /* the KV cache (scales, pools, new rows), checked in full before anything is allocated */
+    if (pa_cache_of(&a, pago, appo, bmo != Py_None, &c, &cache, &ap) < 0) goto fail;
     if (pa_bm_get(bmo, &c, &bma) < 0) goto fail;
-    if (pago != Py_None) {              /* a paged cache (bind_paged.c), checked in full */
-        if (pa_bind_paged(pago, appo, &c, &pg, &pap) < 0) goto fail;
-    } else if (appo != Py_None) {       /* checked in full before anything is allocated */
-        if (pa_get_append(appo, &ap) < 0) goto fail;
-        c.before = pa_kv_append_run;
-        c.before_ctx = &ap;
-    }
     const int nd = qkv[0].nd, nb = nd - 2;
     pa_ssize shape[PA_MAXDIMS];         /* every check is done: allocate, then write */
     memcpy(shape, qkv[0].shape, sizeof(pa_ssize) * (size_t)nd);

@@ -19,7 +19,6 @@
 #include "kernels/kernels.h"
 
 #ifdef PA_HAVE_X86_KERNELS
-pa_gemm_sig pa_gemm_f32_avx512_6x48;
 #define PA_SHAPE(name, mr, nr, sym, attn) {name, mr, nr, sym, #sym, attn}
 const pa_ukr_shape pa_ukr_shapes[] = {
     PA_SHAPE("12x32", 12, 32, pa_gemm_f32_avx512, 1),       /* the table's own (avx512.c) */

@@ -69,6 +69,9 @@ pa_q8rowdot_sig pa_q8dot_i16_avx2;
 /* ... and on AVX512_VNNI's vpdpbusd (kernels/x86/q8dot_vnni.c): the
  * q8rowdot of the avx512 family's tables for CPUs with it */
 pa_q8rowdot_sig pa_q8rowdot_avx512vnni;
+/* the avx512 family's other float32 GEMM shape (kernels/x86/avx512_ukr.c),
+ * which ukr_select.c may give a copy of the family's table */
+pa_gemm_sig pa_gemm_f32_avx512_6x48;
 #endif
 #ifdef PA_HAVE_NEON_KERNELS
 pa_gemm_sig pa_gemm_bf16_neon;             /* the same on NEON FMAs (kernels/arm/bf16emu_neon.c) */

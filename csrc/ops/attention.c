@@ -33,7 +33,6 @@
 #include <string.h>
 #include "ops.h"
 #include "attention.h"
-#include "paged.h"
 #include "threads.h"
 
 /* query rows of one shared task (its workspace: pa_flash_shared_ws) */
@@ -224,9 +223,9 @@ static void attn_cascade(attn_ctx *c, size_t *ntasks)
 {
     const pa_attn_call *k = c->call;
     const pa_ssize count = k->bt.count, L = k->L, nch = c->nchunks;
-    if (!k->block_table || k->bf16 || k->dropout_p > 0 || k->block_mask || count < 2 || 2 * L > PA_CASCADE_MAXR)
+    if (!pa_call_paged(k) || k->bf16 || k->dropout_p > 0 || k->block_mask || count < 2 || 2 * L > PA_CASCADE_MAXR)
         return;
-    const pa_ssize bsz = ((const pa_paged *)k->block_table)->block_size;
+    const pa_ssize bsz = k->cache->block_size;
     size_t tot;
     if (!pa_mul_ok((size_t)count, (size_t)nch, &tot) || tot > (size_t)PTRDIFF_MAX / 8) return;
     casc_head *hd = (casc_head *)malloc((size_t)count * sizeof(casc_head));
@@ -241,8 +240,8 @@ static void attn_cascade(attn_ctx *c, size_t *ntasks)
     for (pa_ssize b = 0; b < count; b++) {
         pa_attn_args a;
         attn_args(c, b, &a);
-        hd[b].k = a.k; hd[b].v = a.v; hd[b].ks = a.ks; hd[b].vs = a.vs;
-        hd[b].bt = a.bt_row;
+        hd[b].k = a.k; hd[b].v = a.v; hd[b].ks = a.kv.ks; hd[b].vs = a.kv.vs;
+        hd[b].bt = a.kv.bt;
         hd[b].n = pa_min(a.rule.S, k->S);
     }
     for (pa_ssize ch = 0; ch < nch; ch++) {
@@ -445,7 +444,7 @@ int pa_attention_backward(const pa_family *fam, const pa_attn_call *call, const 
 
 int pa_attention(const pa_family *fam, const pa_attn_call *call, int nthreads)
 {
-    if (call->cu_seqlens_q && call->block_table) return pa_attention_paged_packed(fam, call, nthreads);
+    if (call->cu_seqlens_q && pa_call_paged(call)) return pa_attention_paged_packed(fam, call, nthreads);
     if (call->cu_seqlens_q) return pa_attention_varlen(fam, call, nthreads);
     if (call->bt.count == 0 || call->L == 0 || (call->Ev == 0 && !call->has_w && !call->has_lse)) {
         if (call->before) call->before(call->before_ctx);   /* nothing to allocate */

@@ -7,13 +7,39 @@
  * description, pa_attn_call (ops.h).
  */
 #include "attention.h"
-#include "paged.h"
-#include "quant.h"
+
+#include <string.h>
 
 /* element pointer of flat batch index b in operand o (elements of es bytes) */
 static const char *at(const pa_attn_call *c, const pa_operand *o, pa_ssize b, int dt)
 {
     return (const char *)o->p + pa_batch_offset(&c->bt, o->bs, b) * (pa_ssize)pa_elsize(dt);
+}
+
+/* flat batch index b's view of the call's KV cache (ops.h, pa_cache): its
+ * block table row, the pools' strides, its scales; a call without one: the
+ * rows of k and v as their strides give them */
+static void kv_head(pa_kv_head *h, const pa_attn_call *c, pa_ssize b)
+{
+    const pa_cache *cc = c->cache;
+    memset(h, 0, sizeof *h);
+    h->rs[PA_KV_K] = c->k.rs;
+    h->rs[PA_KV_V] = c->v.rs;
+    h->kG = h->vG = 1;
+    if (!cc) return;
+    if (cc->table) {                                /* paged: rows through the table */
+        h->bt = pa_cache_table_row(c, b);
+        h->bsz = cc->block_size;
+        h->blk[PA_KV_K] = cc->k_blk; h->blk[PA_KV_V] = cc->v_blk;
+        h->blk[PA_KV_KS] = cc->ks_blk; h->blk[PA_KV_VS] = cc->vs_blk;
+        h->rs[PA_KV_K] = cc->k_rs; h->rs[PA_KV_V] = cc->v_rs;
+    }
+    h->ks = cc->ks.p ? (const float *)cc->ks.p + pa_batch_offset(&c->bt, cc->ks.bs, b) : NULL;
+    h->vs = cc->vs.p ? (const float *)cc->vs.p + pa_batch_offset(&c->bt, cc->vs.bs, b) : NULL;
+    h->rs[PA_KV_KS] = cc->ks.rs;
+    h->rs[PA_KV_VS] = cc->vs.rs;
+    h->kG = cc->kG;
+    h->vG = cc->vG;
 }
 
 void pa_attn_setup(pa_attn_args *out, const pa_family *fam, const pa_attn_call *c, pa_ssize b)
@@ -67,22 +93,8 @@ void pa_attn_setup(pa_attn_args *out, const pa_family *fam, const pa_attn_call *
     a.q8 = c->q8;
     a.kvp = NULL;
     a.kvp_tile = 0;
-    a.bt_row = NULL;
-    a.bsz = a.k_blk = a.v_blk = 0;
-    if (c->block_table) {                           /* a paged cache (ops/paged.h) */
-        const pa_paged *pg = (const pa_paged *)c->block_table;
-        a.bt_row = pa_paged_row(c, b);
-        a.bsz = pg->block_size;
-        a.k_blk = pg->k_blk; a.v_blk = pg->v_blk;
-        a.k_rs = pg->k_rs; a.v_rs = pg->v_rs;
-    }
-    const pa_kv_scales *qs = (const pa_kv_scales *)c->kv_scales;
-    a.ks = qs && qs->ks.p ? (const float *)qs->ks.p + pa_batch_offset(&c->bt, qs->ks.bs, b) : NULL;
-    a.vs = qs && qs->vs.p ? (const float *)qs->vs.p + pa_batch_offset(&c->bt, qs->vs.bs, b) : NULL;
-    a.ks_rs = qs ? qs->ks.rs : 0;
-    a.vs_rs = qs ? qs->vs.rs : 0;
-    a.kG = qs ? qs->kG : 1;
-    a.vG = qs ? qs->vG : 1;
+    kv_head(&a.kv, c, b);
+    a.k_rs = a.kv.rs[PA_KV_K]; a.v_rs = a.kv.rs[PA_KV_V];
     a.bm.state = NULL;
     if (c->block_mask) {
         const pa_bmask *m = (const pa_bmask *)c->block_mask;
@@ -95,7 +107,5 @@ void pa_attn_setup(pa_attn_args *out, const pa_family *fam, const pa_attn_call *
         a.bm.koff = m->k_extra;
         a.bm.div = c->row_div;
     }
-    a.ks_blk = qs && c->block_table ? qs->ks_blk : 0;
-    a.vs_blk = qs && c->block_table ? qs->vs_blk : 0;
     *out = a;
 }

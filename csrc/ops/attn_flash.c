@@ -25,14 +25,19 @@ static void widen_rows(const pa_family *f, int sd, const void *p, pa_ssize rs, p
     }
 }
 
-/* n rows of a quantized operand (bits 8 / 4; rows of bytes at p + r * rs,
- * their scales at sc + r * srs, groups of G), dequantized into dst (row
- * stride ld) by the family's qwiden: the tiled paths' key tiles */
-static void qwiden_rows(const pa_family *f, int bits, const void *p, pa_ssize rs, const float *sc,
-                        pa_ssize srs, pa_ssize G, pa_ssize n, pa_ssize cols, float *dst, pa_ssize ld)
+/* n rows of a quantized K (v = 0) or V (v = 1) from key j, within one
+ * block (a run: pa_kv_run), dequantized into dst (row stride ld) by the
+ * family's qwiden, rows and scales read through the accessor: the tiled
+ * paths' key tiles */
+static void qwiden_rows(const pa_family *f, const pa_attn_args *a, int v, pa_ssize j, pa_ssize n, float *dst,
+                        pa_ssize ld)
 {
-    for (pa_ssize r = 0; r < n; r++)
-        f->qwiden.fn(dst + r * ld, (const char *)p + r * rs, sc + r * srs, cols, G, bits);
+    const char *p = (const char *)(v ? a->v : a->k) + pa_kv_row(&a->kv, v ? PA_KV_V : PA_KV_K, j);
+    const float *sc = (v ? a->kv.vs : a->kv.ks) + pa_kv_row(&a->kv, v ? PA_KV_VS : PA_KV_KS, j);
+    const pa_ssize rs = v ? a->v_rs : a->k_rs, srs = a->kv.rs[v ? PA_KV_VS : PA_KV_KS];
+    const pa_ssize cols = v ? a->Ev : a->E, G = v ? a->kv.vG : a->kv.kG;
+    const int bits = pa_qbits(v ? a->v_dt : a->k_dt);
+    for (pa_ssize r = 0; r < n; r++) f->qwiden.fn(dst + r * ld, p + r * rs, sc + r * srs, cols, G, bits);
 }
 
 #define PA_TEMPLATE "ops/attn_flash.inc"
@@ -82,8 +87,8 @@ static inline __attribute__((always_inline)) void bf16_pack_v_rows(const pa_attn
     for (pa_ssize q2 = 0; q2 < nj2 / 2; q2++) {
         /* an offset is any sign (a negative row stride): "no second key" is a flag */
         const int two = 2 * q2 + 1 < nj;
-        const pa_ssize o0 = pa_attn_vrow(a, j0 + 2 * q2);
-        const pa_ssize o1 = two ? pa_attn_vrow(a, j0 + 2 * q2 + 1) : 0;
+        const pa_ssize o0 = pa_kv_row(&a->kv, PA_KV_V, j0 + 2 * q2);
+        const pa_ssize o1 = two ? pa_kv_row(&a->kv, PA_KV_V, j0 + 2 * q2 + 1) : 0;
         for (pa_ssize c0 = 0; c0 < evp; c0 += NR) {
             uint32_t *w = (uint32_t *)(Vp + c0 * nj2) + q2 * NR;
             const pa_ssize nc = pa_min(NR, pa_max(Ev - c0, 0));
@@ -119,7 +124,7 @@ void pa_bf16_pack_kv(const pa_family *f, const pa_attn_args *a, pa_ssize j0, pa_
                 continue;
             }
             if (kb) {                                /* stored bfloat16: the words as they are */
-                const uint16_t *src = (const uint16_t *)a->k + pa_attn_krow(a, j0 + r);
+                const uint16_t *src = (const uint16_t *)a->k + pa_kv_row(&a->kv, PA_KV_K, j0 + r);
                 uint32_t *w = (uint32_t *)(Kp + r0 * e2) + i;
                 for (pa_ssize q2 = 0; q2 < E / 2; q2++)
                     w[q2 * MR] = bf16_keep(src[2 * q2]) | bf16_keep(src[2 * q2 + 1]) << 16;
@@ -128,7 +133,7 @@ void pa_bf16_pack_kv(const pa_family *f, const pa_attn_args *a, pa_ssize j0, pa_
                 continue;
             }
             if (kf) {                                /* a 32-bit word per pair */
-                const float *src = (const float *)a->k + pa_attn_krow(a, j0 + r);
+                const float *src = (const float *)a->k + pa_kv_row(&a->kv, PA_KV_K, j0 + r);
                 uint32_t *w = (uint32_t *)(Kp + r0 * e2) + i;
                 for (pa_ssize q2 = 0; q2 < E / 2; q2++) w[q2 * MR] = pa_bf16_pair(src[2 * q2], src[2 * q2 + 1]);
                 if (E & 1) w[(E / 2) * MR] = pa_bf16_round(pa_f32_bits(src[E - 1])) >> 16;
@@ -137,7 +142,7 @@ void pa_bf16_pack_kv(const pa_family *f, const pa_attn_args *a, pa_ssize j0, pa_
             } else {
                 for (pa_ssize e = 0; e < E; e++)
                     dst[(e >> 1) * MR * 2 + (e & 1)] =
-                        pa_f32_to_bf16(pa_load_f32(a->k, pa_attn_krow(a, j0 + r) + e * a->k_cs, a->k_dt));
+                        pa_f32_to_bf16(pa_load_f32(a->k, pa_kv_row(&a->kv, PA_KV_K, j0 + r) + e * a->k_cs, a->k_dt));
             }
             for (pa_ssize e = E; e < e2; e++) dst[(e >> 1) * MR * 2 + (e & 1)] = 0;   /* pad: E odd or 0 */
         }
@@ -157,8 +162,8 @@ void pa_bf16_pack_kv(const pa_family *f, const pa_attn_args *a, pa_ssize j0, pa_
                 for (int j = 0; j < NR; j++) {
                     const pa_ssize d = c0 + j;
                     dst[2 * j] = (r < nj && d < Ev)
-                        ? pa_f32_to_bf16(vf ? ((const float *)a->v)[pa_attn_vrow(a, j0 + r) + d]
-                                            : pa_load_f32(a->v, pa_attn_vrow(a, j0 + r) + d * a->v_cs, a->v_dt))
+                        ? pa_f32_to_bf16(vf ? ((const float *)a->v)[pa_kv_row(&a->kv, PA_KV_V, j0 + r) + d]
+                                            : pa_load_f32(a->v, pa_kv_row(&a->kv, PA_KV_V, j0 + r) + d * a->v_cs, a->v_dt))
                         : 0;
                 }
             }
@@ -479,7 +484,7 @@ static void bf16_rows_round(const pa_family *f, const pa_attn_args *a, int v, pa
     const pa_ssize cs = v ? a->v_cs : a->k_cs, D = v ? a->Ev : a->E;
     const void *p = v ? a->v : a->k;
     for (pa_ssize j = 0; j < n; j++) {
-        const pa_ssize o = v ? pa_attn_vrow(a, j0 + j) : pa_attn_krow(a, j0 + j);
+        const pa_ssize o = v ? pa_kv_row(&a->kv, PA_KV_V, j0 + j) : pa_kv_row(&a->kv, PA_KV_K, j0 + j);
         float *d = buf + j * ld;
         if (cs == 1 && dt == PA_F32) {
             bf16_round_f32(d, (const float *)p + o, D);
@@ -515,14 +520,14 @@ static void bf16_rows_kernel(const pa_family *f, const pa_attn_args *a, bf16_row
         return;
     }
     for (pa_ssize j = j0, je; j < j1; j = je) {
-        je = pa_attn_run(a, j, j1);
+        je = pa_kv_run(&a->kv, j, j1);
         pa_ssize nn = 0;
         const uint16_t *next = NULL;
         if (je < kend) {                             /* the next run, or the rows after the tile */
-            nn = a->bt_row ? pa_attn_run(a, je, kend) - je : kend - je;
-            next = p + (v ? pa_attn_vrow(a, je) : pa_attn_krow(a, je));
+            nn = a->kv.bt ? pa_kv_run(&a->kv, je, kend) - je : kend - je;
+            next = p + (v ? pa_kv_row(&a->kv, PA_KV_V, je) : pa_kv_row(&a->kv, PA_KV_K, je));
         }
-        const uint16_t *rows = p + (v ? pa_attn_vrow(a, j) : pa_attn_krow(a, j));
+        const uint16_t *rows = p + (v ? pa_kv_row(&a->kv, PA_KV_V, j) : pa_kv_row(&a->kv, PA_KV_K, j));
         if (v) f->rowpv[PA_BF16].fn(s + (j - j0), ss, b->R, rows, rs, je - j, a->Ev, b->acc, b->evp, next, nn);
         else f->rowdot[PA_BF16].fn(b->qs, b->e1, b->R, rows, rs, je - j, a->E, s + (j - j0), ss, next, nn);
     }
@@ -569,7 +574,7 @@ static void bf16_rows_step(const pa_family *f, const pa_attn_args *a, bf16_rows_
 /* the keys the rows path reads: a paged cache's rows past the filled keys never */
 static pa_ssize bf16_rows_kend(const pa_attn_args *a)
 {
-    return a->bt_row ? pa_min(a->key_end, a->rule.S) : a->key_end;
+    return a->kv.bt ? pa_min(a->key_end, a->rule.S) : a->key_end;
 }
 
 /* Rows [i0, i1), keys [key_begin, key_end): the output rows (or, with

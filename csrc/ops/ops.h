@@ -110,6 +110,36 @@ int pa_softmax(const pa_family *fam, const pa_softmax_call *sm, int nthreads);
 int pa_softmax_backward(int dtype, const pa_batch *bt, pa_ssize S, const pa_operand *gy,
                         const pa_operand *y, double scale, const pa_operand *out, int nthreads);
 
+/* A KV cache as the attention frame reads it (API.md, "Paged and
+ * mixed-length KV caches"; "Quantized KV caches"): the call's one
+ * description of where key j's rows of K and V, and their scales, lie.
+ * The binding fills it with one converter (bind_paged.c, pa_cache_of);
+ * attn_args.c turns it into one head's pa_kv_head (rules.h), whose one
+ * accessor, pa_kv_row, every frame reads rows through.
+ *
+ * Paging (table NULL: not paged): key j of flat batch index b lives in row
+ * j % block_size of block table[b][j / block_size] of the pools, each read
+ * in place by strides (pyattn's head-major pool (num_blocks, Hkv,
+ * block_size, E) or FlashAttention's token-major one, as a view). The
+ * call's operands k, v then hold the pools' element [0, h, 0, 0] per flat
+ * b (their batch strides: the head's), and the binding has checked every
+ * table entry the call reads to lie in [0, num_blocks).
+ *
+ * Quantization (ks.p / vs.p NULL: that operand is not quantized): per flat
+ * b, float32 scales (S, E / kG) beside an int8 / int4 key and (S, Ev / vG)
+ * beside a value; element strides (bs: batch, rs: rows, within a block when
+ * paged; the groups of a row are contiguous). */
+typedef struct {
+    const int64_t *table;           /* block table rows (int64), or NULL: not paged */
+    pa_ssize tbs[PA_MAXDIMS];       /* element offset of flat b's table row, per batch axis */
+    pa_ssize block_size;            /* >= 1 when paged */
+    pa_ssize k_blk, v_blk;          /* the pools' block strides (elements) */
+    pa_ssize k_rs, v_rs;            /* their row strides within a block (elements) */
+    pa_operand ks, vs;              /* the scales of a quantized K / V (p NULL: none) */
+    pa_ssize kG, vG;                /* their groups' sizes (1 when not quantized) */
+    pa_ssize ks_blk, vs_blk;        /* paged and quantized: the scale pools' block strides */
+} pa_cache;
+
 /* One attention call (the C side of pyattn/_spec.py's AttnSpec; the
  * binding fills it with one converter, pa_attn_call_of in bind_call.c): every
  * attention op and its context take it. Per flat batch index b (all axes
@@ -150,19 +180,29 @@ typedef struct {
     void (*before)(void *);     /* or NULL: called once, after every allocation of the */
     void *before_ctx;           /* call succeeded and before any result is written (a KV
                                    cache's new rows); not called when the call fails */
-    /* reserved for wave 3, NULL today (no op reads them yet): packed
-     * sequences' offsets (count + 1,), a paged cache's block table, a
-     * quantized cache's scales, a block mask */
+    /* packed sequences' offsets (count + 1,), or NULL */
     const int64_t *cu_seqlens_q, *cu_seqlens_k;
-    const void *block_table;
-    const void *kv_scales;
-    const void *block_mask;
+    const pa_cache *cache;      /* a paged and / or quantized KV cache, or NULL: k, v
+                                   read j rows down, as stored (pa_call_paged, pa_call_quant) */
+    const void *block_mask;     /* a pa_bmask (ops/blockmask.h), or NULL */
     pa_ssize nseq;              /* with cu_seqlens_q/k: the sequences (cu_seqlens have
                                    nseq + 1 entries; alibi slopes nseq * count) */
     int seq_align;              /* with cu_seqlens_q/k, 1: each sequence bottom-right
                                    aligned, its row i at key position i + S_i - L_i
                                    (align="bottom_right": causal, window, ALiBi) */
 } pa_attn_call;
+
+/* a paged cache; a quantized K or V */
+static inline int pa_call_paged(const pa_attn_call *c) { return c->cache && c->cache->table; }
+static inline int pa_call_quant(const pa_attn_call *c)
+{
+    return c->cache && (c->cache->ks.p || c->cache->vs.p);
+}
+/* the block table row of flat batch index b (a paged call) */
+static inline const int64_t *pa_cache_table_row(const pa_attn_call *c, pa_ssize b)
+{
+    return c->cache->table + pa_batch_offset(&c->bt, c->cache->tbs, b);
+}
 
 /* Attention per flat batch index b of call c: out (and w, lse when asked). */
 int pa_attention(const pa_family *fam, const pa_attn_call *c, int nthreads);
@@ -178,7 +218,7 @@ void pa_cascade_stats(unsigned long long *blocks, unsigned long long *saved);
  * [cu_k[i], cu_k[i+1]) of S only, each sequence as its own dense call. */
 int pa_attention_varlen(const pa_family *fam, const pa_attn_call *c, int nthreads);
 
-/* A paged call (block_table) with packed queries (cu_seqlens_q): a mixed
+/* A paged call (cache->table) with packed queries (cu_seqlens_q): a mixed
  * batch of prefill chunks and decode steps in one call (paged_packed.c,
  * its header comment); pa_attention hands such calls on. */
 int pa_attention_paged_packed(const pa_family *fam, const pa_attn_call *c, int nthreads);

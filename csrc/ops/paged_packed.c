@@ -1,12 +1,12 @@
 /*
  * paged_packed.c -- one call for a mixed batch on a paged cache (issue #24:
  * prefill chunks and decode steps together): a pa_attn_call with both
- * block_table (ops/paged.h) and cu_seqlens_q. pa_attention hands such calls
+ * cache->table (pa_cache, ops.h) and cu_seqlens_q. pa_attention hands such calls
  * here.
  *
  * The call: batch axes (H) or, with GQA, (Hkv, G); q, out (and lse) hold
  * the packed tokens as rows (L = total), sequence i being rows [cu_q[i],
- * cu_q[i+1]); its keys are the rows of block table row i (pa_paged.table +
+ * cu_q[i+1]); its keys are the rows of block table row i (pa_cache.table +
  * i * tbs[0]), kv_len[i * count + b] of them filled (every b alike), S the
  * table's columns x block_size; ALiBi slopes nseq * count. row_div = G > 1
  * (GQA only, no slopes or sinks): a sequence with one new token has the G
@@ -26,7 +26,6 @@
 #include <string.h>
 #include "ops.h"
 #include "attention.h"
-#include "paged.h"
 #include "threads.h"
 
 /* rows [i0, i1) of (seq, b); chunk >= 0: a key chunk (partials at poff);
@@ -48,15 +47,15 @@ static void pp_shift(pa_operand *o, pa_ssize rows, pa_ssize rs, int dt)
 
 /* sequence i of call c as the dense call of its own, into *s (its table row
  * described by *pg) */
-static void pp_seq(const pa_attn_call *c, pa_ssize i, pa_attn_call *s, pa_paged *pg)
+static void pp_seq(const pa_attn_call *c, pa_ssize i, pa_attn_call *s, pa_cache *pg)
 {
-    const pa_paged *cp = (const pa_paged *)c->block_table;
+    const pa_cache *cp = c->cache;
     const pa_ssize q0 = (pa_ssize)c->cu_seqlens_q[i];
     *s = *c;
     *pg = *cp;
     pg->table = cp->table + i * cp->tbs[0];
     memset(pg->tbs, 0, sizeof pg->tbs);
-    s->block_table = pg;
+    s->cache = pg;
     s->L = (pa_ssize)c->cu_seqlens_q[i + 1] - q0;
     s->cu_seqlens_q = s->cu_seqlens_k = NULL;
     s->nseq = 0;
@@ -111,7 +110,7 @@ static int pp_plan(const pp_ctx *c, pp_task *out, size_t *nt, size_t *nm, size_t
     size_t t = 0, m = 0, p = 0;
     for (pa_ssize i = 0; i < k->nseq; i++) {
         pa_attn_call s;
-        pa_paged pg;
+        pa_cache pg;
         pp_seq(k, i, &s, &pg);
         if (s.L == 0 || s.bt.count == 0) continue;
         const double cost = (double)s.L * (double)(s.kv_len[0] + 16);
@@ -146,7 +145,7 @@ static void pp_task_run(void *ctx_, pa_ssize ti, int tid)
     const pp_ctx *c = (const pp_ctx *)ctx_;
     const pp_task *k = &c->tasks[ti];
     pa_attn_call s;
-    pa_paged pg;
+    pa_cache pg;
     pa_attn_args a;
     pp_seq(c->call, k->seq, &s, &pg);
     pa_attn_setup(&a, c->fam, &s, k->b);

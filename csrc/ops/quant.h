@@ -35,17 +35,7 @@ typedef struct {
     pa_operand x, q, s;
 } pa_quant_call;
 
-/* A quantized KV cache's scales (pa_attn_call.kv_scales): per flat batch
- * index b, float32 (S, E / kG) beside an int8 / int4 key and (S, Ev / vG)
- * beside a value (p NULL: that operand is not quantized); element strides
- * (bs: batch, rs: rows; the groups of a row are contiguous). */
-typedef struct {
-    pa_operand ks, vs;
-    pa_ssize kG, vG;
-    /* a paged cache (ops/paged.h): the scale pools' block strides (rows
-     * through the block table as K's, rs then the row stride in a block) */
-    pa_ssize ks_blk, vs_blk;
-} pa_kv_scales;
+/* A quantized KV cache's scales: pa_cache (ops.h), its ks, vs, kG, vG. */
 
 /* bits of a storage dtype: 8 (PA_I8), 4 (PA_I4), 0 (not quantized) */
 static inline int pa_qbits(int dt) { return dt == PA_I8 ? 8 : dt == PA_I4 ? 4 : 0; }

@@ -5,6 +5,9 @@
     python csrc/tools/layers.py --graph    (also every include and call arrow)
     python csrc/tools/layers.py --objects build   (calls from `nm` of a build's
                                            object files instead: a cross-check)
+    python csrc/tools/layers.py --sizes    (only: the binding's and the frame's
+                                           functions over 80 lines or 10
+                                           parameters, longest first)
 
 Reads every file under csrc/ (stdlib only, no compiler, no build needed) and
 prints:
@@ -32,6 +35,13 @@ prints:
     between a .c and its own .h is neither up nor down.
 The last lines are the counts csrc/README.md ("The layering rule, measured")
 quotes; tests/test_csrc_docs.py checks that none of them grows.
+
+--sizes measures issue 39's target "no binding or frame function over 80
+lines or 10 parameters" instead: every function defined in bind_*.c and in
+ops/ (its .c and .inc files; a template's name as written, PA_CAT(...)),
+from the line of its name to its closing brace, and its parameters (top-level
+commas of the list; `void` is none), over either limit, listed longest first
+with the counts. Function-like macros are not functions here.
 """
 import os
 import re
@@ -329,6 +339,98 @@ def upward(g, rank):
     return out
 
 
+# ---- function sizes (--sizes) ---------------------------------------------------------
+
+MAX_LINES, MAX_PARAMS = 80, 10
+
+
+def _blank_keep_lines(m):
+    return "\n" * m.group(0).count("\n")
+
+
+def strip_keep_lines(text):
+    """strip(), but every removed line kept as an empty one (line numbers hold)."""
+    text = re.sub(r"/\*.*?\*/", _blank_keep_lines, text, flags=re.S)
+    text = re.sub(r"//[^\n]*", "", text)
+    text = re.sub(r'"(?:\\.|[^"\\\n])*"', '""', text)
+    text = re.sub(r"'(?:\\.|[^'\\\n])*'", "''", text)
+    text = re.sub(r"^[ \t]*#(?:[^\n]*\\\n)*[^\n]*", _blank_keep_lines, text, flags=re.M)
+    return text
+
+
+def _split_top(params):
+    depth, cur, out = 0, "", []
+    for c in params:
+        if c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+        if c == "," and depth == 0:
+            out.append(cur)
+            cur = ""
+        else:
+            cur += c
+    out.append(cur)
+    out = [p.strip() for p in out]
+    return [] if out == ["void"] or out == [""] else out
+
+
+def functions(text):
+    """[(name, first line, lines, parameters)] of the function definitions in C text."""
+    t = strip_keep_lines(text)
+    out, depth, start, i, n = [], 0, 0, 0, len(t)
+    while i < n:
+        c = t[i]
+        if c == "{":
+            if depth == 0:
+                head = t[start:i].rstrip()
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                if head.endswith(")") and not head.endswith("=") and not re.search(r"\b(struct|union|enum)\b[^()]*$", head):
+                    d, j = 0, len(head) - 1
+                    while j >= 0:                       # the parameter list's "("
+                        d += head[j] == ")"
+                        d -= head[j] == "("
+                        if d == 0:
+                            break
+                        j -= 1
+                    params = head[j + 1:-1]
+                    pre = head[:j].rstrip()
+                    m = re.search(r"(PA_CAT\s*\([^()]*\)|[A-Za-z_]\w*)\s*$", pre)
+                    if m and m.group(1) not in KEYWORDS and not m.group(1).isupper():
+                        name = re.sub(r"\s+", "", m.group(1))
+                        first = t.count("\n", 0, start + m.start(1)) + 1
+                        last = t.count("\n", 0, i) + 1
+                        out.append((name, first, last - first + 1, len(_split_top(params))))
+                start = i + 1
+        elif c == ";" and depth == 0:
+            start = i + 1
+        i += 1
+    return out
+
+
+def size_report(root=CSRC, out=None, max_lines=MAX_LINES, max_params=MAX_PARAMS):
+    """The binding's and the frame's functions over the limits; returns them."""
+    w = (out or sys.stdout).write
+    rows = []
+    for f in csrc_files(root):
+        if not ((f.startswith("bind_") and f.endswith(".c")) or
+                (f.startswith("ops/") and f.endswith((".c", ".inc")))):
+            continue
+        for name, first, lines, params in functions(read(f, root)):
+            if lines > max_lines or params > max_params:
+                rows.append((lines, params, f, first, name))
+    rows.sort(key=lambda r: (-r[0], -r[1], r[2], r[3]))
+    w(f"functions of bind_*.c and ops/ over {max_lines} lines or {max_params} parameters:\n")
+    for lines, params, f, first, name in rows:
+        w(f"  {lines:4d} lines {params:3d} params  {f}:{first}  {name}\n")
+    w(f"\nover {max_lines} lines: {sum(r[0] > max_lines for r in rows)}\n")
+    w(f"over {max_params} parameters: {sum(r[1] > max_params for r in rows)}\n")
+    return rows
+
+
 def report(root=CSRC, graph=False, out=None, objects=None):
     files = csrc_files(root)
     rows = file_map(root)
@@ -376,4 +478,7 @@ def report(root=CSRC, graph=False, out=None, objects=None):
 if __name__ == "__main__":
     args = sys.argv[1:]
     objs = args[args.index("--objects") + 1] if "--objects" in args[:-1] else None
-    report(graph="--graph" in args, objects=objs)
+    if "--sizes" in args:
+        size_report()
+    else:
+        report(graph="--graph" in args, objects=objs)

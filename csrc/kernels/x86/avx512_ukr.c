@@ -18,7 +18,6 @@
 #ifdef PA_HAVE_X86_KERNELS
 #include "simd_avx512.h"
 #include "kernels/vec/vocab.h"
-#include "ukr_select.h"
 
 #define PA_SIMD avx512
 #define PA_ISA avx512
