@@ -20,7 +20,7 @@ the call is then handed to the full entry point, which raises its own
 message), two sequences writing one row of a paged pool by the full path's own
 check, the arrays' alignment, byte order and writeability here.
 
-Covered (``_api`` decides which calls ask):
+Covered (``_kvapi`` and ``_api`` decide which calls ask):
 - ``attention_with_kvcache`` on contiguous caches of float32, float64,
   float16 or bfloat16 and on such paged pools (``block_table``; not packed, no
   tree), with or without new rows, GQA, ``is_causal``, ``scale``, ``window``,
@@ -39,6 +39,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _C
+from ._cachespec import _written_rows
 from ._checks import is16, standin, store16, to_dtype
 from ._spec import attn_spec
 
@@ -258,7 +259,6 @@ def run(sig, query, k_cache, v_cache, key, value, out, cache_seqlens, block_tabl
         table = np.ascontiguousarray(table)
         if key is not None and (plan.B > 1 or plan.Tk > 1):
             # two writes of one physical row: the full path's check (and its error), as it makes it
-            from ._paged import _written_rows
             Tk = plan.Tk
             if ((n < 0) | (n > plan.S - Tk)).any() or (table < 0).any():
                 return None                 # out of range: the full path says which

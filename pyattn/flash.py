@@ -61,7 +61,7 @@ import sys
 
 import numpy as np
 
-from . import _api, _grad
+from . import _api, _grad, _kvapi
 from . import _bert_padding as bert_padding
 from ._bert_padding import pad_input, unpad_input
 from ._checks import is16
@@ -741,7 +741,7 @@ def _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, wi
     out = np.empty(qa.shape[:2] + (va.shape[3],), odt)
     t = lambda x: x.transpose(0, 2, 1, 3)  # noqa: E731
     lk, lq = np.diff(ck), np.diff(cq)
-    _, lse = _api.attention_with_kvcache(
+    _, lse = _kvapi.attention_with_kvcache(
         qa, t(ka), t(va), cache_seqlens=lk, block_table=bt, cu_seqlens_q=cq, is_causal=bool(causal),
         scale=softmax_scale, window=win, alibi_slopes=slopes, softcap=_softcap(softcap), return_lse=True,
         out=out)
@@ -957,7 +957,7 @@ _VARIANTS = {"fixed": (_forward, _backward), "varlen": (_varlen_forward, _varlen
 # ---- the KV cache ------------------------------------------------------------
 
 def _paged_supported():
-    return "block_table" in inspect.signature(_api.attention_with_kvcache).parameters
+    return "block_table" in inspect.signature(_kvapi.attention_with_kvcache).parameters
 
 
 def _table_bounds(cache_seqlens, Tk, S_max, tshape, pshape):
@@ -1121,7 +1121,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     odt = qa.dtype if (is16(qa.dtype) or qa.dtype in (np.float32, np.float64)) else np.dtype(np.float64)
     cd = np.dtype(np.float64) if np.float64 in (qa.dtype, kca.dtype) else np.dtype(np.float32)
     out = np.empty((B, T, Hq, vca.shape[3]), odt if (is16(odt) or odt == cd) else cd)
-    res = _api.attention_with_kvcache(
+    res = _kvapi.attention_with_kvcache(
         t(qa), t(kca), t(vca), t(ka), t(va), cache_seqlens=cache_seqlens, is_causal=bool(causal),
         scale=softmax_scale, window=win, alibi_slopes=slopes, softcap=_softcap(softcap),
         return_lse=bool(return_softmax_lse), out=t(out), rotary_cos=_arr(rotary_cos, "rotary_cos"),
