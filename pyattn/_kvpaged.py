@@ -50,7 +50,7 @@ def kvcache_paged(cs, out):
             out[...] = res
             res = out
         return (res, lse) if return_lse else res
-    groups: dict = {}
+    groups = {}
     for b in range(B):
         if cs.Ts[b] or not packed:
             groups.setdefault(int(cs.Ts[b]), []).append(b)
