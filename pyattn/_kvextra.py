@@ -1,11 +1,12 @@
 """attention_with_kvcache's FlashAttention options (issue 29): rotary
-embedding of the new keys and of the queries, ``cache_leftpad`` and
-``cache_batch_idx``. Kept out of ``_api.py``: ``attention_with_kvcache``
-calls ``rotary`` (the tables checked, the queries rotated in C into a
-scratch of their size; the new keys are rotated in C as they are written
-into the cache, csrc/ops/rotary.h), and hands a call with a left pad or a batch
-index to ``per_sequence``, which runs it one sequence at a time on views of
-the caches (never a copy of a cache).
+embedding of the new keys and of the queries, and the checks of
+``cache_leftpad`` / ``cache_batch_idx``. ``_cachespec.cache_spec`` calls
+``rotary`` (the tables checked, the queries rotated in C into a scratch of
+their size; the new keys are rotated in C as they are written into the
+cache, csrc/ops/rotary.h); ``_kvapi.per_sequence`` runs a call with a left
+pad or a batch index one sequence at a time on views of the caches (never a
+copy of a cache), its indices checked by ``indices``; ``cache_layouts``
+copies a cache the kernels cannot take in place.
 
 Shapes: query ``(B, Hq, T, E)``; caches ``(Bc, Hkv, S_max, E/Ev)``; new
 keys/values ``(B, Hkv, Tk, E/Ev)``; ``rotary_cos``/``rotary_sin``
