@@ -346,8 +346,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     (2, 4, 8)
     """
     # a repeated plain call (a decode step's): its signature's plan (pyattn/_kvfast.py)
-    sig = _kvfast.sdpa_signature(query, key, value, out, dropout_p, is_causal, scale, enable_gqa, window,
-                                 softcap, return_lse, precision, align) if (
+    sig = _kvfast.sdpa_signature(query, key, value, out, (dropout_p, is_causal, scale, enable_gqa, window,
+                                                          softcap, return_lse, precision, align)) if (
         attn_mask is None and alibi_slopes is None and sinks is None and block_mask is None
         and return_weights is False) else None
     if sig is not None:

@@ -201,23 +201,21 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
     """
     # a decode step's call: its signature's plan, made when the full path first accepted a call of
     # that signature (pyattn/_kvfast.py); every other call takes the full path
-    sig = None
+    sig = opts = None
     if (alibi_slopes is None and sinks is None and rotary_cos is None and rotary_sin is None
             and cache_leftpad is None and cache_batch_idx is None and cu_seqlens_q is None
             and tree_mask is None and k_scale is None and v_scale is None and block_mask is None):
-        sig = _kvfast.signature(query, k_cache, v_cache, key, value, out, is_causal, scale, window, softcap,
-                                return_lse, precision) if block_table is None else \
-            _kvfast.paged_signature(query, k_cache, v_cache, key, value, out, block_table, is_causal, scale,
-                                    window, softcap, return_lse, precision)
+        opts = (is_causal, scale, window, softcap, return_lse, precision)
+        sig = _kvfast.signature(query, k_cache, v_cache, key, value, out, opts) if block_table is None else \
+            _kvfast.paged_signature(query, k_cache, v_cache, key, value, out, block_table, opts)
     if sig is not None:
         res = _kvfast.run(sig, query, k_cache, v_cache, key, value, out, cache_seqlens, block_table)
         if res is not None:
             return res
-    args = {k: v for k, v in locals().items() if k not in ("sig", "res")}
+    args = {k: v for k, v in locals().items() if k not in ("sig", "opts", "res")}
     res = _kvcache_full(args)
     if sig is not None:
-        _kvfast.remember(sig, query, k_cache, v_cache, key, out, is_causal, scale, window, softcap,
-                         return_lse, precision, block_table)
+        _kvfast.remember(sig, query, k_cache, v_cache, key, out, opts, block_table)
     return res
 
 

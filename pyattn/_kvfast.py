@@ -74,10 +74,10 @@ def _out_key(out):
     return (out.shape, out.dtype) if type(out) is np.ndarray else False
 
 
-def signature(query, k_cache, v_cache, key, value, out, is_causal, scale, window, softcap, return_lse,
-              precision):
+def signature(query, k_cache, v_cache, key, value, out, opts):
     """The memo key of a call, or None when the call is not one the fast path
-    covers (the caller then takes the full path)."""
+    covers (the caller then takes the full path). opts: the call's (is_causal,
+    scale, window, softcap, return_lse, precision)."""
     nd = np.ndarray
     if type(query) is not nd or type(k_cache) is not nd or type(v_cache) is not nd:
         return None
@@ -92,19 +92,17 @@ def signature(query, k_cache, v_cache, key, value, out, is_causal, scale, window
     o = _out_key(out)
     if o is False:
         return None
-    opts = (_opt(is_causal), _opt(scale), _opt(window), _opt(softcap), _opt(return_lse), _opt(precision))
-    if None in opts:
+    ok = tuple(map(_opt, opts))
+    if None in ok:
         return None
     return (query.shape, query.strides, query.dtype, k_cache.shape, k_cache.strides, k_cache.dtype,
-            v_cache.shape, v_cache.strides, v_cache.dtype, rows, o) + opts
+            v_cache.shape, v_cache.strides, v_cache.dtype, rows, o) + ok
 
 
-def paged_signature(query, k_pool, v_pool, key, value, out, block_table, is_causal, scale, window, softcap,
-                    return_lse, precision):
+def paged_signature(query, k_pool, v_pool, key, value, out, block_table, opts):
     """The memo key of an attention_with_kvcache call with a block_table (and
     none of cu_seqlens_q, tree_mask, rotary, quantized pools...), or None."""
-    sig = signature(query, k_pool, v_pool, key, value, out, is_causal, scale, window, softcap, return_lse,
-                    precision)
+    sig = signature(query, k_pool, v_pool, key, value, out, opts)
     if sig is None or type(block_table) is not np.ndarray or block_table.ndim != 2 or \
             block_table.dtype.kind not in "iu" or (block_table.dtype.kind == "u" and block_table.dtype.itemsize == 8):
         return None
@@ -139,8 +137,8 @@ class _Plan:
     __slots__ = ("cd", "q_conv", "B", "Hq", "Hkv", "G", "T", "Tk", "E", "Ev", "S", "bs", "kv", "stack", "extra",
                  "k_view", "v_view", "rows_dt", "out_shape", "lse_shape", "views_ok")
 
-    def __init__(self, query, k_cache, v_cache, key, is_causal, scale, window, softcap, return_lse,
-                 precision, table=None):
+    def __init__(self, query, k_cache, v_cache, key, opts, table=None):
+        is_causal, scale, window, softcap, return_lse, precision = opts
         kc, vc = k_cache, v_cache
         cd = _F32 if is16(kc.dtype) else kc.dtype
         B, Hkv, S_max, E = kc.shape
@@ -309,8 +307,9 @@ def run_planned(query, k_pool, v_pool, key, value, n, table, kw, lens):
         o = dict(o)
         o.update(kw)
         out = o["out"]
-        sig = paged_signature(query, k_pool, v_pool, key, value, out, table, o["is_causal"], o["scale"],
-                              o["window"], o["softcap"], o["return_lse"], o["precision"])
+        sig = paged_signature(query, k_pool, v_pool, key, value, out, table,
+                              (o["is_causal"], o["scale"], o["window"], o["softcap"], o["return_lse"],
+                               o["precision"]))
     elif type(query) is nd and type(key) is nd and type(value) is nd:    # the defaults: signature's key
         out = None
         sig = ("paged", table.shape, table.dtype, query.shape, query.strides, query.dtype, k_pool.shape,
@@ -324,8 +323,7 @@ def run_planned(query, k_pool, v_pool, key, value, n, table, kw, lens):
     return _finish(plan.run(query, k_pool, v_pool, key, value, n, table, lens), plan, out)
 
 
-def remember(sig, query, k_cache, v_cache, key, out, is_causal, scale, window, softcap, return_lse,
-             precision, block_table=None):
+def remember(sig, query, k_cache, v_cache, key, out, opts, block_table=None):
     """Make the plan of a signature the full path has just accepted (and ran):
     only for the calls the fast path covers."""
     stats["full"] += 1
@@ -339,8 +337,7 @@ def remember(sig, query, k_cache, v_cache, key, out, is_causal, scale, window, s
         return
     if block_table is not None and (block_table.shape[0] == 0 or 0 in k_cache.shape or 0 in v_cache.shape):
         return                              # no sequence, or empty pools: the full path
-    plan = _Plan(query, k_cache, v_cache, key, is_causal, scale, window, softcap, return_lse, precision,
-                 block_table)
+    plan = _Plan(query, k_cache, v_cache, key, opts, block_table)
     if plan.views_ok:
         if len(_plans) >= _MAX_PLANS:
             _plans.clear()
@@ -349,23 +346,23 @@ def remember(sig, query, k_cache, v_cache, key, out, is_causal, scale, window, s
 
 # ---- scaled_dot_product_attention: the same memo for a plain call -------------------------
 
-def sdpa_signature(query, key, value, out, dropout_p, is_causal, scale, enable_gqa, window, softcap,
-                   return_lse, precision, align):
+def sdpa_signature(query, key, value, out, opts):
     """The memo key of a scaled_dot_product_attention call without a mask,
     dropout, ALiBi, sinks, weights or a block mask (the caller checks those
-    are None / False), or None (the full path)."""
+    are None / False), or None (the full path). opts: the call's (dropout_p,
+    is_causal, scale, enable_gqa, window, softcap, return_lse, precision,
+    align)."""
     nd = np.ndarray
     if type(query) is not nd or type(key) is not nd or type(value) is not nd:
         return None
     o = _out_key(out)
     if o is False:
         return None
-    opts = (_opt(dropout_p), _opt(is_causal), _opt(scale), _opt(enable_gqa), _opt(window), _opt(softcap),
-            _opt(return_lse), _opt(precision), _opt(align))
-    if None in opts or dropout_p != 0:
+    ok = tuple(map(_opt, opts))
+    if None in ok or opts[0] != 0:
         return None
     return ("sdpa", query.shape, query.strides, query.dtype, key.shape, key.strides, key.dtype,
-            value.shape, value.strides, value.dtype, o) + opts
+            value.shape, value.strides, value.dtype, o) + ok
 
 
 class _SdpaPlan:
