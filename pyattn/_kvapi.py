@@ -8,6 +8,8 @@
 """
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 
 from . import _kvextra, _kvfast
@@ -213,22 +215,21 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
         if res is not None:
             return res
     args = {k: v for k, v in locals().items() if k not in ("sig", "opts", "res")}
-    res = _kvcache_full(args)
+    res = _kvcache_full(**args)
     if sig is not None:
         _kvfast.remember(sig, query, k_cache, v_cache, key, out, opts, block_table)
     return res
 
 
-def _kvcache_full(args):
-    """attention_with_kvcache's full path: every check, every kind of call;
-    args: its arguments by name."""
-    query, k_cache, v_cache, key, value = (args[x] for x in ("query", "k_cache", "v_cache", "key", "value"))
+def _kvcache_full(query, k_cache, v_cache, key=None, value=None, **kw):
+    """attention_with_kvcache's full path: every check, every kind of call
+    (kw: its keywords; those not given take its defaults)."""
+    args = dict(_DEFAULTS, query=query, k_cache=k_cache, v_cache=v_cache, key=key, value=value, **kw)
     if (key is None) != (value is None):
         raise ValueError("give both key and value to append, or neither")
     laid = _kvextra.cache_layouts((k_cache, v_cache, args["k_scale"], args["v_scale"]),
                                   ("k_cache", "v_cache", "k_scale", "v_scale"), key is not None)
     if laid is not None:                        # one copy of a cache the kernels cannot take in place
-        args = dict(args)
         (args["k_cache"], args["v_cache"], args["k_scale"], args["v_scale"]), write_back = laid
         res = attention_with_kvcache(**args)
         write_back()
@@ -259,6 +260,11 @@ def _kvcache_full(args):
     if cs.table is not None:                    # paged / packed / tree calls
         return kvcache_paged(cs, args["out"])
     return _contiguous(cs, args["out"])
+
+
+# attention_with_kvcache's defaults (_kvcache_full's keywords not given)
+_DEFAULTS = {name: p.default for name, p in inspect.signature(attention_with_kvcache).parameters.items()
+             if p.default is not p.empty}
 
 
 def _contiguous(cs, out):
