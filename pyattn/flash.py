@@ -713,20 +713,21 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         if float(dropout_p) > 0:
             raise NotImplementedError("flash_attn_varlen_func: dropout_p > 0 with block_table (paged keys) "
                                       "is not offered (the paged path is forward-only inference)")
-        return _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_size,
-                             softcap, alibi_slopes, return_attn_probs, block_table)
+        return _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table,
+                             (softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs))
     opts = _opts(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs)
     opts["cu_seqlens_q"], opts["cu_seqlens_k"] = _arr(cu_seqlens_q, "cu_seqlens_q"), _arr(cu_seqlens_k, "cu_seqlens_k")
     opts["max_seqlen_q"], opts["max_seqlen_k"] = max_seqlen_q, max_seqlen_k
     return _run("varlen", q, k, v, opts)
 
 
-def _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_size, softcap,
-                  alibi_slopes, return_attn_probs, block_table):
+def _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, opts):
     """flash_attn_varlen_func with a paged k/v pool (num_blocks, block_size, Hkv, E):
     forward only (as FlashAttention: the result is not attached to autograd), on attention_with_kvcache(block_table=,
     cu_seqlens_q=) with no new rows: sequence b's queries sit at the bottom
-    right of its keys [0, cu_k[b+1] - cu_k[b])."""
+    right of its keys [0, cu_k[b+1] - cu_k[b]). opts: (softmax_scale, causal,
+    window_size, softcap, alibi_slopes, return_attn_probs)."""
+    softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs = opts
     if not _paged_supported():
         raise NotImplementedError("flash_attn_varlen_func(block_table=...) needs pyattn's paged KV cache "
                                   "support (attention_with_kvcache(block_table=...)), which this pyattn lacks")
@@ -782,8 +783,8 @@ def _flash_attn_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
         if seqused_k is not None:
             used = np.asarray(_arr(seqused_k, "seqused_k"), np.int64)
             cu_seqlens_k = np.concatenate([[0], np.cumsum(used)])
-        out, lse, _ = _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window,
-                                    softcap, alibi_slopes, True, block_table)
+        out, lse, _ = _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table,
+                                    (softmax_scale, causal, window, softcap, alibi_slopes, True))
         s_dmask = None
     else:
         if seqused_k is not None:
