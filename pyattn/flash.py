@@ -62,9 +62,10 @@ import sys
 import numpy as np
 
 from . import _api, _grad, _kvapi
+from ._bridge import bf16_numpy, is_tensor as _is_tensor, to_tensor as _tensor
 from . import _bert_padding as bert_padding
 from ._bert_padding import pad_input, unpad_input
-from ._checks import is16
+from ._checks import is16, window_arg
 
 __all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func",
            "flash_attn_varlen_func", "flash_attn_varlen_qkvpacked_func",
@@ -77,10 +78,6 @@ sys.modules.setdefault(__name__ + ".bert_padding", bert_padding)
 
 # ---- tensors <-> arrays (views, never copies) -------------------------------
 
-def _is_tensor(x):
-    return type(x).__module__.split(".")[0] == "torch" and hasattr(x, "detach")
-
-
 def _arr(x, name):
     """x as an ndarray sharing x's memory (a CPU tensor's, bfloat16 as
     ml_dtypes' bfloat16), or np.asarray(x)."""
@@ -88,24 +85,15 @@ def _arr(x, name):
         return None
     if not _is_tensor(x):
         return np.asarray(x)
-    import torch
     if x.device.type != "cpu":
         raise NotImplementedError(f"{name} is on {x.device}: pyattn.flash runs on the CPU (move it "
                                   "with .cpu(), or use flash_attn itself on the GPU)")
     t = x.detach()
     if t.is_conj() or t.is_neg():
         t = t.resolve_conj().resolve_neg()
-    if t.dtype == torch.bfloat16:
-        import ml_dtypes
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    if "bfloat16" in str(t.dtype):
+        return bf16_numpy(t)
     return t.numpy()
-
-
-def _tensor(a):
-    import torch
-    if a.dtype.kind == "V" and a.dtype.name == "bfloat16":
-        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(a)
 
 
 def _seed(tensors):
@@ -146,8 +134,7 @@ def _window(window_size, causal, S):
         right = 0
     left = -1 if left < 0 or left >= S else left
     right = -1 if right < 0 or right >= S else right
-    win = None if left < 0 and right < 0 else (None if left < 0 else left, None if right < 0 else right)
-    return win, left < 0 and right == 0
+    return window_arg(left, right), left < 0 and right == 0
 
 
 def _softcap(softcap):
