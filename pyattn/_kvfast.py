@@ -214,6 +214,8 @@ class _Plan:
                 r0 = r0.view(np.uint16)
             if self.v_view:
                 r1 = r1.view(np.uint16)
+            # the layouts of _cachespec.CacheSpec.c_append / c_paged (the full path's), built here
+            # without a spec: this is the per-call path (tests/test_kvfast.py compares the two)
             extra["append"] = (c0, c1, r0, r1, n) if table is None else (r0, r1, n)
         B, Hkv, G = self.B, self.Hkv, self.G
         reps = Hkv if self.stack else self.Hq
