@@ -92,7 +92,8 @@ def signature(query, k_cache, v_cache, key, value, out, opts):
     o = _out_key(out)
     if o is False:
         return None
-    ok = tuple(map(_opt, opts))
+    c, s, w, cap, lse, p = opts
+    ok = (_opt(c), _opt(s), _opt(w), _opt(cap), _opt(lse), _opt(p))
     if None in ok:
         return None
     return (query.shape, query.strides, query.dtype, k_cache.shape, k_cache.strides, k_cache.dtype,
@@ -360,8 +361,9 @@ def sdpa_signature(query, key, value, out, opts):
     o = _out_key(out)
     if o is False:
         return None
-    ok = tuple(map(_opt, opts))
-    if None in ok or opts[0] != 0:
+    p, c, s, g, w, cap, lse, pr, al = opts
+    ok = (_opt(p), _opt(c), _opt(s), _opt(g), _opt(w), _opt(cap), _opt(lse), _opt(pr), _opt(al))
+    if None in ok or p != 0:
         return None
     return ("sdpa", query.shape, query.strides, query.dtype, key.shape, key.strides, key.dtype,
             value.shape, value.strides, value.dtype, o) + ok
