@@ -6,6 +6,8 @@ bfloat16 tensor's bits as ml_dtypes' bfloat16, which NumPy lacks); torch
 and ml_dtypes are imported only when a tensor or a bfloat16 array is met."""
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 __all__ = []  # private
@@ -27,9 +29,8 @@ def bf16_numpy(t) -> np.ndarray:
 def tensor_numpy(t) -> np.ndarray:
     """A CPU tensor's memory as a NumPy array, never a copy (detached;
     bfloat16 as ml_dtypes' bfloat16: the same bits)."""
-    import torch
     t = t.detach()
-    if t.dtype == torch.bfloat16:
+    if t.dtype == sys.modules["torch"].bfloat16:    # (a tensor: torch is imported; per call, no import)
         try:
             return bf16_numpy(t)
         except ImportError:
