@@ -25,10 +25,11 @@ except ImportError:
         "(run from the folder holding pyproject.toml), or run Python from another folder to use "
         "the installed copy."
     ) from None
-from ._api import (attention_with_kvcache, matmul, merge_attention, multi_head_attention,
+from ._api import (matmul, merge_attention, multi_head_attention,
                    scaled_dot_product_attention, softmax)
 from ._grad import (scaled_dot_product_attention_backward, scaled_dot_product_attention_vjp,
                     softmax_backward)
+from ._kvapi import attention_with_kvcache
 from ._kvcache import KVCache
 from ._varlen import (scaled_dot_product_attention_varlen, scaled_dot_product_attention_varlen_backward,
                       scaled_dot_product_attention_varlen_vjp)

@@ -12,6 +12,8 @@ import operator
 
 import numpy as np
 
+from ._bridge import from_dlpack, torch_bf16_hint
+
 __all__ = []  # private
 
 
@@ -30,38 +32,6 @@ def as_array(x, name):
     except Exception as exc:  # objects whose __array__ raises, ragged lists
         raise TypeError(f"{name} could not be converted to a numpy array: {exc}"
                         f"{torch_bf16_hint(x)}") from exc
-
-
-def from_dlpack(x):
-    """A view of x's memory through DLPack (a torch tensor, a JAX array),
-    never a copy; a PyTorch bfloat16 tensor as ml_dtypes' bfloat16 (NumPy's
-    DLPack import has no bfloat16) when ml_dtypes is installed. None when
-    NumPy cannot view x that way (another device, a tensor that requires
-    grad, a dtype NumPy lacks): np.asarray then decides, or names the problem."""
-    try:
-        return np.from_dlpack(x)
-    except (BufferError, RuntimeError, TypeError, ValueError, AttributeError):
-        pass
-    if type(x).__module__.split(".")[0] == "torch" and "bfloat16" in str(getattr(x, "dtype", "")) \
-            and getattr(getattr(x, "device", None), "type", None) == "cpu" \
-            and not getattr(x, "requires_grad", False):
-        try:
-            import ml_dtypes
-            import torch
-        except ImportError:
-            return None
-        return x.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return None
-
-
-def torch_bf16_hint(x):
-    """The fix for a PyTorch bfloat16 tensor (NumPy has no bfloat16 of its own,
-    so tensor.numpy() fails with "unsupported ScalarType BFloat16"), else ''."""
-    if type(x).__module__.split(".")[0] != "torch" or "bfloat16" not in str(getattr(x, "dtype", "")):
-        return ""
-    return ("; it is a PyTorch bfloat16 tensor, which NumPy cannot hold: pass t.float() "
-            "(float32, exact), or the same bits without a copy as ml_dtypes' bfloat16: "
-            "t.view(torch.int16).numpy().view(ml_dtypes.bfloat16) (pip install \"pyattn[bf16]\")")
 
 
 def is16(dt):
@@ -340,6 +310,15 @@ def window_value(window, reach=None):
             raise ValueError(f"window sizes must be >= 0 (or None), got window={tuple(window)!r}")
         res.append(n)
     return res[0], res[1]
+
+
+def window_arg(left, right):
+    """The inverse of window_value: a (left, right) pair of ints, a negative
+    side unbounded (the C frame's, torch.library's and FlashAttention's -1),
+    as pyattn's ``window`` (None: unbounded on both sides)."""
+    if left < 0 and right < 0:
+        return None
+    return (None if left < 0 else left, None if right < 0 else right)
 
 
 def softcap_value(softcap):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._api import attention_with_kvcache
+from ._kvapi import attention_with_kvcache
 from ._checks import cache_dtype, number
 from ._paged import CacheFullError
 

@@ -1,11 +1,12 @@
 """attention_with_kvcache's FlashAttention options (issue 29): rotary
-embedding of the new keys and of the queries, ``cache_leftpad`` and
-``cache_batch_idx``. Kept out of ``_api.py``: ``attention_with_kvcache``
-calls ``rotary`` (the tables checked, the queries rotated in C into a
-scratch of their size; the new keys are rotated in C as they are written
-into the cache, csrc/ops/rotary.h), and hands a call with a left pad or a batch
-index to ``per_sequence``, which runs it one sequence at a time on views of
-the caches (never a copy of a cache).
+embedding of the new keys and of the queries, and the checks of
+``cache_leftpad`` / ``cache_batch_idx``. ``_cachespec.cache_spec`` calls
+``rotary`` (the tables checked, the queries rotated in C into a scratch of
+their size; the new keys are rotated in C as they are written into the
+cache, csrc/ops/rotary.h); ``_kvapi.per_sequence`` runs a call with a left
+pad or a batch index one sequence at a time on views of the caches (never a
+copy of a cache), its indices checked by ``indices``; ``cache_layouts``
+copies a cache the kernels cannot take in place.
 
 Shapes: query ``(B, Hq, T, E)``; caches ``(Bc, Hkv, S_max, E/Ev)``; new
 keys/values ``(B, Hkv, Tk, E/Ev)``; ``rotary_cos``/``rotary_sin``
@@ -148,7 +149,7 @@ def cache_layouts(arrays, names, written):
     return out, write_back
 
 
-def _indices(x, name, B, lo, hi, what):
+def indices(x, name, B, lo, hi, what):
     """(B,) int64 from an int array; every entry in [lo, hi] (hi: an int or (B,))."""
     a = as_array(x, name)
     if a.dtype.kind not in "iu":
@@ -162,90 +163,3 @@ def _indices(x, name, B, lo, hi, what):
         top = hi if isinstance(hi, numbers.Integral) else int(hi[b])
         raise ValueError(f"{name}[{b}] = {int(a[b])} is outside [{lo}, {top}] ({what}); nothing was written")
     return a
-
-
-def per_sequence(fn, query, k_cache, v_cache, key, value, cache_seqlens, cache_batch_idx,
-                 cache_leftpad, alibi_slopes, return_lse, out, kw):
-    """attention_with_kvcache with ``cache_batch_idx`` (sequence b reads and
-    writes cache entry ``idx[b]``) and/or ``cache_leftpad`` (sequence b's
-    keys start at cache row ``pad[b]``: rows before it are not attended;
-    positions stay the cache rows): one call of ``fn`` per sequence on views
-    ``k_cache[idx[b], :, pad[b]:]``. Everything that differs between
-    sequences is checked before the first row is written; ``kw`` holds the
-    other keywords (the same for every sequence: a bad one raises in the
-    first call, before it writes)."""
-    from ._api import _cache_array, _seqlens
-    new = key is not None
-    kc = _cache_array(k_cache, "k_cache", new)
-    vc = _cache_array(v_cache, "v_cache", new)
-    q = as_array(query, "query")
-    if q.ndim != 4:
-        raise ValueError(f"query must be (B, Hq, T, E), got shape {q.shape}")
-    B, Bc, S_max = q.shape[0], kc.shape[0], kc.shape[2]
-    if vc.shape[:3] != kc.shape[:3]:
-        raise ValueError(f"v_cache has shape {vc.shape} and k_cache {kc.shape}: their first three "
-                         "axes (B, Hkv, S_max) must match")
-    if cache_batch_idx is None:
-        if Bc != B:
-            raise ValueError(f"query has shape {q.shape} and k_cache {kc.shape}: B must match "
-                             "(or pass cache_batch_idx)")
-        idx = np.arange(B)
-    else:
-        idx = _indices(cache_batch_idx, "cache_batch_idx", B, 0, Bc - 1, "the caches' batch entries")
-    Tk = 0
-    if new:
-        kn, vn = as_array(key, "key"), as_array(value, "value")
-        if kn.ndim != 4 or vn.ndim != 4 or kn.shape[0] != B or vn.shape[:3] != kn.shape[:3]:
-            raise ValueError(f"key {kn.shape} and value {vn.shape} must be (B, Hkv, Tk, E/Ev) with "
-                             f"B = {B} and one Tk")
-        Tk = kn.shape[2]
-    n = _seqlens(cache_seqlens, B, S_max - Tk, Tk)
-    pad = np.zeros(B, np.int64) if cache_leftpad is None else \
-        _indices(cache_leftpad, "cache_leftpad", B, 0, n, "at most cache_seqlens")
-    tabs = None
-    if kw.get("rotary_cos") is not None or kw.get("rotary_sin") is not None:
-        # every sequence's positions checked before the first row is written;
-        # sequence b then takes the tables from row pad[b] on (views): its
-        # cache rows, counted from pad[b], keep their positions
-        cd = np.dtype(np.float32) if is16(kc.dtype) else kc.dtype
-        q_steps = bool(kw.get("is_causal", True)) or kw.get("window") is not None
-        need = int(n.max()) + max(Tk, q.shape[2] if q_steps else 1) - 1 if B and (Tk or q.shape[2]) else None
-        tabs = tables(kw["rotary_cos"], kw["rotary_sin"], kn if new else None, kc.shape[3], need,
-                      f"cache_seqlens {n.tolist()} plus the new rows", cd)
-    kw = {k: v for k, v in kw.items() if not (tabs is not None and k in ("rotary_cos", "rotary_sin"))}
-    slopes = None if alibi_slopes is None else as_array(alibi_slopes, "alibi_slopes")
-    if out is not None and (not isinstance(out, np.ndarray) or out.shape[:3] != q.shape[:3]):
-        raise ValueError(f"out must be an ndarray (B, Hq, T, Ev) = {q.shape[:3]} + (Ev,), got "
-                         f"{getattr(out, 'shape', type(out).__name__)}")
-    outs, lses = [], []
-    # the rows each sequence writes, to put back (last first) if a later sequence's
-    # call fails: a call that raises -- MemoryError, Ctrl-C -- leaves the caches as they were
-    saved = [(c, int(idx[b]), int(n[b]), c[int(idx[b]), :, int(n[b]):int(n[b]) + Tk].copy())
-             for b in range(B) for c in (kc, vc)] if new and B > 1 else []
-    try:
-        for b in range(B):
-            i, p = int(idx[b]), int(pad[b])
-            sl = None if slopes is None else (slopes[b] if slopes.ndim == 2 else slopes)
-            rot = {} if tabs is None else dict(rotary_cos=tabs[0][p:], rotary_sin=tabs[1][p:])
-            res = fn(q[b:b + 1], kc[i:i + 1, :, p:], vc[i:i + 1, :, p:],
-                     kn[b:b + 1] if new else None, vn[b:b + 1] if new else None,
-                     cache_seqlens=int(n[b]) - p, alibi_slopes=sl, return_lse=return_lse,
-                     **rot, **kw)
-            if return_lse:
-                outs.append(res[0])
-                lses.append(res[1])
-            else:
-                outs.append(res)
-    except BaseException:
-        for c, i, r, rows in reversed(saved):
-            c[i, :, r:r + Tk] = rows
-        raise
-    o = np.concatenate(outs) if B else fn(q, kc[:0], vc[:0], cache_seqlens=0, **kw)
-    if out is not None:                 # written once every sequence has succeeded
-        if out.shape != o.shape:
-            raise ValueError(f"out has shape {out.shape}; expected {o.shape}")
-        out[...] = o
-        o = out
-    if not return_lse:
-        return o
-    return o, (np.concatenate(lses) if B else np.zeros(q.shape[:3], o.dtype))

@@ -20,7 +20,7 @@ the call is then handed to the full entry point, which raises its own
 message), two sequences writing one row of a paged pool by the full path's own
 check, the arrays' alignment, byte order and writeability here.
 
-Covered (``_api`` decides which calls ask):
+Covered (``_kvapi`` and ``_api`` decide which calls ask):
 - ``attention_with_kvcache`` on contiguous caches of float32, float64,
   float16 or bfloat16 and on such paged pools (``block_table``; not packed, no
   tree), with or without new rows, GQA, ``is_causal``, ``scale``, ``window``,
@@ -39,6 +39,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _C
+from ._cachespec import _written_rows
 from ._checks import is16, standin, store16, to_dtype
 from ._spec import attn_spec
 
@@ -73,10 +74,10 @@ def _out_key(out):
     return (out.shape, out.dtype) if type(out) is np.ndarray else False
 
 
-def signature(query, k_cache, v_cache, key, value, out, is_causal, scale, window, softcap, return_lse,
-              precision):
+def signature(query, k_cache, v_cache, key, value, out, opts):
     """The memo key of a call, or None when the call is not one the fast path
-    covers (the caller then takes the full path)."""
+    covers (the caller then takes the full path). opts: the call's (is_causal,
+    scale, window, softcap, return_lse, precision)."""
     nd = np.ndarray
     if type(query) is not nd or type(k_cache) is not nd or type(v_cache) is not nd:
         return None
@@ -91,19 +92,18 @@ def signature(query, k_cache, v_cache, key, value, out, is_causal, scale, window
     o = _out_key(out)
     if o is False:
         return None
-    opts = (_opt(is_causal), _opt(scale), _opt(window), _opt(softcap), _opt(return_lse), _opt(precision))
-    if None in opts:
+    c, s, w, cap, lse, p = opts
+    ok = (_opt(c), _opt(s), _opt(w), _opt(cap), _opt(lse), _opt(p))
+    if None in ok:
         return None
     return (query.shape, query.strides, query.dtype, k_cache.shape, k_cache.strides, k_cache.dtype,
-            v_cache.shape, v_cache.strides, v_cache.dtype, rows, o) + opts
+            v_cache.shape, v_cache.strides, v_cache.dtype, rows, o) + ok
 
 
-def paged_signature(query, k_pool, v_pool, key, value, out, block_table, is_causal, scale, window, softcap,
-                    return_lse, precision):
+def paged_signature(query, k_pool, v_pool, key, value, out, block_table, opts):
     """The memo key of an attention_with_kvcache call with a block_table (and
     none of cu_seqlens_q, tree_mask, rotary, quantized pools...), or None."""
-    sig = signature(query, k_pool, v_pool, key, value, out, is_causal, scale, window, softcap, return_lse,
-                    precision)
+    sig = signature(query, k_pool, v_pool, key, value, out, opts)
     if sig is None or type(block_table) is not np.ndarray or block_table.ndim != 2 or \
             block_table.dtype.kind not in "iu" or (block_table.dtype.kind == "u" and block_table.dtype.itemsize == 8):
         return None
@@ -138,8 +138,8 @@ class _Plan:
     __slots__ = ("cd", "q_conv", "B", "Hq", "Hkv", "G", "T", "Tk", "E", "Ev", "S", "bs", "kv", "stack", "extra",
                  "k_view", "v_view", "rows_dt", "out_shape", "lse_shape", "views_ok")
 
-    def __init__(self, query, k_cache, v_cache, key, is_causal, scale, window, softcap, return_lse,
-                 precision, table=None):
+    def __init__(self, query, k_cache, v_cache, key, opts, table=None):
+        is_causal, scale, window, softcap, return_lse, precision = opts
         kc, vc = k_cache, v_cache
         cd = _F32 if is16(kc.dtype) else kc.dtype
         B, Hkv, S_max, E = kc.shape
@@ -215,6 +215,8 @@ class _Plan:
                 r0 = r0.view(np.uint16)
             if self.v_view:
                 r1 = r1.view(np.uint16)
+            # the layouts of _cachespec.CacheSpec.c_append / c_paged (the full path's), built here
+            # without a spec: this is the per-call path (tests/test_kvfast.py compares the two)
             extra["append"] = (c0, c1, r0, r1, n) if table is None else (r0, r1, n)
         B, Hkv, G = self.B, self.Hkv, self.G
         reps = Hkv if self.stack else self.Hq
@@ -258,7 +260,6 @@ def run(sig, query, k_cache, v_cache, key, value, out, cache_seqlens, block_tabl
         table = np.ascontiguousarray(table)
         if key is not None and (plan.B > 1 or plan.Tk > 1):
             # two writes of one physical row: the full path's check (and its error), as it makes it
-            from ._paged import _written_rows
             Tk = plan.Tk
             if ((n < 0) | (n > plan.S - Tk)).any() or (table < 0).any():
                 return None                 # out of range: the full path says which
@@ -309,8 +310,9 @@ def run_planned(query, k_pool, v_pool, key, value, n, table, kw, lens):
         o = dict(o)
         o.update(kw)
         out = o["out"]
-        sig = paged_signature(query, k_pool, v_pool, key, value, out, table, o["is_causal"], o["scale"],
-                              o["window"], o["softcap"], o["return_lse"], o["precision"])
+        sig = paged_signature(query, k_pool, v_pool, key, value, out, table,
+                              (o["is_causal"], o["scale"], o["window"], o["softcap"], o["return_lse"],
+                               o["precision"]))
     elif type(query) is nd and type(key) is nd and type(value) is nd:    # the defaults: signature's key
         out = None
         sig = ("paged", table.shape, table.dtype, query.shape, query.strides, query.dtype, k_pool.shape,
@@ -324,8 +326,7 @@ def run_planned(query, k_pool, v_pool, key, value, n, table, kw, lens):
     return _finish(plan.run(query, k_pool, v_pool, key, value, n, table, lens), plan, out)
 
 
-def remember(sig, query, k_cache, v_cache, key, out, is_causal, scale, window, softcap, return_lse,
-             precision, block_table=None):
+def remember(sig, query, k_cache, v_cache, key, out, opts, block_table=None):
     """Make the plan of a signature the full path has just accepted (and ran):
     only for the calls the fast path covers."""
     stats["full"] += 1
@@ -339,8 +340,7 @@ def remember(sig, query, k_cache, v_cache, key, out, is_causal, scale, window, s
         return
     if block_table is not None and (block_table.shape[0] == 0 or 0 in k_cache.shape or 0 in v_cache.shape):
         return                              # no sequence, or empty pools: the full path
-    plan = _Plan(query, k_cache, v_cache, key, is_causal, scale, window, softcap, return_lse, precision,
-                 block_table)
+    plan = _Plan(query, k_cache, v_cache, key, opts, block_table)
     if plan.views_ok:
         if len(_plans) >= _MAX_PLANS:
             _plans.clear()
@@ -349,23 +349,24 @@ def remember(sig, query, k_cache, v_cache, key, out, is_causal, scale, window, s
 
 # ---- scaled_dot_product_attention: the same memo for a plain call -------------------------
 
-def sdpa_signature(query, key, value, out, dropout_p, is_causal, scale, enable_gqa, window, softcap,
-                   return_lse, precision, align):
+def sdpa_signature(query, key, value, out, opts):
     """The memo key of a scaled_dot_product_attention call without a mask,
     dropout, ALiBi, sinks, weights or a block mask (the caller checks those
-    are None / False), or None (the full path)."""
+    are None / False), or None (the full path). opts: the call's (dropout_p,
+    is_causal, scale, enable_gqa, window, softcap, return_lse, precision,
+    align)."""
     nd = np.ndarray
     if type(query) is not nd or type(key) is not nd or type(value) is not nd:
         return None
     o = _out_key(out)
     if o is False:
         return None
-    opts = (_opt(dropout_p), _opt(is_causal), _opt(scale), _opt(enable_gqa), _opt(window), _opt(softcap),
-            _opt(return_lse), _opt(precision), _opt(align))
-    if None in opts or dropout_p != 0:
+    p, c, s, g, w, cap, lse, pr, al = opts
+    ok = (_opt(p), _opt(c), _opt(s), _opt(g), _opt(w), _opt(cap), _opt(lse), _opt(pr), _opt(al))
+    if None in ok or p != 0:
         return None
     return ("sdpa", query.shape, query.strides, query.dtype, key.shape, key.strides, key.dtype,
-            value.shape, value.strides, value.dtype, o) + opts
+            value.shape, value.strides, value.dtype, o) + ok
 
 
 class _SdpaPlan:

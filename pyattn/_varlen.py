@@ -42,11 +42,12 @@ def _cu(x, name, total, of):
     return c
 
 
-def _spec(query, key, value, cu_seqlens_q, cu_seqlens_k, is_causal, scale, enable_gqa, dropout_p,
-          rng, window, alibi_slopes, softcap, sinks, precision, return_lse, block_mask=None, align=None):
+def _spec(query, key, value, cu_seqlens_q, cu_seqlens_k, kw):
     """The AttnSpec of a varlen call: the dense spec of the head-major views
     (H, total, E), with the offsets, the per-sequence ALiBi slopes and the
-    block mask (a slab per sequence and head)."""
+    block mask (a slab per sequence and head). kw: the call's options by
+    name (is_causal, scale, enable_gqa, dropout_p, rng, window,
+    alibi_slopes, softcap, sinks, precision, return_lse, block_mask, align)."""
     q, k, v = as_array(query, "query"), as_array(key, "key"), as_array(value, "value")
     for x, n in ((q, "query"), (k, "key"), (v, "value")):
         if x.ndim != 3:
@@ -55,7 +56,7 @@ def _spec(query, key, value, cu_seqlens_q, cu_seqlens_k, is_causal, scale, enabl
         raise ValueError(f"key has shape {k.shape} and query has shape {q.shape}: their last axes (E) must match")
     if v.shape[:2] != k.shape[:2]:
         raise ValueError(f"value has shape {v.shape} and key has shape {k.shape}: their tokens and heads must match")
-    if not enable_gqa and k.shape[1] != q.shape[1]:
+    if not kw["enable_gqa"] and k.shape[1] != q.shape[1]:
         raise ValueError(f"query has {q.shape[1]} heads (shape {q.shape}) and key {k.shape[1]} (shape {k.shape}): "
                          "they must match, or pass enable_gqa=True for grouped-query attention")
     cq = _cu(cu_seqlens_q, "cu_seqlens_q", q.shape[0], "query")
@@ -63,15 +64,16 @@ def _spec(query, key, value, cu_seqlens_q, cu_seqlens_k, is_causal, scale, enabl
     if cq.shape != ck.shape:
         raise ValueError(f"cu_seqlens_q has {cq.size - 1} sequences and cu_seqlens_k {ck.size - 1}: they must match")
     t = (1, 0, 2)
-    spec = attn_spec(q.transpose(t), k.transpose(t), v.transpose(t), None, dropout_p, is_causal, scale,
-                     enable_gqa, rng=rng, window=window, softcap=softcap, sinks=sinks, precision=precision,
-                     return_lse=return_lse)
+    spec = attn_spec(q.transpose(t), k.transpose(t), v.transpose(t), None, kw["dropout_p"], kw["is_causal"],
+                     kw["scale"], kw["enable_gqa"], rng=kw["rng"], window=kw["window"], softcap=kw["softcap"],
+                     sinks=kw["sinks"], precision=kw["precision"], return_lse=kw["return_lse"])
     slopes = None
+    alibi_slopes, block_mask = kw["alibi_slopes"], kw["block_mask"]
     if alibi_slopes is not None:
         slopes = per_head(alibi_slopes, "alibi_slopes", (cq.size - 1, q.shape[1]), "(Hq,) or (N, Hq)").reshape(-1)
     bm = None if block_mask is None else check_block_mask_varlen(block_mask, cq, ck, q.shape[1])
     return spec._replace(slopes=slopes, cu_seqlens_q=cq, cu_seqlens_k=ck, block_mask=bm,
-                         seq_align=align_code(align, spec.causal))
+                         seq_align=align_code(kw["align"], spec.causal))
 
 
 def scaled_dot_product_attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, *, is_causal=False,
@@ -161,8 +163,10 @@ def scaled_dot_product_attention_varlen(query, key, value, cu_seqlens_q, cu_seql
     >>> pyattn.scaled_dot_product_attention_varlen(x, x, x, cu, cu, is_causal=True).shape
     (7, 2, 4)
     """
-    spec = _spec(query, key, value, cu_seqlens_q, cu_seqlens_k, is_causal, scale, enable_gqa, dropout_p,
-                 rng, window, alibi_slopes, softcap, sinks, precision, return_lse, block_mask, align)
+    spec = _spec(query, key, value, cu_seqlens_q, cu_seqlens_k, dict(
+        is_causal=is_causal, scale=scale, enable_gqa=enable_gqa, dropout_p=dropout_p, rng=rng, window=window,
+        alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks, precision=precision, return_lse=return_lse,
+        block_mask=block_mask, align=align))
     shape = (spec.L, spec.full_batch[-1], spec.Ev)
     if out is None:
         buf = np.empty(shape, spec.dtype)
@@ -232,8 +236,10 @@ def scaled_dot_product_attention_varlen_backward(grad_out, query, key, value, ou
     >>> dq.shape
     (7, 2, 4)
     """
-    spec = _spec(query, key, value, cu_seqlens_q, cu_seqlens_k, is_causal, scale, enable_gqa, dropout_p,
-                 rng, window, alibi_slopes, softcap, sinks, None, False, block_mask, align)
+    spec = _spec(query, key, value, cu_seqlens_q, cu_seqlens_k, dict(
+        is_causal=is_causal, scale=scale, enable_gqa=enable_gqa, dropout_p=dropout_p, rng=rng, window=window,
+        alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks, precision=None, return_lse=False,
+        block_mask=block_mask, align=align))
     hq = spec.full_batch[-1]
     oshape = (spec.L, hq, spec.Ev)
     go = _packed_input(grad_out, "grad_out", oshape)

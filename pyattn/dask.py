@@ -126,11 +126,12 @@ def _task_threads(fixed):
     return max(1, budget // max(1, int(running)))
 
 
-def _partial(q, k, v, m, causal, scale, gqa, window, slopes, softcap, sinks, qoff, threads, bm=None):
-    """Attention of one query block over one key block: (out, lse). bm: (BlockMask,
-    the block's slabs, its first position, its first key) or None."""
-    spec = attn_spec(q, k, v, m, 0.0, bool(causal), scale, gqa, window=window, alibi_slopes=slopes,
-                     softcap=softcap, sinks=sinks, return_lse=True, qoff=qoff)
+def _partial(q, k, v, m, kw, threads, bm=None):
+    """Attention of one query block over one key block: (out, lse). kw: the
+    block's attn_spec keywords (is_causal, scale, enable_gqa, window,
+    alibi_slopes, softcap, sinks, qoff); bm: (BlockMask, the block's slabs,
+    its first position, its first key) or None."""
+    spec = attn_spec(q, k, v, m, 0.0, return_lse=True, **kw)
     if bm is not None:
         spec = spec._replace(block_mask=bm[0]._c_arg(None, bm[2], bm[3], slabs=bm[1]))
     return _sdpa(spec, nthreads=_task_threads(threads))
@@ -353,9 +354,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                 sl = None if slopes_full is None else np.ascontiguousarray(slopes_full[tuple(lead)])
                 sk = None if (sinks_full is None or parts) else np.ascontiguousarray(sinks_full[tuple(lead)])
                 name = f"pyattn-attention-{token}-{'-'.join(map(str, lead_idx))}-{li}-{si}"
-                parts.append(dask.delayed(_partial, pure=False)(
-                    qb, kb, vb, mb, bool(causal), sc, groups > 1, window, sl, softcap, sk,
-                    l0 + g - s0, threads, bm, dask_key_name=name))
+                kw = dict(is_causal=bool(causal), scale=sc, enable_gqa=groups > 1, window=window,
+                          alibi_slopes=sl, softcap=softcap, sinks=sk, qoff=l0 + g - s0)
+                parts.append(dask.delayed(_partial, pure=False)(qb, kb, vb, mb, kw, threads, bm,
+                                                                dask_key_name=name))
             if not parts:
                 pair = dask.delayed(_empty_pair)(bshape, dt, dask_key_name=f"pyattn-empty-{token}-"
                                                  f"{'-'.join(map(str, lead_idx))}-{li}")

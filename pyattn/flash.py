@@ -61,10 +61,11 @@ import sys
 
 import numpy as np
 
-from . import _api, _grad
+from . import _api, _grad, _kvapi
+from ._bridge import bf16_numpy, is_tensor as _is_tensor, to_tensor as _tensor
 from . import _bert_padding as bert_padding
 from ._bert_padding import pad_input, unpad_input
-from ._checks import is16
+from ._checks import is16, window_arg
 
 __all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func",
            "flash_attn_varlen_func", "flash_attn_varlen_qkvpacked_func",
@@ -77,10 +78,6 @@ sys.modules.setdefault(__name__ + ".bert_padding", bert_padding)
 
 # ---- tensors <-> arrays (views, never copies) -------------------------------
 
-def _is_tensor(x):
-    return type(x).__module__.split(".")[0] == "torch" and hasattr(x, "detach")
-
-
 def _arr(x, name):
     """x as an ndarray sharing x's memory (a CPU tensor's, bfloat16 as
     ml_dtypes' bfloat16), or np.asarray(x)."""
@@ -88,24 +85,15 @@ def _arr(x, name):
         return None
     if not _is_tensor(x):
         return np.asarray(x)
-    import torch
     if x.device.type != "cpu":
         raise NotImplementedError(f"{name} is on {x.device}: pyattn.flash runs on the CPU (move it "
                                   "with .cpu(), or use flash_attn itself on the GPU)")
     t = x.detach()
     if t.is_conj() or t.is_neg():
         t = t.resolve_conj().resolve_neg()
-    if t.dtype == torch.bfloat16:
-        import ml_dtypes
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    if "bfloat16" in str(t.dtype):
+        return bf16_numpy(t)
     return t.numpy()
-
-
-def _tensor(a):
-    import torch
-    if a.dtype.kind == "V" and a.dtype.name == "bfloat16":
-        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(a)
 
 
 def _seed(tensors):
@@ -146,8 +134,7 @@ def _window(window_size, causal, S):
         right = 0
     left = -1 if left < 0 or left >= S else left
     right = -1 if right < 0 or right >= S else right
-    win = None if left < 0 and right < 0 else (None if left < 0 else left, None if right < 0 else right)
-    return win, left < 0 and right == 0
+    return window_arg(left, right), left < 0 and right == 0
 
 
 def _softcap(softcap):
@@ -713,20 +700,21 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         if float(dropout_p) > 0:
             raise NotImplementedError("flash_attn_varlen_func: dropout_p > 0 with block_table (paged keys) "
                                       "is not offered (the paged path is forward-only inference)")
-        return _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_size,
-                             softcap, alibi_slopes, return_attn_probs, block_table)
+        return _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table,
+                             (softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs))
     opts = _opts(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs)
     opts["cu_seqlens_q"], opts["cu_seqlens_k"] = _arr(cu_seqlens_q, "cu_seqlens_q"), _arr(cu_seqlens_k, "cu_seqlens_k")
     opts["max_seqlen_q"], opts["max_seqlen_k"] = max_seqlen_q, max_seqlen_k
     return _run("varlen", q, k, v, opts)
 
 
-def _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_size, softcap,
-                  alibi_slopes, return_attn_probs, block_table):
+def _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, opts):
     """flash_attn_varlen_func with a paged k/v pool (num_blocks, block_size, Hkv, E):
     forward only (as FlashAttention: the result is not attached to autograd), on attention_with_kvcache(block_table=,
     cu_seqlens_q=) with no new rows: sequence b's queries sit at the bottom
-    right of its keys [0, cu_k[b+1] - cu_k[b])."""
+    right of its keys [0, cu_k[b+1] - cu_k[b]). opts: (softmax_scale, causal,
+    window_size, softcap, alibi_slopes, return_attn_probs)."""
+    softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs = opts
     if not _paged_supported():
         raise NotImplementedError("flash_attn_varlen_func(block_table=...) needs pyattn's paged KV cache "
                                   "support (attention_with_kvcache(block_table=...)), which this pyattn lacks")
@@ -741,7 +729,7 @@ def _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, wi
     out = np.empty(qa.shape[:2] + (va.shape[3],), odt)
     t = lambda x: x.transpose(0, 2, 1, 3)  # noqa: E731
     lk, lq = np.diff(ck), np.diff(cq)
-    _, lse = _api.attention_with_kvcache(
+    _, lse = _kvapi.attention_with_kvcache(
         qa, t(ka), t(va), cache_seqlens=lk, block_table=bt, cu_seqlens_q=cq, is_causal=bool(causal),
         scale=softmax_scale, window=win, alibi_slopes=slopes, softcap=_softcap(softcap), return_lse=True,
         out=out)
@@ -782,8 +770,8 @@ def _flash_attn_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
         if seqused_k is not None:
             used = np.asarray(_arr(seqused_k, "seqused_k"), np.int64)
             cu_seqlens_k = np.concatenate([[0], np.cumsum(used)])
-        out, lse, _ = _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window,
-                                    softcap, alibi_slopes, True, block_table)
+        out, lse, _ = _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table,
+                                    (softmax_scale, causal, window, softcap, alibi_slopes, True))
         s_dmask = None
     else:
         if seqused_k is not None:
@@ -957,7 +945,7 @@ _VARIANTS = {"fixed": (_forward, _backward), "varlen": (_varlen_forward, _varlen
 # ---- the KV cache ------------------------------------------------------------
 
 def _paged_supported():
-    return "block_table" in inspect.signature(_api.attention_with_kvcache).parameters
+    return "block_table" in inspect.signature(_kvapi.attention_with_kvcache).parameters
 
 
 def _table_bounds(cache_seqlens, Tk, S_max, tshape, pshape):
@@ -1121,7 +1109,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     odt = qa.dtype if (is16(qa.dtype) or qa.dtype in (np.float32, np.float64)) else np.dtype(np.float64)
     cd = np.dtype(np.float64) if np.float64 in (qa.dtype, kca.dtype) else np.dtype(np.float32)
     out = np.empty((B, T, Hq, vca.shape[3]), odt if (is16(odt) or odt == cd) else cd)
-    res = _api.attention_with_kvcache(
+    res = _kvapi.attention_with_kvcache(
         t(qa), t(kca), t(vca), t(ka), t(va), cache_seqlens=cache_seqlens, is_causal=bool(causal),
         scale=softmax_scale, window=win, alibi_slopes=slopes, softcap=_softcap(softcap),
         return_lse=bool(return_softmax_lse), out=t(out), rotary_cos=_arr(rotary_cos, "rotary_cos"),

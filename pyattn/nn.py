@@ -23,8 +23,8 @@ import copy
 import numpy as np
 
 from ._api import _linear, matmul, multi_head_attention, scaled_dot_product_attention
-from ._checks import (as_array, check_numeric, compute_dtype, index_value, is16, number, to_dtype,
-                      torch_bf16_hint)
+from ._bridge import torch_bf16_hint
+from ._checks import as_array, check_numeric, compute_dtype, index_value, is16, number, to_dtype
 from ._grad import scaled_dot_product_attention_backward
 from ._kvcache import KVCache
 from ._paged import PagedKVCache, PagedPlan

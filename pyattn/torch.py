@@ -28,7 +28,9 @@ import torch
 
 from . import _api, _grad
 from ._blockmask import BlockMask, as_block_mask
-from ._checks import causal_code, dropout_p_value, not_flag_mask, real_scalar, softcap_value, window_value
+from ._bridge import tensor_numpy
+from ._checks import (causal_code, dropout_p_value, not_flag_mask, real_scalar, softcap_value, window_arg,
+                      window_value)
 
 __all__ = ["scaled_dot_product_attention"]
 
@@ -36,18 +38,7 @@ _Tensor = torch.Tensor
 _FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
-def _numpy(t: _Tensor) -> np.ndarray:
-    """The tensor's memory as a NumPy array, never a copy (bfloat16 as
-    ml_dtypes' bfloat16: the same bits)."""
-    t = t.detach()
-    if t.dtype == torch.bfloat16:
-        try:
-            import ml_dtypes
-        except ImportError:
-            raise TypeError("bfloat16 tensors need ml_dtypes, NumPy's bfloat16 "
-                            "(pip install \"pyattn[bf16]\")") from None
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return t.numpy()
+_numpy = tensor_numpy        # the tensor's memory (pyattn/_bridge.py)
 
 
 def _opt(t: Optional[_Tensor]) -> Optional[np.ndarray]:
@@ -58,10 +49,7 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _window(left: int, right: int):
-    if left < 0 and right < 0:
-        return None
-    return (None if left < 0 else left, None if right < 0 else right)
+_window = window_arg         # the op's (left, right) ints as pyattn's window (pyattn/_checks.py)
 
 
 _CAUSAL = (False, "top_left", "bottom_right")

@@ -194,7 +194,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         for e in _steps:
             if e[1] == key_ and (attention_mask is None or e[0]() is attention_mask):
                 return e[2].run(query, key, value, scaling, dropout, softcap, s_aux)
-        plan = _derive(query, key, value, attention_mask, causal, sliding_window, scaling, softcap, dropout, s_aux)
+        plan = _derive(query, key, value, attention_mask, causal, (sliding_window, scaling, softcap, dropout, s_aux))
         res = plan.run(query, key, value, scaling, dropout, softcap, s_aux)
         _steps.insert(0, [(lambda: None) if attention_mask is None else weakref.ref(attention_mask), key_, plan])
         del _steps[4:]
@@ -210,7 +210,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
             S = L
         mask = create_position_bias_mask(position_bias, mask, bool(causal and mask is None), query, key)
         causal = False
-    return _derive(query, key, value, mask, causal, sliding_window, scaling, softcap, dropout, s_aux, sliced=True,
+    return _derive(query, key, value, mask, causal, (sliding_window, scaling, softcap, dropout, s_aux), sliced=True,
                    biased=position_bias is not None).run(query, key, value, scaling, dropout, softcap, s_aux)
 
 
@@ -279,10 +279,11 @@ class _Step:
         return out.transpose(1, 2).contiguous(), None
 
 
-def _derive(query, key, value, mask, causal, sliding_window, scaling, softcap, dropout, s_aux, sliced=False,
-            biased=False):
+def _derive(query, key, value, mask, causal, opts, sliced=False, biased=False):
     """The plan of a call (mask: the model's, or with position_bias the mask
-    it made, sliced; biased then)."""
+    it made, sliced; biased then; opts: the call's (sliding_window, scaling,
+    softcap, dropout, s_aux))."""
+    sliding_window, scaling, softcap, dropout, s_aux = opts
     L, S = query.shape[-2], key.shape[-2]
     p = _Step()
     p.cut = None
