@@ -941,6 +941,8 @@ def percall(args, rng, torch, emit):
     import numpy as np
     import pyattn
     import pyattn._api as api
+    import pyattn._cachespec as cachespec
+    import pyattn._kvapi as kvapi
     from pyattn import flash as fl
     B, Hq, Hkv, E, S, Smax = 1, 8, 2, 64, 64, 128
     f32 = np.float32
@@ -969,7 +971,7 @@ def percall(args, rng, torch, emit):
         None, lambda: pyattn.scaled_dot_product_attention(q, k, v, enable_gqa=True), None)
     calls[PERCALL_KV] = (None, lambda: pyattn.attention_with_kvcache(q, kc, vc, cache_seqlens=S), None)
     calls["pyattn.attention_with_kvcache, full path (a signature's first call: no plan yet)"] = (
-        None, lambda: api._kvcache_full(q, kc, vc, cache_seqlens=S), None)
+        None, lambda: kvapi._kvcache_full(q, kc, vc, cache_seqlens=S), None)
     calls["pyattn.attention_with_kvcache, appending one row"] = (
         None, lambda: pyattn.attention_with_kvcache(q, kc, vc, k1, v1, cache_seqlens=S), None)
     if torch is not None:
@@ -1067,7 +1069,7 @@ def percall(args, rng, torch, emit):
     # the breakdown of attention_with_kvcache (read only): timers around its parts, on the full
     # path (a signature's first call: every check) and on the plan (pyattn/_kvfast.py: later calls)
     from pyattn import _kvfast
-    real_spec, real_sdpa, real_C = api.attn_spec, api._sdpa, api._C
+    real_spec, real_sdpa, real_C = cachespec.attn_spec, kvapi._sdpa, api._C
     acc, captured = {}, []
 
     def clocked(key, f):
@@ -1090,7 +1092,7 @@ def percall(args, rng, torch, emit):
 
     def clock_parts(fn):
         parts = {x: [] for x in ("total", "spec", "sdpa", "c")}
-        api.attn_spec, api._sdpa, api._C = clocked("spec", real_spec), clocked("sdpa", real_sdpa), CProxy()
+        cachespec.attn_spec, kvapi._sdpa, api._C = clocked("spec", real_spec), clocked("sdpa", real_sdpa), CProxy()
         _kvfast._C = api._C
         try:
             for i in range(rounds * block + 50):
@@ -1103,11 +1105,11 @@ def percall(args, rng, torch, emit):
                     for x in ("spec", "sdpa", "c"):
                         parts[x].append(acc.get(x, 0))
         finally:
-            api.attn_spec, api._sdpa, api._C = real_spec, real_sdpa, real_C
+            cachespec.attn_spec, kvapi._sdpa, api._C = real_spec, real_sdpa, real_C
             _kvfast._C = real_C
         return {x: np.array(t) / 1e3 for x, t in parts.items()}
 
-    P = clock_parts(lambda: api._kvcache_full(q, kc, vc, cache_seqlens=S))
+    P = clock_parts(lambda: kvapi._kvcache_full(q, kc, vc, cache_seqlens=S))
     F = clock_parts(calls[PERCALL_KV][1])
     a, kw = captured[0]
     alone = []
