@@ -428,8 +428,8 @@ def _sdpa(spec, out=None, *, nthreads=0, append=None, paged=None):
         extra["k_scale"] = sk
     if sv is not None:
         extra["v_scale"] = sv
-    if nthreads:
-        extra["nthreads"] = int(nthreads)
+    if nthreads or _kvfast.call_threads:
+        extra["nthreads"] = int(nthreads or _kvfast.call_threads)
     if spec.dropout_p > 0:
         extra["dropout_key"] = dropout_key(spec.rng)
     if spec.return_weights:

@@ -48,6 +48,12 @@ _MAX_PLANS = 256                    # signatures remembered (a model has a handf
 _plans: dict = {}
 # counters (read by the tests): calls run by a plan, calls that took the full path
 stats = {"fast": 0, "full": 0}
+# Threads for this process's next calls when not 0: pyattn.transformers sets 1 around a decode
+# call while PyTorch's own intra-op threads (OpenMP) are busy-waiting on the other cores -- a
+# second pyattn thread would share a core with a spinning one (a decode call in a model 2x
+# slower on 2 threads than on 1, measured). Read by _SdpaPlan.run and _api._sdpa; the bits
+# are the same for any thread count.
+call_threads = 0
 
 # the option types a plan is keyed by (a scale of 1 / np.sqrt(E) is a np.float64)
 _SCALAR_TYPES: tuple[type, ...] = (bool, int, float, str, type(None), np.float64, np.float32, np.float16,
@@ -425,7 +431,8 @@ class _SdpaPlan:
                 k = np.broadcast_to(k[..., None, :, :], self.kshape)
                 v = np.broadcast_to(v[..., None, :, :], self.vshape)
         try:
-            res, _, lse = _C.sdpa(q, k, v, None, None, **self.extra)
+            res, _, lse = (_C.sdpa(q, k, v, None, None, **self.extra) if not call_threads else
+                           _C.sdpa(q, k, v, None, None, nthreads=call_threads, **self.extra))
         except (TypeError, ValueError):
             return None
         stats["fast"] += 1

@@ -41,7 +41,7 @@ from typing import Any, Optional, Tuple
 
 import torch
 
-from . import _api, torch as _pt
+from . import _api, _kvfast, torch as _pt
 from ._checks import causal_code, real_scalar, softcap_value, window_value
 
 __all__ = ["register", "attention_forward"]
@@ -240,7 +240,7 @@ def _np(t):
 class _Step:
     """A call's plan (attention_forward's derivation, see _steps): run it on a
     layer's query, key and value."""
-    __slots__ = ("cut", "mask", "causal", "window", "decode", "direct", "npmask", "causal_arg", "win", "scale",
+    __slots__ = ("cut", "mask", "causal", "window", "decode", "one", "direct", "npmask", "causal_arg", "win", "scale",
                  "cap", "qshape", "oshape", "to")
 
     def run(self, query, key, value, scaling, dropout, softcap, s_aux):
@@ -252,18 +252,28 @@ class _Step:
             k, v = _np(key), _np(value)
             if self.cut is not None:        # a static cache: its filled rows
                 k, v = k[:, :, :self.cut], v[:, :, :self.cut]
-            if self.decode:
-                res = _api.scaled_dot_product_attention(_np(query).reshape(self.qshape), k, v,
-                                                        self.npmask, 0.0, False, self.scale, False,
-                                                        window=None, softcap=self.cap, precision=None,
-                                                        return_lse=False)
-                out = torch.from_numpy(res.reshape(self.oshape))
-            else:
-                res = _api.scaled_dot_product_attention(_np(query), k, v, self.npmask, 0.0,
-                                                        self.causal_arg, self.scale, query.shape[1] != key.shape[1],
-                                                        window=self.win, softcap=self.cap, precision=None,
-                                                        return_lse=False)
-                out = torch.from_numpy(res).transpose(1, 2).contiguous()
+            # one query row (decode): the call on this thread alone while PyTorch's intra-op
+            # threads may be spinning on the other cores after the model's last op (a second
+            # pyattn thread beside a spinning OpenMP worker made such a call 2x slower, not faster)
+            one = self.one and torch.get_num_threads() > 1
+            if one:
+                _kvfast.call_threads = 1
+            try:
+                if self.decode:
+                    res = _api.scaled_dot_product_attention(_np(query).reshape(self.qshape), k, v,
+                                                            self.npmask, 0.0, False, self.scale, False,
+                                                            window=None, softcap=self.cap, precision=None,
+                                                            return_lse=False)
+                    out = torch.from_numpy(res.reshape(self.oshape))
+                else:
+                    res = _api.scaled_dot_product_attention(_np(query), k, v, self.npmask, 0.0,
+                                                            self.causal_arg, self.scale, query.shape[1] != key.shape[1],
+                                                            window=self.win, softcap=self.cap, precision=None,
+                                                            return_lse=False)
+                    out = torch.from_numpy(res).transpose(1, 2).contiguous()
+            finally:
+                if one:
+                    _kvfast.call_threads = 0
             return (out if self.to is None else out.to(self.to)), None
         if self.cut is not None:            # a static cache: its filled rows
             key, value = key[:, :, :self.cut], value[:, :, :self.cut]
@@ -325,6 +335,7 @@ def _derive(query, key, value, mask, causal, opts, sliced=False, biased=False):
                 p.cut, S, mask = n, n, None
     Hq, Hkv = query.shape[1], key.shape[1]
     p.mask, p.causal, p.window = mask, causal, window
+    p.one = L == 1
     p.decode = (L == 1 and Hq != Hkv and Hq % Hkv == 0 and window is None and s_aux is None and not dropout
                 and (mask is None or (mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[2] == 1)))
     # a decode step with grouped heads: each key/value head's query heads as rows of one
