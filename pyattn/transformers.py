@@ -221,6 +221,9 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
 # of a step derives it; the others find it here by those values (the mask by identity and
 # version, as _recent) and run it: [weakref to the mask, key, plan], the last few steps' kinds.
 _steps: list = []
+# a decode call reading fewer key/value bytes than this runs on the calling thread alone when
+# PyTorch's intra-op threads are more than 1 (_Step.run)
+_ONE_THREAD_BYTES = 4 << 20
 
 
 def _step_key(query, key, value, mask, causal, dropout, scaling, sliding_window, softcap, s_aux):
@@ -252,10 +255,11 @@ class _Step:
             k, v = _np(key), _np(value)
             if self.cut is not None:        # a static cache: its filled rows
                 k, v = k[:, :, :self.cut], v[:, :, :self.cut]
-            # one query row (decode): the call on this thread alone while PyTorch's intra-op
-            # threads may be spinning on the other cores after the model's last op (a second
-            # pyattn thread beside a spinning OpenMP worker made such a call 2x slower, not faster)
-            one = self.one and torch.get_num_threads() > 1
+            # one query row (decode) reading a small cache: the call on this thread alone while
+            # PyTorch's intra-op threads may be spinning on the other cores after the model's
+            # last op (a second pyattn thread beside a spinning OpenMP worker made a 2 MB call
+            # 2x slower, not faster; from about 8 MB on the second thread pays: measured)
+            one = self.one and k.nbytes + v.nbytes < _ONE_THREAD_BYTES and torch.get_num_threads() > 1
             if one:
                 _kvfast.call_threads = 1
             try:

@@ -154,12 +154,15 @@ def test_static_cache_prefill_then_decode_plans():
     assert all(isinstance(e[2], pht._Step) for e in pht._steps)
 
 
-@pytest.mark.parametrize("torch_threads", [1, 2])
-def test_decode_calls_on_one_thread_beside_torchs_threads(torch_threads, monkeypatch):
+@pytest.mark.parametrize("torch_threads, small", [(1, True), (2, True), (2, False)])
+def test_decode_calls_on_one_thread_beside_torchs_threads(torch_threads, small, monkeypatch):
     # with PyTorch's intra-op threads above 1, a decode call (one query row) runs on the
     # calling thread alone (nthreads=1 reaches _C.sdpa), prefill calls on the pool; the cap
     # is lifted after every call, an error's too; the tokens and logits are those of the
-    # uncapped run (the bits do not depend on the thread count)
+    # uncapped run (the bits do not depend on the thread count); a cache of more bytes than
+    # _ONE_THREAD_BYTES is read by the pool
+    if not small:
+        monkeypatch.setattr(pht, "_ONE_THREAD_BYTES", 0)
     m = _model("llama")
     ids, am = _prompts(1)
     want_toks, want_logits = _generate(m, "pyattn", ids, am, "dynamic")
@@ -178,7 +181,7 @@ def test_decode_calls_on_one_thread_beside_torchs_threads(torch_threads, monkeyp
     assert torch.equal(toks, want_toks) and torch.equal(logits, want_logits)
     rows1 = {n for L, n in seen if L == 1 or L == 2}   # decode: one row per query head (GQA 4/2 stacked: 2)
     prefill = {n for L, n in seen if L == 12}
-    assert rows1 == ({1} if torch_threads > 1 else {0}) and prefill == {0}
+    assert rows1 == ({1} if torch_threads > 1 and small else {0}) and prefill == {0}
     assert pht._kvfast.call_threads == 0
     monkeypatch.setattr(pht._api._C, "sdpa", lambda *a, **kw: (_ for _ in ()).throw(ValueError("boom")))
     torch.set_num_threads(2)
