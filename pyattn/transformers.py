@@ -28,8 +28,12 @@ and version) and only run it. A call that wants no gradient (inference,
 ``model.generate``) then goes straight to pyattn's NumPy call on the
 tensors' memory, past the custom op's dispatch; a decode step on a static
 cache with no key padded reads only the filled rows (its mask, which only
-hides the unfilled ones, is dropped). The results are those of working
-every call out anew, bit for bit.
+hides the unfilled ones, is dropped). A decode call reading under 4 MiB of
+keys and values runs on the calling thread alone while PyTorch uses more
+than one intra-op thread (its OpenMP workers spin on the other cores between
+ops; a second pyattn thread beside one made such a call slower, not faster).
+The results are those of working every call out anew, bit for bit, on any
+number of threads.
 
 Importing this module imports torch and transformers (``import pyattn``
 alone does not).
