@@ -8,23 +8,8 @@ import pytest
 import pyattn
 from pyattn import _C
 
-ml_dtypes = pytest.importorskip("ml_dtypes")
-BF16 = np.dtype(ml_dtypes.bfloat16)
-CACHE_DTYPES = [np.float32, np.float64, np.float16, BF16]
-
-
-def _kv_case(dt=np.float32, B=2, H=2, S=8, E=4, Ev=3, T=1, seed=0):
-    rng = np.random.default_rng(seed)
-    kc = rng.standard_normal((B, H, S, E)).astype(dt)
-    vc = rng.standard_normal((B, H, S, Ev)).astype(dt)
-    q = rng.standard_normal((B, H, T, E)).astype(np.float32)
-    k = rng.standard_normal((B, H, T, E)).astype(np.float32)
-    v = rng.standard_normal((B, H, T, Ev)).astype(np.float32)
-    return q, kc, vc, k, v
-
-
-def _snap(*arrays):
-    return [a.tobytes() for a in arrays]
+# the shared case builders of the entry points' limit tests (this file was split from them)
+from test_entry_point_limits import BF16, CACHE_DTYPES, _kv_case, _snap  # noqa: E402,F401
 
 
 # ---- item 2: every check and allocation before any write -------------------------
