@@ -139,14 +139,17 @@ lap "build"
 # the kernel families this build has (csrc/registry.h, PA_FAMILIES): generic neon
 FAMILIES=$(in_root sh -c "cd $SRC && python3 -c 'import pyattn._C as C; print(*[w for w, _, built in C.families() if built])'")
 [ -n "$FAMILIES" ] || { echo "the aarch64 build lists no kernel family" >&2; exit 1; }
-failed=()
-for isa in $FAMILIES; do
-  echo "== tests, PYATTN_ISA=$isa"
-  in_root PYATTN_ISA="$isa" PYTHONPATH=$MLD sh -c "cd $SRC && python3 -c 'import pyattn; pyattn.show_config()' &&
-      python3 -m pytest -q -p no:cacheprovider $TESTS $([ "$isa" = generic ] || echo "$TESTS_SIMD") \
+arm_tests() {
+  echo "== tests, PYATTN_ISA=$1"
+  in_root PYATTN_ISA="$1" PYTHONPATH=$MLD sh -c "cd $SRC && python3 -c 'import pyattn; pyattn.show_config()' &&
+      python3 -m pytest -q -p no:cacheprovider $TESTS $([ "$1" = generic ] || echo "$TESTS_SIMD") \
         -k 'not backward_memory' &&
       python3 -m pytest -q -p no:cacheprovider $FRAME_FILES -m frame \
-        --subset $([ "$isa" = generic ] && echo $FRAME_SUBSET_GENERIC || echo $FRAME_SUBSET_SIMD)" || failed+=("$isa")
-  lap "tests $isa"
-done
-[ ${#failed[@]} -eq 0 ] || { echo "FAILED families: ${failed[*]}" >&2; exit 1; }
+        --subset $([ "$1" = generic ] && echo $FRAME_SUBSET_GENERIC || echo $FRAME_SUBSET_SIMD)"
+}
+# the families side by side (each mostly one emulated Python thread): .ci/lib.sh
+ROOT=$PWD
+# shellcheck source=.ci/lib.sh
+source .ci/lib.sh
+per_family arm_tests $FAMILIES || { echo "FAILED: the tests above" >&2; exit 1; }
+lap "tests ($FAMILIES)"
