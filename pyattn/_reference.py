@@ -140,11 +140,10 @@ def block_mask_dense(block_mask, ndim):
     return d
 
 
-def _scores(q, k, attn_mask, is_causal, scale, window, alibi_slopes, softcap, qoff, kv_len,
-            block_mask=None):
+def _scores(q, k, attn_mask, is_causal, scale, window, alibi_slopes, softcap, qoff, kv_len):
     """The scores of scaled_dot_product_attention, in API.md's order, -inf
-    where inadmissible (float64; q, k already repeated for GQA); block_mask:
-    a dense bool mask (block_mask_dense), one more bool mask."""
+    where inadmissible (float64; q, k already repeated for GQA); a block
+    mask, the last rule, is _block_hidden's."""
     s = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
     L, S = s.shape[-2], s.shape[-1]
     if softcap is not None:
@@ -162,9 +161,13 @@ def _scores(q, k, attn_mask, is_causal, scale, window, alibi_slopes, softcap, qo
         s = np.where(window_mask(L, S, window, is_causal, qoff), s, -np.inf)
     if kv_len is not None:
         s = np.where(np.arange(S) < np.asarray(kv_len)[..., None, None], s, -np.inf)
-    if block_mask is not None:
-        s = np.where(block_mask, s, -np.inf)
     return s
+
+
+def _block_hidden(s, block_mask):
+    """Scores s (_scores) with -inf where block_mask, a dense bool mask
+    (block_mask_dense) or None, hides a key."""
+    return s if block_mask is None else np.where(block_mask, s, -np.inf)
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
@@ -206,7 +209,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         v = np.repeat(v, g, axis=-3)
     if block_mask is not None and not isinstance(block_mask, np.ndarray):
         block_mask = block_mask_dense(block_mask, q.ndim)
-    s = _scores(q, k, attn_mask, is_causal, scale, window, alibi_slopes, softcap, qoff, kv_len, block_mask)
+    s = _block_hidden(_scores(q, k, attn_mask, is_causal, scale, window, alibi_slopes, softcap, qoff, kv_len),
+                      block_mask)
     if sinks is None:
         w = _softmax_last(s)
         m = np.max(s, axis=-1)
@@ -293,8 +297,8 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, attn_mask
     # a key a row may not see has weight 0 there, even in a NaN row (whose
     # admissible weights are NaN), and a weight of 0 passes nothing back
     with np.errstate(invalid="ignore", over="ignore"):
-        hidden = _scores(q, k, attn_mask, is_causal, scale, window, alibi_slopes, softcap,
-                         None, None, block_mask) == -np.inf
+        hidden = _block_hidden(_scores(q, k, attn_mask, is_causal, scale, window, alibi_slopes, softcap,
+                                       None, None), block_mask) == -np.inf
     P = np.where(hidden, 0.0, P)
     w = np.where(hidden, 0.0, w)
     kv = np.broadcast_to(v, P.shape[:-2] + v.shape[-2:])

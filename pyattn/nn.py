@@ -23,7 +23,7 @@ import copy
 import numpy as np
 
 from ._api import _linear, matmul, multi_head_attention, scaled_dot_product_attention
-from ._bridge import torch_bf16_hint
+from ._bridge import is_tensor, tensor_numpy, torch_bf16_hint
 from ._checks import as_array, check_numeric, compute_dtype, index_value, is16, number, to_dtype
 from ._grad import scaled_dot_product_attention_backward
 from ._kvcache import KVCache
@@ -35,14 +35,11 @@ _QKV = (("W_query", "b_query"), ("W_key", "b_key"), ("W_value", "b_value"))
 
 
 def _to_numpy(x, key):
-    """Copy of a NumPy array or (CPU) tensor in a compute dtype."""
-    if hasattr(x, "detach"):
-        x = x.detach()
-    if hasattr(x, "cpu"):
-        x = x.cpu()
+    """Copy of a NumPy array or tensor (any device: copied to the CPU) in a
+    compute dtype; a tensor read through the one bridge, _bridge.tensor_numpy."""
     try:
-        if hasattr(x, "numpy") and not isinstance(x, np.ndarray):
-            x = x.numpy()   # torch.Tensor: avoids the copy=False __array__ path
+        if is_tensor(x):
+            x = tensor_numpy(x.detach().cpu())
         a = np.array(x, copy=True)
     except Exception as exc:
         raise ValueError(f"state dict entry {key!r} could not be converted to an array: {exc}"

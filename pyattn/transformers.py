@@ -46,7 +46,7 @@ from typing import Any, Optional, Tuple
 import torch
 
 from . import _api, _kvfast, torch as _pt
-from ._checks import causal_code, real_scalar, softcap_value, window_value
+from ._checks import causal_code, index_value, real_scalar, softcap_value, window_arg, window_value
 
 __all__ = ["register", "attention_forward"]
 
@@ -75,6 +75,15 @@ def _as_bool(mask):
     return keep
 
 
+def _sliding_left(sliding_window):
+    """The left window side of transformers' sliding_window (the keys a
+    query sees, itself included): sliding_window - 1, an int >= 0."""
+    n = index_value(sliding_window, "sliding_window")
+    if n < 1:
+        raise ValueError(f"sliding_window must be >= 1 (or None or 0: no window), got {sliding_window!r}")
+    return n - 1
+
+
 def _analyse(mask, L, S, sliding_window):
     """(causal, window_left, key_padding) when the mask is exactly
     (bottom-right causal [& sliding window]) & key padding, or key padding
@@ -99,7 +108,7 @@ def _analyse(mask, L, S, sliding_window):
     if torch.equal(m, padded):
         res = (False, None, pad)
     else:
-        lefts = [None] + ([int(sliding_window) - 1] if sliding_window else [])
+        lefts = [None] + ([_sliding_left(sliding_window)] if sliding_window else [])
         for left in lefts:
             band = j <= i if left is None else (j <= i) & (j >= i - left)
             if torch.equal(m, band[None] & padded):
@@ -314,7 +323,7 @@ def _derive(query, key, value, mask, causal, opts, sliced=False, biased=False):
             # (transformers' sdpa path drops them the same way)
             p.cut, S = L, L
         if causal and sliding_window:
-            window = (int(sliding_window) - 1, 0)
+            window = window_arg(_sliding_left(sliding_window), 0)
         causal = bool(causal) and L > 1
     else:
         found = None
@@ -331,7 +340,7 @@ def _derive(query, key, value, mask, causal, opts, sliced=False, biased=False):
             causal = False
         else:
             causal, left, mask = found
-            window = None if left is None else (left, 0)
+            window = None if left is None else window_arg(left, 0)
         if (mask is not None and L == 1 and window is None and mask.dtype == torch.bool
                 and mask.shape[1] == mask.shape[2] == 1):
             # a decode step on a static cache, no key padded: the mask only hides the

@@ -87,3 +87,27 @@ def test_layering_counts_do_not_grow(monkeypatch):
     grew = {k: (stated[k], now[k]) for k in now if now[k] > stated[k]}
     assert not grew, (f"csrc/ layering got worse than csrc/README.md states ((stated, now): {grew}); "
                       f"the report:\n{out}")
+
+
+SIZES = re.compile(r"^over (\d+) (lines|parameters): (\d+)$", re.M)
+
+
+def test_no_binding_or_frame_function_over_the_limits(monkeypatch):
+    """Issue 39: no function of csrc/*.c (binding, dispatch, runtime) or ops/
+    (the frame) over 80 lines or 10 parameters (csrc/tools/layers.py
+    --sizes, which lists them), and csrc/README.md says so. Private Python
+    functions' limit: tests/test_limits.py."""
+    if not os.path.exists(LAYERS):
+        pytest.skip("csrc/tools/layers.py is not shipped (an sdist)")
+    monkeypatch.setattr(sys, "argv", [LAYERS, "--sizes"])
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        runpy.run_path(LAYERS, run_name="__main__")
+    out = buf.getvalue()
+    counts = {(int(n), what): int(c) for n, what, c in SIZES.findall(out)}
+    assert set(counts) == {(80, "lines"), (10, "parameters")}, out
+    assert all(c == 0 for c in counts.values()), f"functions over issue 39's limits:\n{out}"
+    with open(README, encoding="utf-8") as fh:
+        stated = {(int(n), what): int(c) for n, what, c in SIZES.findall(fh.read())}
+    assert stated == counts, (f"csrc/README.md's 'Function sizes, measured' states {stated}, "
+                              f"csrc/tools/layers.py --sizes measures {counts}")

@@ -286,3 +286,19 @@ def test_cross_attention_argument_errors():
         m(x[:, :1], context=np.ones((2, 7, 8)), cache=m.new_cache(2, 8))
     with pytest.raises(TypeError, match=r"m\(x, ctx, ctx\) is m\(x, context=ctx\)"):
         m(x, x, x)
+
+
+def test_from_torch_bfloat16_weights_through_the_bridge():
+    """A bfloat16 module's weights are read through the one tensor bridge
+    (pyattn/_bridge.py: ml_dtypes' bfloat16, the same bits) and held in
+    float32, exactly the module's values (without ml_dtypes: a ValueError
+    naming the entry and the fix)."""
+    pytest.importorskip("ml_dtypes")
+    torch.manual_seed(0)
+    t = nn.MultiheadAttention(16, 4, batch_first=True).to(torch.bfloat16).eval()
+    layer = MultiHeadAttention.from_torch(t)
+    sd = layer.state_dict()
+    want = t.in_proj_weight.detach().float().numpy()
+    got = np.concatenate([sd[f"W_{n}.weight"] for n in ("query", "key", "value")], axis=0)
+    assert got.dtype == np.float32
+    assert np.array_equal(got, want)

@@ -191,26 +191,90 @@ static pa_ssize casc_common(const casc_head *x, const casc_head *y, pa_ssize k0,
     return pa_min(end, i * bsz);
 }
 
-/* One task for heads ky[i0, i1) of chunk ch (keys from k0 to at most k1)
- * if they share whole key tiles, else a task each */
-static void casc_emit(attn_ctx *c, const casc_head *hd, const casc_key *ky, pa_ssize i0, pa_ssize i1, pa_ssize ch,
-                      pa_ssize k0, pa_ssize k1, pa_ssize bsz, pa_ssize *ng, pa_ssize *nm)
+/* The cascade's plan being built: the heads and their sort keys, the
+ * chunk at hand (ch: keys from k0 to at most k1) and the tasks so far
+ * (ng groups in c->goff, c->gch, c->gend; nm members in c->gmem) */
+typedef struct {
+    attn_ctx *c;
+    const casc_head *hd;
+    casc_key *ky;
+    pa_ssize bsz;            /* the pools' block size */
+    pa_ssize ch, k0, k1;
+    pa_ssize ng, nm;
+} casc_plan;
+
+/* a task of chunk p->ch from its keys k0 up to end (k0: every key of the
+ * chunk alone; more: a group's shared tiles first), its members added next */
+static void casc_task(casc_plan *p, pa_ssize end)
 {
-    pa_ssize end = k1;
-    for (pa_ssize i = i0 + 1; i < i1; i++) end = pa_min(end, casc_common(hd + ky[i0].b, hd + ky[i].b, k0, end, bsz));
+    attn_ctx *c = p->c;
+    c->goff[p->ng] = p->nm; c->gch[p->ng] = p->ch; c->gend[p->ng++] = end;
+}
+
+/* One task for heads ky[i0, i1) of the chunk if they share whole key
+ * tiles, else a task each */
+static void casc_emit(casc_plan *p, pa_ssize i0, pa_ssize i1)
+{
+    attn_ctx *c = p->c;
+    const casc_key *ky = p->ky;
+    const pa_ssize k0 = p->k0, bsz = p->bsz;
+    pa_ssize end = p->k1;
+    for (pa_ssize i = i0 + 1; i < i1; i++)
+        end = pa_min(end, casc_common(p->hd + ky[i0].b, p->hd + ky[i].b, k0, end, bsz));
     const pa_ssize ksh = k0 + (end - k0) / PA_FLASH_BK * PA_FLASH_BK;
     if (i1 - i0 < 2 || ksh <= k0) {
         for (pa_ssize i = i0; i < i1; i++) {
-            c->goff[*ng] = *nm; c->gch[*ng] = ch; c->gend[(*ng)++] = k0;
-            c->gmem[(*nm)++] = ky[i].b;
+            casc_task(p, k0);
+            c->gmem[p->nm++] = ky[i].b;
         }
         return;
     }
-    c->goff[*ng] = *nm; c->gch[*ng] = ch; c->gend[(*ng)++] = ksh;
-    for (pa_ssize i = i0; i < i1; i++) c->gmem[(*nm)++] = ky[i].b;
+    casc_task(p, ksh);
+    for (pa_ssize i = i0; i < i1; i++) c->gmem[p->nm++] = ky[i].b;
     const unsigned long long nb = (unsigned long long)((ksh - 1) / bsz - k0 / bsz + 1);
     c->nblocks += nb;
     c->nsaved += nb * (unsigned long long)(i1 - i0 - 1);
+}
+
+/* chunk p->ch's tasks: a head with no key there a task of its own; the
+ * others sorted by their start (pools, scales, first block), and each run of
+ * heads that start it on the same block (casc_same) in groups of at most
+ * gmax, in order of b (casc_emit) */
+static void casc_chunk(casc_plan *p)
+{
+    attn_ctx *c = p->c;
+    const casc_head *hd = p->hd;
+    casc_key *ky = p->ky;
+    const pa_ssize k0 = p->k0, bsz = p->bsz, count = c->call->bt.count;
+    pa_ssize nk = 0;
+    for (pa_ssize b = 0; b < count; b++) {
+        if (hd[b].n <= k0) {                     /* no key of b here: a task of its own */
+            casc_task(p, k0);
+            c->gmem[p->nm++] = b;
+            continue;
+        }
+        uint64_t h = casc_mix(casc_mix((uint64_t)(uintptr_t)hd[b].k, (uint64_t)(uintptr_t)hd[b].v),
+                              (uint64_t)(uintptr_t)hd[b].ks);
+        h = casc_mix(casc_mix(h, (uint64_t)(uintptr_t)hd[b].vs), (uint64_t)hd[b].bt[k0 / bsz]);
+        ky[nk].h = h;
+        ky[nk++].b = b;
+    }
+    qsort(ky, (size_t)nk, sizeof(casc_key), casc_cmp);
+    for (pa_ssize r0 = 0, r1; r0 < nk; r0 = r1) {  /* runs of one hash: almost always one */
+        const uint64_t h = ky[r0].h;
+        for (r1 = r0 + 1; r1 < nk && ky[r1].h == h; r1++) {}
+        for (pa_ssize i = r0; i < r1; i++) {      /* the groups in it, in order of b */
+            pa_ssize n = 1;
+            for (pa_ssize j = i + 1; j < r1; j++) /* move i's group next to it */
+                if (casc_same(hd + ky[i].b, hd + ky[j].b, k0, bsz)) {
+                    const casc_key t = ky[j];
+                    memmove(ky + i + n + 1, ky + i + n, (size_t)(j - i - n) * sizeof(casc_key));
+                    ky[i + n++] = t;
+                }
+            for (pa_ssize g = i; g < i + n; g += c->gmax) casc_emit(p, g, pa_min(g + c->gmax, i + n));
+            i += n - 1;                          /* the rest: not i's group */
+        }
+    }
 }
 
 /* The split's tasks over a paged pool: per chunk, heads that start it on
@@ -225,7 +289,6 @@ static void attn_cascade(attn_ctx *c, size_t *ntasks)
     const pa_ssize count = k->bt.count, L = k->L, nch = c->nchunks;
     if (!pa_call_paged(k) || k->bf16 || k->dropout_p > 0 || k->block_mask || count < 2 || 2 * L > PA_CASCADE_MAXR)
         return;
-    const pa_ssize bsz = k->cache->block_size;
     size_t tot;
     if (!pa_mul_ok((size_t)count, (size_t)nch, &tot) || tot > (size_t)PTRDIFF_MAX / 8) return;
     casc_head *hd = (casc_head *)malloc((size_t)count * sizeof(casc_head));
@@ -234,7 +297,7 @@ static void attn_cascade(attn_ctx *c, size_t *ntasks)
     c->gmem = (pa_ssize *)malloc(tot * sizeof(pa_ssize));
     c->gch = (pa_ssize *)malloc(tot * sizeof(pa_ssize));
     c->gend = (pa_ssize *)malloc(tot * sizeof(pa_ssize));
-    pa_ssize ng = 0, nm = 0;
+    casc_plan p = {c, hd, ky, k->cache->block_size, 0, 0, 0, 0, 0};
     c->gmax = PA_CASCADE_MAXR / L;
     if (!hd || !ky || !c->goff || !c->gmem || !c->gch || !c->gend) goto fail;
     for (pa_ssize b = 0; b < count; b++) {
@@ -244,42 +307,14 @@ static void attn_cascade(attn_ctx *c, size_t *ntasks)
         hd[b].bt = a.kv.bt;
         hd[b].n = pa_min(a.rule.S, k->S);
     }
-    for (pa_ssize ch = 0; ch < nch; ch++) {
-        const pa_ssize k0 = ch * c->chunk, k1 = pa_min(k0 + c->chunk, k->S);
-        pa_ssize nk = 0;
-        for (pa_ssize b = 0; b < count; b++) {
-            if (hd[b].n <= k0) {                     /* no key of b here: a task of its own */
-                c->goff[ng] = nm; c->gch[ng] = ch; c->gend[ng++] = k0;
-                c->gmem[nm++] = b;
-                continue;
-            }
-            uint64_t h = casc_mix(casc_mix((uint64_t)(uintptr_t)hd[b].k, (uint64_t)(uintptr_t)hd[b].v),
-                                  (uint64_t)(uintptr_t)hd[b].ks);
-            h = casc_mix(casc_mix(h, (uint64_t)(uintptr_t)hd[b].vs), (uint64_t)hd[b].bt[k0 / bsz]);
-            ky[nk].h = h;
-            ky[nk++].b = b;
-        }
-        qsort(ky, (size_t)nk, sizeof(casc_key), casc_cmp);
-        for (pa_ssize r0 = 0, r1; r0 < nk; r0 = r1) {  /* runs of one hash: almost always one */
-            const uint64_t h = ky[r0].h;
-            for (r1 = r0 + 1; r1 < nk && ky[r1].h == h; r1++) {}
-            for (pa_ssize i = r0; i < r1; i++) {      /* the groups in it, in order of b */
-                pa_ssize n = 1;
-                for (pa_ssize j = i + 1; j < r1; j++) /* move i's group next to it */
-                    if (casc_same(hd + ky[i].b, hd + ky[j].b, k0, bsz)) {
-                        const casc_key t = ky[j];
-                        memmove(ky + i + n + 1, ky + i + n, (size_t)(j - i - n) * sizeof(casc_key));
-                        ky[i + n++] = t;
-                    }
-                for (pa_ssize g = i; g < i + n; g += c->gmax)
-                    casc_emit(c, hd, ky, g, pa_min(g + c->gmax, i + n), ch, k0, k1, bsz, &ng, &nm);
-                i += n - 1;                          /* the rest: not i's group */
-            }
-        }
+    for (p.ch = 0; p.ch < nch; p.ch++) {
+        p.k0 = p.ch * c->chunk;
+        p.k1 = pa_min(p.k0 + c->chunk, k->S);
+        casc_chunk(&p);
     }
-    c->goff[ng] = nm;
+    c->goff[p.ng] = p.nm;
     if (c->nblocks == 0) goto fail;
-    *ntasks = (size_t)ng;
+    *ntasks = (size_t)p.ng;
     free(hd); free(ky);
     return;
 fail:

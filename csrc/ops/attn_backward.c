@@ -243,39 +243,46 @@ static void bwd_sum_task(void *ctx_, pa_ssize task, int tid)
     }
 }
 
-/* The key chunks of a call with nouter key/value heads (c->nsplit,
- * c->cut): from the shape alone. Work per key tile = the query rows whose
- * key range meets it (the first head's rule: causal, window); chunk c ends
- * at the first tile where the running work reaches (c + 1) / n of the
- * total. Returns -1 when out of memory. */
-static int bwd_chunks(bwd_ctx *c, pa_ssize nouter)
+/* How many key chunks a call of nouter key/value heads splits each head's
+ * keys into (below 2: no split): enough for PA_BWD_SPLIT_TASKS tasks, at
+ * least PA_BWD_SPLIT_MINTILES key tiles each on average, and the chunks' dQ
+ * partials within PA_BWD_SPLIT_BYTES (or one chunk's) */
+static pa_ssize bwd_chunk_count(const pa_attn_call *k, pa_ssize nouter)
 {
-    const pa_attn_call *k = c->call;
-    const pa_ssize S = k->S, L = k->L, BK = PA_FLASH_BK, ntile = (S + BK - 1) / BK;
-    c->nsplit = 1; c->cut[0] = 0; c->cut[1] = S; c->order[0] = 0;
-    if (!PA_BWD_SPLIT_ON || nouter >= PA_BWD_SPLIT_TASKS || k->E == 0) return 0;
+    const pa_ssize ntile = (k->S + PA_FLASH_BK - 1) / PA_FLASH_BK;
+    if (!PA_BWD_SPLIT_ON || nouter >= PA_BWD_SPLIT_TASKS || k->E == 0) return 1;
     pa_ssize n = pa_min((PA_BWD_SPLIT_TASKS + nouter - 1) / nouter, ntile / PA_BWD_SPLIT_MINTILES);
     size_t one, cap = PA_BWD_SPLIT_BYTES;     /* one chunk's partials */
-    if (!pa_mul_ok((size_t)nouter, (size_t)L, &one) || !pa_mul_ok(one, (size_t)k->E, &one) ||
+    if (!pa_mul_ok((size_t)nouter, (size_t)k->L, &one) || !pa_mul_ok(one, (size_t)k->E, &one) ||
         !pa_mul_ok(one, pa_elsize(k->dtype), &one))
-        return 0;
+        return 1;
     if (one > cap) cap = one;
-    n = pa_min(n, (pa_ssize)(cap / one) + 1);
-    if (n < 2) return 0;
-    pa_attn_args a;
-    pa_attn_setup(&a, c->fam, k, 0);
-    /* work of tiles [0, t]: per row, the tiles of its key range up to t (an
-     * integer: exact in a double); no allocation, so a head run alone
-     * (pa_bwd_head_chunked) always gets the call's plan. O(L + tiles): the
-     * work of tile t is the number of rows whose tiles [tlo, thi] hold t,
-     * and both ends are nondecreasing in the row (pa_key_range; rows that
-     * see no key left out), so two cursors count the rows with tlo <= t and
-     * those with thi < t */
+    return pa_min(n, (pa_ssize)(cap / one) + 1);
+}
+
+/* row i's key range under rule r, clipped to [0, S) (empty: *lo >= *hi) */
+static void bwd_row_keys(const pa_keyrule *r, pa_ssize i, pa_ssize S, pa_ssize *lo, pa_ssize *hi)
+{
+    pa_key_range(r, i, lo, hi);
+    *lo = pa_max(*lo, 0);
+    *hi = pa_min(*hi, S);
+}
+
+/* c->cut[1 .. n - 1] and c->nsplit: chunk ch ends at the first tile where
+ * the running work reaches (ch + 1) / n of the total. Work of tiles [0, t]:
+ * per row, the tiles of its key range up to t (an integer: exact in a
+ * double); no allocation, so a head run alone (pa_bwd_head_chunked) always
+ * gets the call's plan. O(L + tiles): the work of tile t is the number of
+ * rows whose tiles [tlo, thi] hold t, and both ends are nondecreasing in the
+ * row (pa_key_range; rows that see no key left out), so two cursors count
+ * the rows with tlo <= t and those with thi < t */
+static void bwd_chunk_cuts(bwd_ctx *c, const pa_attn_args *a, pa_ssize n)
+{
+    const pa_ssize S = c->call->S, L = c->call->L, BK = PA_FLASH_BK, ntile = (S + BK - 1) / BK;
     double total = 0;
     for (pa_ssize i = 0; i < L; i++) {
         pa_ssize lo, hi;
-        pa_key_range(&a.rule, i, &lo, &hi);
-        lo = pa_max(lo, 0); hi = pa_min(hi, S);
+        bwd_row_keys(&a->rule, i, S, &lo, &hi);
         if (lo < hi) total += (double)((hi - 1) / BK - lo / BK + 1);
     }
     pa_ssize ch = 1, t = 0, ia = 0, ib = 0, na = 0, nb = 0;
@@ -283,16 +290,14 @@ static int bwd_chunks(bwd_ctx *c, pa_ssize nouter)
     for (; t < ntile && ch < n; t++) {
         for (; ia < L; ia++) {                        /* na: rows with tlo <= t */
             pa_ssize lo, hi;
-            pa_key_range(&a.rule, ia, &lo, &hi);
-            lo = pa_max(lo, 0); hi = pa_min(hi, S);
+            bwd_row_keys(&a->rule, ia, S, &lo, &hi);
             if (lo >= hi) continue;
             if (lo / BK > t) break;
             na++;
         }
         for (; ib < L; ib++) {                        /* nb: rows with thi < t */
             pa_ssize lo, hi;
-            pa_key_range(&a.rule, ib, &lo, &hi);
-            lo = pa_max(lo, 0); hi = pa_min(hi, S);
+            bwd_row_keys(&a->rule, ib, S, &lo, &hi);
             if (lo >= hi) continue;
             if ((hi - 1) / BK >= t) break;
             nb++;
@@ -302,26 +307,38 @@ static int bwd_chunks(bwd_ctx *c, pa_ssize nouter)
     }
     c->nsplit = ch;
     c->cut[ch] = S;
-    const pa_ssize BQ = c->fam->attn_bq[k->dtype];      /* the query blocks that meet each chunk */
-    for (pa_ssize h = 0; h < ch; h++) {
+}
+
+/* c->rlo, c->rhi: the query blocks that meet each chunk (the rule of b = 0:
+ * every b's but with kv_len) */
+static void bwd_chunk_rows(bwd_ctx *c, const pa_attn_args *a)
+{
+    const pa_attn_call *k = c->call;
+    const pa_ssize L = k->L, BQ = c->fam->attn_bq[k->dtype];
+    for (pa_ssize h = 0; h < c->nsplit; h++) {
         c->rlo[h] = L; c->rhi[h] = 0;
         for (pa_ssize i0 = 0; i0 < L; i0 += BQ) {
             pa_ssize lo, hi;
-            pa_block_keys(&a.rule, i0, pa_min(i0 + BQ, L), &lo, &hi);
-            if (!k->kv_len && (lo >= hi || hi <= c->cut[h] || lo >= c->cut[h + 1])) continue;   /* (the rule of b = 0: every b's but with kv_len) */
+            pa_block_keys(&a->rule, i0, pa_min(i0 + BQ, L), &lo, &hi);
+            if (!k->kv_len && (lo >= hi || hi <= c->cut[h] || lo >= c->cut[h + 1])) continue;
             c->rlo[h] = pa_min(c->rlo[h], i0);
             c->rhi[h] = pa_max(c->rhi[h], pa_min(i0 + BQ, L));
         }
         if (c->rlo[h] >= c->rhi[h]) c->rlo[h] = c->rhi[h] = 0;
     }
-    /* the order of the tasks: the chunks by the (row, key) pairs they hold
-     * (the first head's rule), most first, ties by index (an insertion
-     * sort of at most PA_BWD_SPLIT_TASKS) */
+}
+
+/* c->order, the order of the tasks: the chunks by the (row, key) pairs they
+ * hold (the first head's rule), most first, ties by index (an insertion
+ * sort of at most PA_BWD_SPLIT_TASKS) */
+static void bwd_chunk_order(bwd_ctx *c, const pa_attn_args *a)
+{
+    const pa_ssize ch = c->nsplit;
     double w[PA_BWD_SPLIT_TASKS];
     for (pa_ssize h = 0; h < ch; h++) w[h] = 0;
-    for (pa_ssize i = 0; i < L; i++) {
+    for (pa_ssize i = 0; i < c->call->L; i++) {
         pa_ssize lo, hi;
-        pa_key_range(&a.rule, i, &lo, &hi);
+        pa_key_range(&a->rule, i, &lo, &hi);
         for (pa_ssize h = 0; h < ch; h++) {
             const pa_ssize x0 = pa_max(lo, c->cut[h]), x1 = pa_min(hi, c->cut[h + 1]);
             if (x1 > x0) w[h] += (double)(x1 - x0);
@@ -332,6 +349,22 @@ static int bwd_chunks(bwd_ctx *c, pa_ssize nouter)
         for (; j > 0 && w[c->order[j - 1]] < w[h]; j--) c->order[j] = c->order[j - 1];
         c->order[j] = h;
     }
+}
+
+/* The key chunks of a call with nouter key/value heads (c->nsplit, c->cut,
+ * their query rows c->rlo, c->rhi and task order c->order): from the shape
+ * alone. Work per key tile = the query rows whose key range meets it (the
+ * first head's rule: causal, window). Returns -1 when out of memory. */
+static int bwd_chunks(bwd_ctx *c, pa_ssize nouter)
+{
+    c->nsplit = 1; c->cut[0] = 0; c->cut[1] = c->call->S; c->order[0] = 0;
+    const pa_ssize n = bwd_chunk_count(c->call, nouter);
+    if (n < 2) return 0;
+    pa_attn_args a;
+    pa_attn_setup(&a, c->fam, c->call, 0);
+    bwd_chunk_cuts(c, &a, n);
+    bwd_chunk_rows(c, &a);
+    bwd_chunk_order(c, &a);
     return 0;
 }
 
@@ -376,6 +409,69 @@ void pa_bwd_head_chunked(const pa_family *fam, const pa_attn_call *call, pa_ssiz
     }
 }
 
+/* g->zero with no key or no query: nothing to add, the gradients are zeros */
+static void bwd_zero_all(const pa_attn_call *call, const pa_attn_grads *g)
+{
+    for (pa_ssize b = 0; b < call->bt.count; b++) {
+        bwd_zero_rows(call, &g->dq, b, 0, call->L, call->E);
+        bwd_zero_rows(call, &g->dk, b, 0, call->S, call->E);
+        bwd_zero_rows(call, &g->dv, b, 0, call->S, call->Ev);
+    }
+}
+
+/* A key-split call's buffers (c->nsplit > 1): a pass's, per (query head of
+ * the group, key/value head), a packed query side and the chunks' dQ
+ * partials (c->qs, c->qsz, c->part); the threads' workspaces hold tiles
+ * only (*wsb: bytes, one head's workspace less its query side). The group
+ * (c->ng): as many query heads as PA_BWD_GROUP_BYTES holds, at least one.
+ * Returns -1 when a size overflows or memory is short (nothing held). */
+static int bwd_split_buffers(bwd_ctx *c, size_t bytes, size_t *wsb)
+{
+    const pa_attn_call *call = c->call;
+    const pa_ssize nouter = c->nouter;
+    const size_t q1 = pa_bwd_ws_qside(c->fam, call->dtype, call->L, call->E, call->Ev);
+    const size_t p1 = (size_t)(c->nsplit - 1) * (size_t)call->L * (size_t)call->E *
+                      pa_elsize(call->dtype);   /* one head's partials: <= the cap, checked in bwd_chunks */
+    size_t per, qb, pb;
+    c->qsz = q1 == 0 || q1 > SIZE_MAX - 64 ? 0 : (q1 + 63) / 64 * 64;
+    if (c->qsz == 0 || c->qsz > SIZE_MAX - p1 || !pa_mul_ok(c->qsz + p1, (size_t)nouter, &per)) return -1;
+    c->ng = (pa_ssize)pa_min((size_t)c->ninner, PA_BWD_GROUP_BYTES / per);
+    if (c->ng < 1) c->ng = 1;
+    if (!pa_mul_ok(c->qsz * (size_t)nouter, (size_t)c->ng, &qb) || !pa_mul_ok(p1 * (size_t)nouter, (size_t)c->ng, &pb))
+        return -1;
+    *wsb = bytes - q1;
+    c->part = (char *)pa_alloc64(pb);
+    c->qs = c->part ? (char *)pa_alloc64(qb) : NULL;
+    if (!c->qs) {
+        pa_free64(c->part);
+        c->part = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+/* The tasks of a call with its workspaces in place: one parallel step, or
+ * with the key-split a pass per group of query heads of the key/value heads
+ * (their dK, dV sums run over the query heads in order), each in three
+ * steps (pack, chunks, dq += partials). nt: threads for the chunk tasks
+ * (at most one per task), nall: for the others */
+static void bwd_run(bwd_ctx *c, pa_ssize ntasks, int nt, int nall)
+{
+    if (c->nsplit == 1) {
+        pa_parallel_for(ntasks, bwd_task, c, nt);
+        return;
+    }
+    pa_stop_flag *const stop = pa_stop_get();
+    const pa_ssize nrb = (c->call->L + PA_BWD_SUM_ROWS - 1) / PA_BWD_SUM_ROWS, nouter = c->nouter;
+    const pa_ssize ngroup = c->ng;
+    for (c->ig0 = 0; c->ig0 < c->ninner && !pa_stopping(stop); c->ig0 += ngroup) {
+        c->ng = pa_min(ngroup, c->ninner - c->ig0);
+        pa_parallel_for(c->ng * nouter * bwd_nslab(c), bwd_pack_task, c, nall);
+        pa_parallel_for(ntasks, bwd_task, c, nt);
+        pa_parallel_for(c->ng * nouter * nrb, bwd_sum_task, c, nall);
+    }
+}
+
 /* The dense backward (attention.c's pa_attention_backward routes packed
  * sequences to attn_varlen.c, everything else here). */
 int pa_attention_backward_dense(const pa_family *fam, const pa_attn_call *call, const pa_attn_grads *g,
@@ -386,12 +482,7 @@ int pa_attention_backward_dense(const pa_family *fam, const pa_attn_call *call, 
         for (pa_ssize b = 0; b < bt->count; b++) g->dsinks[b] = 0;
     if (bt->count == 0) return 0;
     if (call->L == 0 || call->S == 0) {
-        if (g->zero)                        /* nothing to add: the gradients are zeros */
-            for (pa_ssize b = 0; b < bt->count; b++) {
-                bwd_zero_rows(call, &g->dq, b, 0, call->L, call->E);
-                bwd_zero_rows(call, &g->dk, b, 0, call->S, call->E);
-                bwd_zero_rows(call, &g->dv, b, 0, call->S, call->Ev);
-            }
+        if (g->zero) bwd_zero_all(call, g);
         return 0;
     }
     bwd_ctx c;
@@ -408,29 +499,7 @@ int pa_attention_backward_dense(const pa_family *fam, const pa_attn_call *call, 
     c.ig0 = 0; c.ng = 1;
     if (bwd_chunks(&c, nouter) < 0) return -1;
     size_t wsb = bytes;
-    if (c.nsplit > 1) {
-        /* a pass's buffers: per (query head of the group, key/value head), a
-         * packed query side and the chunks' dQ partials; the threads'
-         * workspaces hold tiles only. The group: as many query heads as
-         * PA_BWD_SPLIT_BYTES holds, at least one */
-        const size_t q1 = pa_bwd_ws_qside(fam, call->dtype, call->L, call->E, call->Ev);
-        const size_t p1 = (size_t)(c.nsplit - 1) * (size_t)call->L * (size_t)call->E *
-                          pa_elsize(call->dtype);   /* one head's partials: <= the cap, checked in bwd_chunks */
-        size_t per, qb, pb;
-        c.qsz = q1 == 0 || q1 > SIZE_MAX - 64 ? 0 : (q1 + 63) / 64 * 64;
-        if (c.qsz == 0 || c.qsz > SIZE_MAX - p1 || !pa_mul_ok(c.qsz + p1, (size_t)nouter, &per)) return -1;
-        c.ng = (pa_ssize)pa_min((size_t)c.ninner, PA_BWD_GROUP_BYTES / per);
-        if (c.ng < 1) c.ng = 1;
-        if (!pa_mul_ok(c.qsz * (size_t)nouter, (size_t)c.ng, &qb) || !pa_mul_ok(p1 * (size_t)nouter, (size_t)c.ng, &pb))
-            return -1;
-        wsb = bytes - q1;
-        c.part = (char *)pa_alloc64(pb);
-        c.qs = c.part ? (char *)pa_alloc64(qb) : NULL;
-        if (!c.qs) {
-            pa_free64(c.part);
-            return -1;
-        }
-    }
+    if (c.nsplit > 1 && bwd_split_buffers(&c, bytes, &wsb) < 0) return -1;
     const pa_ssize ntasks = nouter * c.nsplit;
     const int nall = nthreads < 1 ? 1 : nthreads;
     const int nt = nall > ntasks ? (int)ntasks : nall;
@@ -443,19 +512,7 @@ int pa_attention_backward_dense(const pa_family *fam, const pa_attn_call *call, 
     c.ws = wsv;
     c.wsb = wsb;
     memset(c.wsz, 0, sizeof c.wsz);
-    if (ok && c.nsplit == 1) pa_parallel_for(ntasks, bwd_task, &c, nt);
-    /* key-split: a pass per group of query heads of the key/value heads
-     * (their dK, dV sums run over the query heads in order), each in three
-     * steps */
-    pa_stop_flag *const stop = pa_stop_get();
-    const pa_ssize nrb = (call->L + PA_BWD_SUM_ROWS - 1) / PA_BWD_SUM_ROWS;
-    const pa_ssize ngroup = c.ng;
-    for (c.ig0 = 0; ok && c.nsplit > 1 && c.ig0 < c.ninner && !pa_stopping(stop); c.ig0 += ngroup) {
-        c.ng = pa_min(ngroup, c.ninner - c.ig0);
-        pa_parallel_for(c.ng * nouter * bwd_nslab(&c), bwd_pack_task, &c, nall);
-        pa_parallel_for(ntasks, bwd_task, &c, nt);
-        pa_parallel_for(c.ng * nouter * nrb, bwd_sum_task, &c, nall);
-    }
+    if (ok) bwd_run(&c, ntasks, nt, nall);
     for (int i = 0; i < nt; i++) pa_free64(wsv[i]);
     pa_free64(c.part);
     pa_free64(c.qs);
