@@ -95,6 +95,26 @@ static inline void pa_prefetch(const void *p)
     (void)p;
 #endif
 }
+/* A paged cache's rows [j, j1) of pool x (base: the pool's first byte, es
+ * bytes an element, rb bytes a row) prefetched block by block through the
+ * table: one lookup per block, the lines of rows that lie together (rows
+ * rs[x] elements apart, rb bytes each) once each. */
+static inline void pa_kv_prefetch(const pa_kv_head *h, int x, const void *base, pa_ssize es, pa_ssize rb,
+                                  pa_ssize j, pa_ssize j1)
+{
+    const pa_ssize rs = h->rs[x] * es;
+    for (pa_ssize je; j < j1; j = je) {
+        je = pa_kv_run(h, j, j1);
+        const char *p = (const char *)base + pa_kv_row(h, x, j) * es;
+        if (rs == rb) {                         /* the run's rows in one piece */
+            const uintptr_t a0 = (uintptr_t)p & ~(uintptr_t)63, a1 = (uintptr_t)p + (uintptr_t)((je - j) * rb);
+            for (uintptr_t a = a0; a < a1; a += 64) pa_prefetch((const void *)a);
+        } else {
+            for (pa_ssize r = 0; r < je - j; r++)
+                for (pa_ssize o = 0; o < rb; o += 64) pa_prefetch(p + r * rs + o);
+        }
+    }
+}
 /* Element idx of q, k or v (stored as sd) in the compute dtype: the reads
  * of the exact path; the tiled paths widen whole tiles instead. */
 static inline float pa_ld_f32(const void *p, pa_ssize idx, int sd) { return pa_load_f32(p, idx, sd); }
