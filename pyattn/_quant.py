@@ -8,17 +8,20 @@ import operator
 import numpy as np
 
 from . import _C
-from ._checks import as_array, is16
+from ._checks import FP8, as_array, fp8_dtype, fp8_of, is16
 
 __all__ = ["quantize", "dequantize"]
 
-_BITS = {"int8": 8, "int4": 4}
+# the C binding's "bits": 8, 4, or the fp8 formats' codes (csrc/ops/quant.h)
+_BITS = {"int8": 8, "int4": 4, "fp8_e4m3": 1, "fp8_e5m2": 2}
+# the largest finite value of each format: scale = max|x_g| / this
+_QMAX = {"int8": 127, "int4": 7, "fp8_e4m3": 448, "fp8_e5m2": 57344}
 
 
 def _bits(dtype) -> int:
     if isinstance(dtype, str) and dtype in _BITS:
         return _BITS[dtype]
-    raise ValueError(f"dtype must be 'int8' or 'int4', got {dtype!r}")
+    raise ValueError(f"dtype must be 'int8', 'int4', 'fp8_e4m3' or 'fp8_e5m2', got {dtype!r}")
 
 
 def _group(group_size) -> int:
@@ -114,6 +117,7 @@ def quantize(x, /, dtype="int8", *, group_size=32, axis=-1):
     (array([151,   2], dtype=uint8), array([0.5], dtype=float32))
     """
     bits = _bits(dtype)
+    qdt = fp8_dtype(dtype) if dtype in FP8 else np.dtype(np.int8 if bits == 8 else np.uint8)
     g = _group(group_size)
     x = as_array(x, "x")
     if not (x.dtype.kind == "f" or is16(x.dtype)):
@@ -127,10 +131,10 @@ def quantize(x, /, dtype="int8", *, group_size=32, axis=-1):
         raise ValueError(f"group_size {g} must divide x.shape[{a}] = {E}"
                          + (" (which must be even for int4)" if bits == 4 else ""))
     qshape = list(x.shape)
-    qshape[a] = E if bits == 8 else E // 2
+    qshape[a] = E // 2 if bits == 4 else E
     sshape = list(x.shape)
     sshape[a] = E // g
-    q = np.empty(qshape, np.int8 if bits == 8 else np.uint8)
+    q = np.empty(qshape, qdt)
     s = np.empty(sshape, np.float32)
     with np.errstate(over="ignore"):          # a float64 beyond float32 becomes inf: ValueError
         xf = np.require(x, np.float32, "A")    # float32 (rounded), aligned, native order
@@ -143,18 +147,18 @@ def _infer(q, scale, a, dtype, group_size):
     shapes say, checked against the dtype / group_size given (None: not
     given). TypeError for a q dtype quantize never returns, ValueError where
     a given value contradicts the arrays or the shapes do not fit."""
-    said = {np.dtype(np.int8): "int8", np.dtype(np.uint8): "int4"}.get(q.dtype)
+    said = {np.dtype(np.int8): "int8", np.dtype(np.uint8): "int4"}.get(q.dtype) or fp8_of(q.dtype)
     if said is None:
-        raise TypeError(f"q must be np.int8 (int8) or np.uint8 (int4, two values per byte) as quantize "
-                        f"returns it, got dtype {q.dtype}")
+        raise TypeError(f"q must be np.int8 (int8), np.uint8 (int4, two values per byte) or ml_dtypes' "
+                        f"float8_e4m3fn / float8_e5m2 (fp8) as quantize returns it, got dtype {q.dtype}")
     if dtype is not None:
         _bits(dtype)
         if dtype != said:
+            stored = {"int8": "np.int8", "int4": "packed np.uint8"}.get(dtype) or FP8[dtype]
             raise ValueError(f"dtype={dtype!r} contradicts q: q is {q.dtype}, which is {said!r} ("
-                             f"{'np.int8' if dtype == 'int8' else 'packed np.uint8'} is {dtype!r}); "
-                             "leave dtype out to read it from q")
+                             f"{stored} is {dtype!r}); leave dtype out to read it from q")
     bits = _BITS[said]
-    E = q.shape[a] * (1 if bits == 8 else 2)
+    E = q.shape[a] * (2 if bits == 4 else 1)
     if scale.ndim != q.ndim:
         raise ValueError(f"scale must have q's {q.ndim} dimensions (q's shape with axis {a} of "
                          f"E / group_size), got shape {scale.shape}")
@@ -249,7 +253,7 @@ def dequantize(q, scale, /, *, dtype=None, group_size=None, axis=-1, out_dtype=n
         raise ValueError("q must have at least one dimension")
     a = _axis(axis, q.ndim, "q")
     bits, g = _infer(q, scale, a, dtype, group_size)
-    E = q.shape[a] * (1 if bits == 8 else 2)
+    E = q.shape[a] * (2 if bits == 4 else 1)
     if E % g != 0:
         raise ValueError(f"group_size {g} must divide the axis length {E}")
     sshape = list(q.shape)

@@ -15,11 +15,20 @@
  * the low nibble of byte i, value 2i + 1 in the high one, two's complement.
  * Dequantized: (float)q * scale, one float32 multiply (or, into float64,
  * (double)q * scale: exact).
+ *
+ * fp8 (API.md "Decode precision and FP8 caches"): the same groups, with
+ * QMAX the format's largest finite value (448 float8_e4m3fn, 57344
+ * float8_e5m2) and q = the float32 x / scale rounded to the fp8 format to
+ * nearest even, saturating to +-QMAX (pa_fp8_round), subnormals kept; 0
+ * where scale == 0. One byte per value (ml_dtypes' encodings); its value is
+ * the exact table entry pa_fp8_e4m3[q] / pa_fp8_e5m2[q], dequantized as
+ * entry * scale (one float32 multiply; exact in float64).
  */
 #ifndef PYATTN_OPS_QUANT_H
 #define PYATTN_OPS_QUANT_H
 
 #include <math.h>
+#include <stdint.h>
 #include "ops.h"
 #include "rotary.h"
 
@@ -28,7 +37,7 @@
  * elements: x float32 (row: cs), q int8 / uint8 bytes (int4: E / 2 bytes per
  * row, stride cs between bytes), s float32 (E / G per row, stride cs). */
 typedef struct {
-    int bits;                 /* 8 or 4 */
+    int bits;                 /* 8, 4, or PA_QF8E4 / PA_QF8E5 (fp8) */
     int x64;                  /* dequantize only: x is float64, q * s exact in it */
     pa_batch bt;
     pa_ssize E, G;
@@ -37,8 +46,65 @@ typedef struct {
 
 /* A quantized KV cache's scales: pa_cache (ops.h), its ks, vs, kG, vG. */
 
-/* bits of a storage dtype: 8 (PA_I8), 4 (PA_I4), 0 (not quantized) */
-static inline int pa_qbits(int dt) { return dt == PA_I8 ? 8 : dt == PA_I4 ? 4 : 0; }
+/* the fp8 formats' codes where "bits" are passed (pa_qbits) */
+enum { PA_QF8E4 = 1, PA_QF8E5 = 2 };
+/* bits of a storage dtype: 8 (PA_I8), 4 (PA_I4), PA_QF8E4 / PA_QF8E5 (the
+ * fp8 formats), 0 (not quantized) */
+static inline int pa_qbits(int dt)
+{
+    return dt == PA_I8 ? 8 : dt == PA_I4 ? 4 : dt == PA_F8E4 ? PA_QF8E4 : dt == PA_F8E5 ? PA_QF8E5 : 0;
+}
+/* 1 for the fp8 codes (the kernels' qrowdot / qrowpv / qwiden take 8 or 4
+ * only: the frame widens fp8 rows itself, pa_fp8_widen) */
+static inline int pa_qfp8(int bits) { return bits == PA_QF8E4 || bits == PA_QF8E5; }
+/* the largest finite value of an fp8 format (QMAX) */
+static inline float pa_fp8_max(int bits) { return bits == PA_QF8E4 ? 448.0f : 57344.0f; }
+
+/* every byte's value, exact (NaN where the format has NaN, +-inf for
+ * float8_e5m2's infinities); quant.c */
+extern const float pa_fp8_e4m3[256], pa_fp8_e5m2[256];
+static inline const float *pa_fp8_table(int bits) { return bits == PA_QF8E4 ? pa_fp8_e4m3 : pa_fp8_e5m2; }
+
+/* THE fp8 rounding: finite float32 y -> the byte of fp8 format bits, to
+ * nearest even, saturating to +-QMAX (e4m3fn has no infinity; e5m2's is not
+ * written), the sign kept (-0 is 0x80). Below the smallest normal 2^(1 -
+ * bias) the steps are 2^(1 - bias - mantissa bits): y times the power of
+ * two (exact) rounded by rintf (ties to even); a result of 2^mb there is
+ * the smallest normal's code itself. Above, the float32 bits rounded at the
+ * format's mantissa (a carry into the exponent is right). */
+static inline uint8_t pa_fp8_round(float y, int bits)
+{
+    const int mb = bits == PA_QF8E4 ? 3 : 2, bias = bits == PA_QF8E4 ? 7 : 15;
+    const uint32_t maxc = bits == PA_QF8E4 ? 0x7eu : 0x7bu;
+    const uint32_t u = pa_f32_bits(y), sign = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
+    uint32_t c;
+    if ((int)(a >> 23) - 127 < 1 - bias) {
+        const float up = bits == PA_QF8E4 ? 512.0f : 65536.0f;      /* 2^(mb + bias - 1) */
+        c = (uint32_t)rintf(pa_bits_f32(a) * up);
+    } else {
+        const int sh = 23 - mb;
+        const uint32_t r = a + ((1u << (sh - 1)) - 1u) + ((a >> sh) & 1u);
+        const uint32_t ex = (r >> 23) - 127u + (uint32_t)bias;    /* >= 1 here */
+        c = ex > 31u ? maxc + 1u : (ex << mb) | ((r >> sh) & ((1u << mb) - 1u));
+        if (c > maxc) c = maxc;
+    }
+    return (uint8_t)(sign | c);
+}
+
+/* n values of an fp8 row at src (format bits) times their group's scale
+ * (groups of G, scale[e / G]) into dst: table entry * scale, one float32
+ * multiply each -- dequantize()'s float32 values. Portable C: the frame
+ * widens fp8 rows with it before the float32 kernels read them. */
+static inline void pa_fp8_widen(float *dst, const uint8_t *src, const float *scale, pa_ssize n, pa_ssize G,
+                                int bits)
+{
+    const float *t = pa_fp8_table(bits);
+    for (pa_ssize g0 = 0; g0 < n; g0 += G) {
+        const float s = scale[g0 / G];
+        const pa_ssize g1 = g0 + G < n ? g0 + G : n;
+        for (pa_ssize e = g0; e < g1; e++) dst[e] = t[src[e]] * s;
+    }
+}
 
 /* THE rule's two steps (pa_quant_row, and precision "int8"'s query rows in
  * the attention frame): the scale of a group of G finite values at x
