@@ -8,7 +8,7 @@
 
 #define PA_QUANT_ROWS 64          /* rows per task */
 
-/* the fp8 values (quant.h): byte b of float8_e4m3fn is sign, 4 exponent bits
+/* the fp8 values (quant.h; NaN codes as ml_dtypes widens them, signed): byte b of float8_e4m3fn is sign, 4 exponent bits
  * (bias 7), 3 mantissa bits, 0x7f / 0xff NaN, no infinity; float8_e5m2: 5
  * exponent bits (bias 15), 2 mantissa bits, IEEE infinities and NaNs.
  * Generated from those definitions; tests/test_fp8.py checks every entry
@@ -45,7 +45,7 @@ const float pa_fp8_e4m3[256] = {
     -0x1p+5f, -0x1.2p+5f, -0x1.4p+5f, -0x1.6p+5f, -0x1.8p+5f, -0x1.ap+5f, -0x1.cp+5f, -0x1.ep+5f,
     -0x1p+6f, -0x1.2p+6f, -0x1.4p+6f, -0x1.6p+6f, -0x1.8p+6f, -0x1.ap+6f, -0x1.cp+6f, -0x1.ep+6f,
     -0x1p+7f, -0x1.2p+7f, -0x1.4p+7f, -0x1.6p+7f, -0x1.8p+7f, -0x1.ap+7f, -0x1.cp+7f, -0x1.ep+7f,
-    -0x1p+8f, -0x1.2p+8f, -0x1.4p+8f, -0x1.6p+8f, -0x1.8p+8f, -0x1.ap+8f, -0x1.cp+8f, NAN,
+    -0x1p+8f, -0x1.2p+8f, -0x1.4p+8f, -0x1.6p+8f, -0x1.8p+8f, -0x1.ap+8f, -0x1.cp+8f, -NAN,
 };
 const float pa_fp8_e5m2[256] = {
     0.0f, 0x1p-16f, 0x1p-15f, 0x1.8p-15f, 0x1p-14f, 0x1.4p-14f, 0x1.8p-14f, 0x1.cp-14f,
@@ -79,7 +79,7 @@ const float pa_fp8_e5m2[256] = {
     -0x1p+9f, -0x1.4p+9f, -0x1.8p+9f, -0x1.cp+9f, -0x1p+10f, -0x1.4p+10f, -0x1.8p+10f, -0x1.cp+10f,
     -0x1p+11f, -0x1.4p+11f, -0x1.8p+11f, -0x1.cp+11f, -0x1p+12f, -0x1.4p+12f, -0x1.8p+12f, -0x1.cp+12f,
     -0x1p+13f, -0x1.4p+13f, -0x1.8p+13f, -0x1.cp+13f, -0x1p+14f, -0x1.4p+14f, -0x1.8p+14f, -0x1.cp+14f,
-    -0x1p+15f, -0x1.4p+15f, -0x1.8p+15f, -0x1.cp+15f, -INFINITY, NAN, NAN, NAN,
+    -0x1p+15f, -0x1.4p+15f, -0x1.8p+15f, -0x1.cp+15f, -INFINITY, -NAN, -NAN, -NAN,
 };
 
 int pa_quant_finite(const float *x, pa_ssize xcs, pa_ssize E)
