@@ -79,13 +79,13 @@ def cache_dtype(dtype):
     try:
         dt = np.dtype(dtype)
     except TypeError:
-        raise TypeError(f"dtype must be a NumPy dtype, 'int8', 'int4', 'fp8_e4m3' or 'fp8_e5m2', "
+        raise TypeError(f"dtype must be a NumPy dtype, 'int8' or 'int4' (or 'fp8_e4m3' / 'fp8_e5m2'), "
                         f"got {dtype!r}") from None
     if fp8_of(dt):                      # ml_dtypes' float8 dtype itself: that format
         return dt, fp8_of(dt)
     if dt not in (np.float32, np.float64) and not is16(dt):
-        raise TypeError(f"dtype must be float32, float64, float16, bfloat16 (ml_dtypes), 'int8', "
-                        f"'int4', 'fp8_e4m3' or 'fp8_e5m2', got {dt}")
+        raise TypeError(f"dtype must be float32, float64, float16, bfloat16 (ml_dtypes), 'int8' or "
+                        f"'int4' (or 'fp8_e4m3' / 'fp8_e5m2'), got {dt}")
     return dt, None
 
 

@@ -21,7 +21,7 @@ _QMAX = {"int8": 127, "int4": 7, "fp8_e4m3": 448, "fp8_e5m2": 57344}
 def _bits(dtype) -> int:
     if isinstance(dtype, str) and dtype in _BITS:
         return _BITS[dtype]
-    raise ValueError(f"dtype must be 'int8', 'int4', 'fp8_e4m3' or 'fp8_e5m2', got {dtype!r}")
+    raise ValueError(f"dtype must be 'int8' or 'int4' (or 'fp8_e4m3' / 'fp8_e5m2'), got {dtype!r}")
 
 
 def _group(group_size) -> int:
