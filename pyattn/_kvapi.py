@@ -164,7 +164,13 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
         read the rows and scales in place and dequantize in registers. The
         result equals attention over ``dequantize(cache)`` to float32
         tolerance. Not with ``precision="bf16"`` or head dims over 512; with
-        ``precision="int8"`` (above), integer key products.
+        ``precision="int8"`` (above), integer key products. An fp8 cache
+        (``ml_dtypes.float8_e4m3fn`` / ``float8_e5m2 (B, Hkv, S_max, E)``,
+        :func:`pyattn.quantize`'s fp8 rule) takes its scales the same way;
+        its rows are widened to float32 per key tile as ``dequantize`` gives
+        them and the float32 kernels read those: the result is that of the
+        float32 cache ``dequantize(cache)``, bit for bit. Not with
+        ``precision="int8"`` or ``"bf16"``.
 
     Returns
     -------
