@@ -43,8 +43,9 @@
  * q8rowdot against int8 query rows (precision "int8": exact integer sums per
  * group). float8_e4m3fn and float8_e5m2 (ml_dtypes' fp8 formats) are the
  * fp8 caches' storage, per group float32 scales the same way: the frame
- * widens their rows into float32 tiles (ops/quant.h, pa_fp8_widen) and the
- * float32 kernels read those -- no kernel is indexed by them. */
+ * widens their rows into float32 tiles (the family's qwiden) and the
+ * float32 kernels read those -- no kernel is indexed by them (qwiden takes
+ * their bits codes). */
 #define PA_DTYPES(X, ...)                                                   \
     X(F32,  f32,      "float32",  4, PA_F32, 1, 1, 0, __VA_ARGS__)          \
     X(F64,  f64,      "float64",  8, PA_F64, 1, 1, 0, __VA_ARGS__)          \

@@ -50,6 +50,7 @@ def anchored(y, fmt):
 @pytest.mark.parametrize("fmt", FMTS)
 @pytest.mark.parametrize("out", [np.float32, np.float64])
 def test_every_code_dequantizes_to_ml_dtypes_value_times_the_scale(fmt, out):
+    """(dequantize, the exact path and the frame's widening share pa_fp8_value)"""
     codes = np.arange(256, dtype=np.uint8).view(TYPE[fmt]).reshape(8, 32)
     scale = np.array([[1.0], [0.5], [3.0], [1e-3], [7.25], [2.0 ** -20], [1e4], [0.1]], np.float32)
     x = pyattn.dequantize(codes, scale, out_dtype=out)

@@ -24,7 +24,7 @@ size_t pa_attn_ref_ws(int dtype, pa_ssize E, pa_ssize Ev)
  * with pa_ld_* (attention_ref.inc). Quantized caches compute in float32. */
 static inline float ref_qel(const void *row, pa_ssize e, int bits)
 {
-    return pa_qfp8(bits) ? pa_fp8_table(bits)[((const uint8_t *)row)[e]] : (float)pa_qval(row, e, bits);
+    return pa_qfp8(bits) ? pa_fp8_value(((const uint8_t *)row)[e], bits) : (float)pa_qval(row, e, bits);
 }
 static inline float ref_qk(const pa_attn_args *a, pa_ssize j, pa_ssize e)
 {

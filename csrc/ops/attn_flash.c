@@ -27,7 +27,7 @@ static void widen_rows(const pa_family *f, int sd, const void *p, pa_ssize rs, p
 
 /* n rows of a quantized K (v = 0) or V (v = 1) from key j, within one
  * block (a run: pa_kv_run), dequantized into dst (row stride ld) by the
- * family's qwiden (fp8: pa_fp8_widen), rows and scales read through the accessor: the tiled
+ * family's qwiden (int8, int4 and fp8), rows and scales read through the accessor: the tiled
  * paths' key tiles */
 static void qwiden_rows(const pa_family *f, const pa_attn_args *a, int v, pa_ssize j, pa_ssize n, float *dst,
                         pa_ssize ld)
@@ -37,10 +37,7 @@ static void qwiden_rows(const pa_family *f, const pa_attn_args *a, int v, pa_ssi
     const pa_ssize rs = v ? a->v_rs : a->k_rs, srs = a->kv.rs[v ? PA_KV_VS : PA_KV_KS];
     const pa_ssize cols = v ? a->Ev : a->E, G = v ? a->kv.vG : a->kv.kG;
     const int bits = pa_qbits(v ? a->v_dt : a->k_dt);
-    if (pa_qfp8(bits))                  /* fp8: the portable widening (dequantize's values) */
-        for (pa_ssize r = 0; r < n; r++) pa_fp8_widen(dst + r * ld, (const uint8_t *)p + r * rs, sc + r * srs, cols, G, bits);
-    else
-        for (pa_ssize r = 0; r < n; r++) f->qwiden.fn(dst + r * ld, p + r * rs, sc + r * srs, cols, G, bits);
+    for (pa_ssize r = 0; r < n; r++) f->qwiden.fn(dst + r * ld, p + r * rs, sc + r * srs, cols, G, bits);
 }
 
 /* an fp8 K or V: the rows paths widen its tiles into float32 (rows_gathered_) */

@@ -21,8 +21,8 @@
  * float8_e5m2) and q = the float32 x / scale rounded to the fp8 format to
  * nearest even, saturating to +-QMAX (pa_fp8_round), subnormals kept; 0
  * where scale == 0. One byte per value (ml_dtypes' encodings); its value is
- * the exact table entry pa_fp8_e4m3[q] / pa_fp8_e5m2[q], dequantized as
- * entry * scale (one float32 multiply; exact in float64).
+ * exact in a float (pa_fp8_value), dequantized as value * scale (one
+ * float32 multiply; exact in float64).
  */
 #ifndef PYATTN_OPS_QUANT_H
 #define PYATTN_OPS_QUANT_H
@@ -31,6 +31,7 @@
 #include <stdint.h>
 #include "ops.h"
 #include "rotary.h"
+#include "kernels/ref/quant_ref.h"   /* PA_QF8E4 / PA_QF8E5, pa_qfp8, pa_fp8_value */
 
 /* One call: rows over the batch bt (all axes but the quantized one),
  * E values per row, groups of G (E % G == 0; int4: E even). Strides in
@@ -46,24 +47,14 @@ typedef struct {
 
 /* A quantized KV cache's scales: pa_cache (ops.h), its ks, vs, kG, vG. */
 
-/* the fp8 formats' codes where "bits" are passed (pa_qbits) */
-enum { PA_QF8E4 = 1, PA_QF8E5 = 2 };
 /* bits of a storage dtype: 8 (PA_I8), 4 (PA_I4), PA_QF8E4 / PA_QF8E5 (the
  * fp8 formats), 0 (not quantized) */
 static inline int pa_qbits(int dt)
 {
     return dt == PA_I8 ? 8 : dt == PA_I4 ? 4 : dt == PA_F8E4 ? PA_QF8E4 : dt == PA_F8E5 ? PA_QF8E5 : 0;
 }
-/* 1 for the fp8 codes (the kernels' qrowdot / qrowpv / qwiden take 8 or 4
- * only: the frame widens fp8 rows itself, pa_fp8_widen) */
-static inline int pa_qfp8(int bits) { return bits == PA_QF8E4 || bits == PA_QF8E5; }
 /* the largest finite value of an fp8 format (QMAX) */
 static inline float pa_fp8_max(int bits) { return bits == PA_QF8E4 ? 448.0f : 57344.0f; }
-
-/* every byte's value, exact (NaN where the format has NaN, +-inf for
- * float8_e5m2's infinities); quant.c */
-extern const float pa_fp8_e4m3[256], pa_fp8_e5m2[256];
-static inline const float *pa_fp8_table(int bits) { return bits == PA_QF8E4 ? pa_fp8_e4m3 : pa_fp8_e5m2; }
 
 /* THE fp8 rounding: finite float32 y -> the byte of fp8 format bits, to
  * nearest even, saturating to +-QMAX (e4m3fn has no infinity; e5m2's is not
@@ -89,21 +80,6 @@ static inline uint8_t pa_fp8_round(float y, int bits)
         if (c > maxc) c = maxc;
     }
     return (uint8_t)(sign | c);
-}
-
-/* n values of an fp8 row at src (format bits) times their group's scale
- * (groups of G, scale[e / G]) into dst: table entry * scale, one float32
- * multiply each -- dequantize()'s float32 values. Portable C: the frame
- * widens fp8 rows with it before the float32 kernels read them. */
-static inline void pa_fp8_widen(float *dst, const uint8_t *src, const float *scale, pa_ssize n, pa_ssize G,
-                                int bits)
-{
-    const float *t = pa_fp8_table(bits);
-    for (pa_ssize g0 = 0; g0 < n; g0 += G) {
-        const float s = scale[g0 / G];
-        const pa_ssize g1 = g0 + G < n ? g0 + G : n;
-        for (pa_ssize e = g0; e < g1; e++) dst[e] = t[src[e]] * s;
-    }
 }
 
 /* THE rule's two steps (pa_quant_row, and precision "int8"'s query rows in
