@@ -149,13 +149,15 @@ def _kernel_pct(best):
 
 
 # ---- the decode roofline (issue 37): what a decode row must read and multiply
-ROOF_ELEM = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "int8": 1.0, "int4": 0.5}
+ROOF_ELEM = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "int8": 1.0, "int4": 0.5, "fp8_e4m3": 1.0,
+             "fp8_e5m2": 1.0}
+ROOF_SCALED = ("int8", "int4", "fp8_e4m3", "fp8_e5m2")      # caches with float32 scales per group
 
 
 def _roof(B, Hkv, rows, G, E, Ev, cache="float32", precision=None, group=32):
     """What the roofline of one decode call counts (the driver's _roofline
     turns it into a bound from the probed peak and bandwidth): bytes = the
-    K and V rows read, (E + Ev) x element size (+ int8 / int4: the float32
+    K and V rows read, (E + Ev) x element size (+ int8 / int4 / fp8: the float32
     scales, (E + Ev) / group x 4) x rows x KV heads x batch; multiply-adds =
     G x (E + Ev) x rows x KV heads x batch (G: query heads per KV head; the
     query's own bytes and the output are left out: a few KiB). `peak` names
@@ -163,7 +165,7 @@ def _roof(B, Hkv, rows, G, E, Ev, cache="float32", precision=None, group=32):
     dtype is widened to float32 today) or "bf16" (precision="bf16": bfloat16
     dot products); precision="int8" counts at the FMA peak too (its key
     products run on integer dot products, its value products on FMAs)."""
-    per_row = (E + Ev) * ROOF_ELEM[cache] + ((E + Ev) / group * 4.0 if cache in ("int8", "int4") else 0.0)
+    per_row = (E + Ev) * ROOF_ELEM[cache] + ((E + Ev) / group * 4.0 if cache in ROOF_SCALED else 0.0)
     n = float(rows) * Hkv * B
     return {"bytes": per_row * n, "madds": float(G) * (E + Ev) * n, "cache": cache,
             "precision": precision or "default", "peak": "bf16" if precision == "bf16" else "fma"}
@@ -729,7 +731,9 @@ def quant_caches(args, rng, run, read_side):
     same rounds; the same int8 step writing one new token (the cost of
     quantizing on append); and the int8 / int4 caches with precision="int8"
     (the query quantized to int8, integer key products: vpdpbusd with
-    AVX512_VNNI) against the default precision's float32 products."""
+    AVX512_VNNI) against the default precision's float32 products; fp8
+    (e4m3, e5m2) caches too where ml_dtypes is installed (their tiles
+    widened to float32 in the frame, then the float32 kernels)."""
     import numpy as np
     import pyattn
     Hq, Hkv, E, G = 32, 8, 128, 32
@@ -738,7 +742,12 @@ def quant_caches(args, rng, run, read_side):
         k32 = rng.standard_normal((1, Hkv, S, E), dtype=np.float32)
         v32 = rng.standard_normal((1, Hkv, S, E), dtype=np.float32)
         caches = {"pyattn": (k32, v32, None, None)}
-        for dt in ("int8", "int4"):
+        try:
+            import ml_dtypes  # noqa: F401  (the fp8 caches' dtypes)
+            fp8 = ("fp8_e4m3", "fp8_e5m2")
+        except ImportError:
+            fp8 = ()
+        for dt in ("int8", "int4") + fp8:
             (kq, ks), (vq, vs) = pyattn.quantize(k32, dt, group_size=G), pyattn.quantize(v32, dt, group_size=G)
             caches[f"pyattn {dt} cache"] = (kq, vq, ks, vs)
         impls = {name: (lambda kc=kc, vc=vc, ks=ks, vs=vs: pyattn.attention_with_kvcache(
@@ -761,6 +770,8 @@ def quant_caches(args, rng, run, read_side):
                 "pyattn int8 cache, appending a token": _roof(1, Hkv, S, Hq // Hkv, E, E, "int8", group=G),
                 "pyattn int8 cache, precision=int8": _roof(1, Hkv, S, Hq // Hkv, E, E, "int8", "int8", G),
                 "pyattn int4 cache, precision=int8": _roof(1, Hkv, S, Hq // Hkv, E, E, "int4", "int8", G)}
+        for dt in fp8:
+            roof[f"pyattn {dt} cache"] = _roof(1, Hkv, S, Hq // Hkv, E, E, dt, group=G)
         run({"op": "qdecode", "shape": f"B=1 Hq={Hq} Hkv={Hkv} L=1 S={S} E={E} G={G}"}, 4.0 * Hq * S * E,
             impls, nbytes, side=read_side(), roof=roof)
         del caches, impls, k32, v32, kq, vq, ks, vs

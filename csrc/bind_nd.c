@@ -5,6 +5,22 @@
 
 #include <numpy/arrayobject.h>
 
+#include <string.h>
+
+int pa_nd_fp8(PyObject *o)
+{
+    if (PyArray_API == NULL && _import_array() < 0) {
+        PyErr_Clear();
+        return -1;
+    }
+    if (!PyArray_Check(o)) return -1;
+    PyArrayObject *a = (PyArrayObject *)o;
+    if (PyArray_TYPE(a) < NPY_USERDEF || PyArray_ITEMSIZE(a) != 1) return -1;
+    const char *n = PyArray_DESCR(a)->typeobj->tp_name, *dot = strrchr(n, '.');
+    if (dot) n = dot + 1;
+    return strcmp(n, "float8_e4m3fn") == 0 ? PA_F8E4 : strcmp(n, "float8_e5m2") == 0 ? PA_F8E5 : -1;
+}
+
 int pa_nd_dtype(PyObject *o, const char *name)
 {
     if (PyArray_API == NULL && _import_array() < 0) return -1;   /* this file's NumPy API table */
@@ -15,7 +31,7 @@ int pa_nd_dtype(PyObject *o, const char *name)
     const int tn = PyArray_TYPE((PyArrayObject *)o);
     return tn == NPY_FLOAT32 ? PA_F32 : tn == NPY_FLOAT64 ? PA_F64 : tn == NPY_HALF ? PA_F16
          : tn == NPY_UINT16 ? PA_BF16 : tn == NPY_INT64 ? PA_ND_INT64 : tn == NPY_INT8 ? PA_I8
-         : tn == NPY_UINT8 ? PA_I4 : PA_ND_OTHER;
+         : tn == NPY_UINT8 ? PA_I4 : pa_nd_fp8(o) >= 0 ? pa_nd_fp8(o) : PA_ND_OTHER;
 }
 
 int pa_nd_view(PyObject *o, const char *name, int nd, int writeable, pa_nd *r)

@@ -18,6 +18,7 @@
 typedef struct {
     char *data;
     int dtype;             /* PA_F32, PA_F64, PA_F16, PA_BF16 (uint16), PA_I8, PA_I4 (uint8),
+                              PA_F8E4, PA_F8E5 (ml_dtypes' fp8),
                               PA_ND_INT64 or PA_ND_OTHER */
     pa_ssize shape[4], st[4];  /* st: strides in elements */
 } pa_nd;
@@ -25,6 +26,11 @@ typedef struct {
 /* the dtype code of o, or -1 with TypeError naming `name` set when o is
  * not an ndarray */
 int pa_nd_dtype(PyObject *o, const char *name);
+
+/* PA_F8E4 / PA_F8E5 when o is an ndarray of ml_dtypes' float8_e4m3fn /
+ * float8_e5m2 (a user dtype of one byte, found by its scalar type's name so
+ * that ml_dtypes stays optional), else -1; no exception set */
+int pa_nd_fp8(PyObject *o);
 
 /* o (an ndarray, after pa_nd_dtype) must be nd-D (nd <= 4), aligned, in
  * native byte order (writeable if asked), with strides that are multiples

@@ -97,7 +97,8 @@ int pa_kv_append_check(const pa_kv_append *ap, const char *seq, const char *pool
                                                  ap->rot && x == 0 ? &ap->rope : NULL, ap->pos, at)) {
             PyErr_Format(PyExc_ValueError, "%s holds NaN or infinity (%s %zd, head %zd, row %zd): the %s "
                          "%s's scales cannot hold it; nothing was written", rn[x], seq, (Py_ssize_t)at[0],
-                         (Py_ssize_t)at[1], (Py_ssize_t)at[2], pa_dtypes[ap->bits[x] == 8 ? PA_I8 : PA_I4].name,
+                         (Py_ssize_t)at[1], (Py_ssize_t)at[2], pa_dtypes[ap->bits[x] == 8 ? PA_I8 : ap->bits[x] == 4 ? PA_I4
+                                   : ap->bits[x] == PA_QF8E4 ? PA_F8E4 : PA_F8E5].name,
                          pool);
             return -1;
         }
@@ -261,7 +262,7 @@ static int bind_scale_pools(PyObject *paged, int writeable, const parr *pool, pa
         PyObject *o = PyTuple_GET_ITEM(paged, 3 + x);
         if (!op[x]->p) {
             if (o != Py_None) {
-                PyErr_Format(PyExc_ValueError, "%s pool is given but that pool is not int8 / int4", sn[x]);
+                PyErr_Format(PyExc_ValueError, "%s pool is given but that pool is not int8 / int4 / fp8", sn[x]);
                 return -1;
             }
             continue;

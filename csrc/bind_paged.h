@@ -35,7 +35,7 @@ typedef struct {
     pa_ssize tbs0, bsz;             /* its row stride, the block size (contiguous: S_max) */
     const int64_t *cu;              /* packed (cu_seqlens_q): rows (total, H, E / Ev), sequence b
                                        its rows [cu[b], cu[b+1]), T unused; or NULL */
-    int bits[2];                    /* 8 / 4: an int8 / int4 pool, its new rows float32 */
+    int bits[2];                    /* pa_qbits: an int8 / int4 / fp8 pool, its new rows float32 */
     float *sc[2];                   /* its scales: a pool as the cache's, (block, head, row, group) */
     pa_ssize sst[2][4], G[2];
     int rot, kdt;                   /* rotary (bind_rotary.h): the keys, of the compute dtype, */

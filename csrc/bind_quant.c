@@ -12,10 +12,12 @@
 #include <string.h>
 #include "threads.h"
 #include "ops/quant.h"
+#include "bind_nd.h"      /* pa_nd_fp8 */
 
 const char pa_quantize_doc[] =
-    "quantize(x, q, scale, bits, group_size): x float32 (..., E) -> q int8 (..., E) or uint8\n"
-    "(..., E/2) (bits 4), scale float32 (..., E/group_size), written in place. Private: see\n"
+    "quantize(x, q, scale, bits, group_size): x float32 (..., E) -> q int8 (..., E), uint8\n"
+    "(..., E/2) (bits 4) or ml_dtypes fp8 (bits 1: float8_e4m3fn, 2: float8_e5m2), scale float32\n"
+    "(..., E/group_size), written in place. Private: see\n"
     "pyattn.quantize. ValueError when x holds NaN or infinity.";
 const char pa_dequantize_doc[] =
     "dequantize(q, scale, x, bits, group_size): the inverse, x = q * scale, written in place:\n"
@@ -95,7 +97,7 @@ static int quant_shape(PyArrayObject *x, PyArrayObject *q, PyArrayObject *s, int
         c->bt.shape[d] = (pa_ssize)n;
         c->bt.count *= (pa_ssize)n;     /* no overflow: the elements of an existing array */
     }
-    if (PyArray_DIMS(q)[nb] != (bits == 8 ? E : E / 2) || PyArray_DIMS(s)[nb] != E / G) {
+    if (PyArray_DIMS(q)[nb] != (bits == 4 ? E / 2 : E) || PyArray_DIMS(s)[nb] != E / G) {
         PyErr_SetString(PyExc_ValueError, "q must have E (int4: E/2) and scale E/group_size values along the axis");
         return -1;
     }
@@ -119,14 +121,21 @@ static PyObject *quant_call(PyObject *args, int dq)
     } else {
         if (!PyArg_ParseTuple(args, "OOOin:quantize", &xo, &qo, &so, &bits, &G)) return NULL;
     }
-    if (bits != 8 && bits != 4) {
-        PyErr_Format(PyExc_ValueError, "bits must be 8 or 4, got %d", bits);
+    if (bits != 8 && bits != 4 && !pa_qfp8(bits)) {
+        PyErr_Format(PyExc_ValueError, "bits must be 8, 4, %d (fp8 e4m3) or %d (fp8 e5m2), got %d", PA_QF8E4,
+                     PA_QF8E5, bits);
         return NULL;
     }
     /* dequantize writes float32 or float64 */
     const int x64 = dq && PyArray_Check(xo) && PyArray_TYPE((PyArrayObject *)xo) == NPY_FLOAT64;
+    /* fp8: q is ml_dtypes' float8 array of that format (a user dtype) */
+    const int qfp8 = pa_qfp8(bits), fdt = bits == PA_QF8E4 ? PA_F8E4 : PA_F8E5;
+    if (qfp8 && pa_nd_fp8(qo) != fdt) {
+        PyErr_Format(PyExc_TypeError, "q must be a numpy.ndarray of ml_dtypes.%s", pa_dtypes[fdt].name);
+        return NULL;
+    }
     if (qview(xo, "x", x64 ? NPY_FLOAT64 : NPY_FLOAT32, dq, &x) < 0 ||
-        qview(qo, "q", bits == 8 ? NPY_INT8 : NPY_UINT8, !dq, &q) < 0 ||
+        qview(qo, "q", qfp8 ? PyArray_TYPE((PyArrayObject *)qo) : bits == 8 ? NPY_INT8 : NPY_UINT8, !dq, &q) < 0 ||
         qview(so, "scale", NPY_FLOAT32, !dq, &s) < 0 ||
         quant_shape(x, q, s, bits, G, &c) < 0)
         return NULL;
@@ -213,7 +222,7 @@ static int call_scales(PyObject *o, const char *name, const char *what, int dt, 
     *G = 1;
     if (!pa_qbits(dt)) {
         if (o != Py_None) {
-            PyErr_Format(PyExc_ValueError, "%s is given but the %s is not int8 / int4", name, what);
+            PyErr_Format(PyExc_ValueError, "%s is given but the %s is not int8 / int4 / fp8", name, what);
             return -1;
         }
         return 0;
@@ -262,7 +271,7 @@ int pa_bind_kv_scales(PyObject *ks, PyObject *vs, pa_attn_call *c, int want_w, p
         return -1;
     if (!qs->ks.p && !qs->vs.p) return 0;
     if (want_w || c->bf16 || c->E > PA_FLASH_MAXD || c->Ev > PA_FLASH_MAXD) {
-        PyErr_Format(PyExc_ValueError, "int8 / int4 caches do not take %s",
+        PyErr_Format(PyExc_ValueError, "int8 / int4 / fp8 caches do not take %s",
                      want_w ? "return_weights" : c->bf16 ? "precision='bf16'" : "head dims over 512");
         return -1;
     }

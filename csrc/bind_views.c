@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "ops/quant.h"   /* pa_qbits */
+#include "bind_nd.h"     /* pa_nd_fp8 */
 
 int pa_views_import(void)
 {
@@ -35,6 +36,7 @@ int pa_get_view(PyObject *obj, const char *name, int min_nd, int allow,
     else if (tn == NPY_UINT16 && (allow & PA_ALLOW_16)) v->dtype = PA_BF16;
     else if (tn == NPY_INT8 && (allow & PA_ALLOW_Q)) v->dtype = PA_I8;
     else if (tn == NPY_UINT8 && (allow & PA_ALLOW_Q)) v->dtype = PA_I4;
+    else if ((allow & PA_ALLOW_Q) && pa_nd_fp8(obj) >= 0) v->dtype = pa_nd_fp8(obj);
     else {
         PyErr_Format(PyExc_TypeError, "%s must be float32 or float64%s", name,
                      (allow & PA_ALLOW_BOOL) ? " (or bool)" :

@@ -28,7 +28,7 @@
 
 #define PA_ALLOW_BOOL 1
 #define PA_ALLOW_16 2 /* float16 arrays, and uint16 arrays holding bfloat16 bits */
-#define PA_ALLOW_Q 4  /* int8 arrays, and uint8 arrays holding int4 pairs (quantized caches) */
+#define PA_ALLOW_Q 4  /* int8 arrays, uint8 arrays holding int4 pairs, ml_dtypes' fp8 (quantized caches) */
 
 typedef struct {
     PyArrayObject *arr;     /* borrowed */

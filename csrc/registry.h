@@ -41,7 +41,11 @@
  * and its strides are bytes): the kinds qrowdot, qrowpv, qwiden read them
  * with their scales (one kernel per family, the bits as an argument), and
  * q8rowdot against int8 query rows (precision "int8": exact integer sums per
- * group). */
+ * group). float8_e4m3fn and float8_e5m2 (ml_dtypes' fp8 formats) are the
+ * fp8 caches' storage, per group float32 scales the same way: the frame
+ * widens their rows into float32 tiles (the family's qwiden) and the
+ * float32 kernels read those -- no kernel is indexed by them (qwiden takes
+ * their bits codes). */
 #define PA_DTYPES(X, ...)                                                   \
     X(F32,  f32,      "float32",  4, PA_F32, 1, 1, 0, __VA_ARGS__)          \
     X(F64,  f64,      "float64",  8, PA_F64, 1, 1, 0, __VA_ARGS__)          \
@@ -49,7 +53,9 @@
     X(BF16, bf16_f32, "bfloat16", 2, PA_F32, 0, 1, 1, __VA_ARGS__)          \
     X(BOOL, b8,       "bool",     1, -1,     0, 0, 0, __VA_ARGS__)          \
     X(I8,   i8_f32,   "int8",     1, PA_F32, 0, 0, 0, __VA_ARGS__)          \
-    X(I4,   i4_f32,   "int4",     1, PA_F32, 0, 0, 0, __VA_ARGS__)
+    X(I4,   i4_f32,   "int4",     1, PA_F32, 0, 0, 0, __VA_ARGS__)          \
+    X(F8E4, f8e4_f32, "float8_e4m3fn", 1, PA_F32, 0, 0, 0, __VA_ARGS__)     \
+    X(F8E5, f8e5_f32, "float8_e5m2",   1, PA_F32, 0, 0, 0, __VA_ARGS__)
 
 /* ---- kernel kinds -----------------------------------------------------------
  * X(kind, shape, return type, (parameters), ...): the kind's signature is

@@ -254,7 +254,7 @@ def scaled_dot_product_attention_varlen_vjp(
     align: _Align = ...,
 ) -> Tuple[_F, Callable[[ArrayLike], Tuple[_F, ...]]]: ...
 
-_QDtype = Literal["int8", "int4"]
+_QDtype = Literal["int8", "int4", "fp8_e4m3", "fp8_e5m2"]
 def quantize(x: ArrayLike, /, dtype: _QDtype = ..., *, group_size: int = ...,
              axis: int = ...) -> Tuple[NDArray[Any], NDArray[np.float32]]: ...
 def dequantize(q: ArrayLike, scale: ArrayLike, /, *, dtype: Optional[_QDtype] = ...,

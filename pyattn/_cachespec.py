@@ -26,8 +26,8 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from . import _kvextra
-from ._checks import (as_array, check_numeric, check_out, int8_precision, is16, not_flag_mask, number,
-                      precision_value, real_scalar, to_dtype)
+from ._checks import (as_array, check_numeric, check_out, fp8_of, int8_precision, is16, not_flag_mask,
+                      number, precision_value, real_scalar, to_dtype)
 from ._spec import AttnSpec, attn_spec
 
 __all__ = []  # private
@@ -75,7 +75,8 @@ class CacheSpec(NamedTuple):
 
     def u16(self) -> tuple:
         """The caches as the binding takes them (bfloat16 as its uint16 bits)."""
-        return tuple(c.view(np.uint16) if c.dtype.kind == "V" else c for c in (self.k_cache, self.v_cache))
+        return tuple(c.view(np.uint16) if is16(c.dtype) and c.dtype.kind == "V" else c
+                     for c in (self.k_cache, self.v_cache))
 
     def rows(self, kn, vn) -> tuple:
         """New rows kn, vn in the caches' storage, as the binding's append takes
@@ -86,7 +87,7 @@ class CacheSpec(NamedTuple):
         for i, (x, c) in enumerate(((kn, self.k_cache), (vn, self.v_cache))):
             r = x.astype(np.float32 if _qcache(c) else self.cd if self.rope and i == 0 else c.dtype,
                          order="C", copy=True)
-            out.append(r.view(np.uint16) if r.dtype.kind == "V" else r)
+            out.append(r.view(np.uint16) if is16(r.dtype) and r.dtype.kind == "V" else r)
         return tuple(out)
 
     def c_append(self, rows, n) -> tuple:
@@ -121,9 +122,9 @@ def _cache_array(x, name, writeable):
     if not isinstance(x, np.ndarray):
         raise TypeError(f"{name} must be a numpy.ndarray (it is read, and written, in place), "
                         f"got {type(x).__name__}")
-    if x.dtype not in (np.float32, np.float64, np.int8, np.uint8) and not is16(x.dtype):
+    if x.dtype not in (np.float32, np.float64, np.int8, np.uint8) and not is16(x.dtype) and not fp8_of(x.dtype):
         raise TypeError(f"{name} must be float32, float64, float16 or bfloat16, or int8 / uint8 (int4 "
-                        f"pairs) with its scales, got dtype {x.dtype}")
+                        f"pairs) / ml_dtypes float8_e4m3fn / float8_e5m2 with its scales, got dtype {x.dtype}")
     if x.ndim != 4:
         raise ValueError(f"{name} must be (B, Hkv, S_max, E), got shape {x.shape}")
     if writeable and not x.flags.writeable:
@@ -166,9 +167,15 @@ def _seqlens(cache_seqlens, B, limit, T):
 
 
 def _qcache(c):
-    """Values per stored element of a quantized cache: 1 (int8), 2 (int4 in
-    uint8); 0 for a float cache."""
-    return 1 if c.dtype == np.int8 else 2 if c.dtype == np.uint8 else 0
+    """Values per stored element of a quantized cache: 1 (int8, fp8), 2 (int4
+    in uint8); 0 for a float cache."""
+    return 1 if c.dtype == np.int8 or fp8_of(c.dtype) else 2 if c.dtype == np.uint8 else 0
+
+
+def _qname(c):
+    """The quantized format of a cache array: "int8", "int4", "fp8_e4m3" or
+    "fp8_e5m2" (for messages)."""
+    return fp8_of(c.dtype) or ("int8" if c.dtype == np.int8 else "int4")
 
 
 def _scale_value(scale, E):
@@ -196,10 +203,10 @@ def _contiguous_spec(query, k_cache, v_cache, key, value, a):
     kq, vq = _qcache(kc), _qcache(vc)
     for c, sc, nm, sn in ((kc, k_scale, "k_cache", "k_scale"), (vc, v_scale, "v_cache", "v_scale")):
         if _qcache(c) and sc is None:
-            raise ValueError(f"{nm} is an {'int8' if _qcache(c) == 1 else 'int4'} cache: {sn} (its float32 "
+            raise ValueError(f"{nm} is an {_qname(c)} cache: {sn} (its float32 "
                              "scales, (B, Hkv, S_max, E / group)) is required")
         if not _qcache(c) and sc is not None:
-            raise ValueError(f"{sn} is given but {nm} is {c.dtype}, not an int8 / int4 cache")
+            raise ValueError(f"{sn} is given but {nm} is {c.dtype}, not an int8 / int4 / fp8 cache")
         if sc is not None and not (isinstance(sc, np.ndarray) and sc.dtype == np.float32):
             raise TypeError(f"{sn} must be a float32 numpy.ndarray, got "
                             f"{getattr(sc, 'dtype', type(sc).__name__)}")
@@ -334,10 +341,10 @@ def _scales(c, sc, cname, sname, new):
     per = _qcache(c)
     if not per:
         if sc is not None:
-            raise ValueError(f"{sname} is given but {cname} is {c.dtype}, not an int8 / int4 cache")
+            raise ValueError(f"{sname} is given but {cname} is {c.dtype}, not an int8 / int4 / fp8 cache")
         return None, c.shape[3]
     if sc is None:
-        raise ValueError(f"{cname} is an {'int8' if per == 1 else 'int4'} cache: {sname} (its float32 "
+        raise ValueError(f"{cname} is an {_qname(c)} cache: {sname} (its float32 "
                          "scales, (num_blocks, Hkv, block_size, E / group) with block_table) is required")
     if not (isinstance(sc, np.ndarray) and sc.dtype == np.float32):
         raise TypeError(f"{sname} must be a float32 numpy.ndarray, got {getattr(sc, 'dtype', type(sc).__name__)}")
@@ -447,7 +454,7 @@ def _paged_spec(query, k_cache, v_cache, key, value, a):
                              f"({Hq},) or ({B}, {Hq})")
     q8 = int8_precision(a["precision"], kc)     # precision="int8": an int8 / int4 k_cache
     if quant and not q8 and precision_value(a["precision"], cd):
-        raise ValueError("precision='bf16' is not available with int8 / int4 caches")
+        raise ValueError("precision='bf16' is not available with int8 / int4 / fp8 caches")
     qd = q if is16(q.dtype) and cd == np.float32 else to_dtype(q, cd)
     return CacheSpec(qd, kc, vc, ks, vs, cd, B, Hq, Hkv, S, E, Ev, T, kn, vn, n, kv_len, rope, sc, a,
                      table=table, paged=paged, bs=bs, cu=cu, packed=packed, Ts=Ts, written=written, tree=tm,

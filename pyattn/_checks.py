@@ -40,20 +40,52 @@ def is16(dt):
     return dt == np.float16 or (dt.kind == "V" and dt.name == "bfloat16" and dt.itemsize == 2)
 
 
+# the fp8 formats: the quantize / cache dtype names -> ml_dtypes' type names
+FP8 = {"fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
+
+
+def fp8_of(dt):
+    """"fp8_e4m3" / "fp8_e5m2" for ml_dtypes' float8_e4m3fn / float8_e5m2
+    (found by name, so that ml_dtypes stays optional), else None."""
+    if dt is None or getattr(dt, "itemsize", 0) != 1 or dt.kind not in "Vf":
+        return None
+    for k, n in FP8.items():
+        if dt.name == n:
+            return k
+    return None
+
+
+def fp8_dtype(name):
+    """ml_dtypes' NumPy dtype of fp8 format name ("fp8_e4m3" / "fp8_e5m2"):
+    ImportError saying so when ml_dtypes is not installed."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise ImportError(f"{name!r} needs the ml_dtypes package (its float8 NumPy dtypes hold fp8 "
+                          f"arrays): pip install ml_dtypes") from None
+    return np.dtype(getattr(ml_dtypes, FP8[name]))
+
+
 def cache_dtype(dtype):
     """The storage of a KV cache (KVCache, PagedKVCache): (numpy dtype,
-    None) for float32, float64, float16 and bfloat16, or (int8 / uint8,
-    "int8" / "int4") for the quantized ones. TypeError naming dtype
-    otherwise."""
+    None) for float32, float64, float16 and bfloat16, or (int8 / uint8 /
+    ml_dtypes' float8, "int8" / "int4" / "fp8_e4m3" / "fp8_e5m2") for the
+    quantized ones. TypeError naming dtype otherwise (ImportError for fp8
+    without ml_dtypes)."""
     if isinstance(dtype, str) and dtype in ("int8", "int4"):
         return np.dtype(np.int8 if dtype == "int8" else np.uint8), dtype
+    if isinstance(dtype, str) and dtype in FP8:
+        return fp8_dtype(dtype), dtype
     try:
         dt = np.dtype(dtype)
     except TypeError:
-        raise TypeError(f"dtype must be a NumPy dtype, 'int8' or 'int4', got {dtype!r}") from None
+        raise TypeError(f"dtype must be a NumPy dtype, 'int8' or 'int4' (or 'fp8_e4m3' / 'fp8_e5m2'), "
+                        f"got {dtype!r}") from None
+    if fp8_of(dt):                      # ml_dtypes' float8 dtype itself: that format
+        return dt, fp8_of(dt)
     if dt not in (np.float32, np.float64) and not is16(dt):
         raise TypeError(f"dtype must be float32, float64, float16, bfloat16 (ml_dtypes), 'int8' or "
-                        f"'int4', got {dt}")
+                        f"'int4' (or 'fp8_e4m3' / 'fp8_e5m2'), got {dt}")
     return dt, None
 
 
@@ -374,5 +406,5 @@ def int8_precision(precision, k_cache) -> bool:
     dt = getattr(k_cache, "dtype", None)
     if dt not in (np.dtype(np.int8), np.dtype(np.uint8)):
         raise ValueError(f"precision='int8' needs an int8 or int4 cache (k_cache int8, or int4 packed in "
-                         f"uint8, with k_scale); this k_cache is {dt}")
+                         f"uint8, with k_scale; not fp8 or float caches); this k_cache is {dt}")
     return True

@@ -164,7 +164,13 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
         read the rows and scales in place and dequantize in registers. The
         result equals attention over ``dequantize(cache)`` to float32
         tolerance. Not with ``precision="bf16"`` or head dims over 512; with
-        ``precision="int8"`` (above), integer key products.
+        ``precision="int8"`` (above), integer key products. An fp8 cache
+        (``ml_dtypes.float8_e4m3fn`` / ``float8_e5m2 (B, Hkv, S_max, E)``,
+        :func:`pyattn.quantize`'s fp8 rule) takes its scales the same way;
+        its rows are widened to float32 per key tile as ``dequantize`` gives
+        them and the float32 kernels read those: the result is that of the
+        float32 cache ``dequantize(cache)``, bit for bit. Not with
+        ``precision="int8"`` or ``"bf16"``.
 
     Returns
     -------
@@ -280,7 +286,7 @@ def _contiguous(cs, out):
     spec = cs.attn(cs.query, ks, vs, kv_len=cs.kv_len[:, None], slopes=cs.opts["alibi_slopes"])
     if cs.quant:
         if spec.bf16:
-            raise ValueError("precision='bf16' is not available with int8 / int4 caches")
+            raise ValueError("precision='bf16' is not available with int8 / int4 / fp8 caches")
         spec = spec._replace(key=kc, value=vc, kv_scales=(cs.k_scale, cs.v_scale), int8=cs.int8)
     return _sdpa(spec, out, append=append)
 

@@ -26,7 +26,7 @@ class KVCache:
     ----------
     batch, num_kv_heads, max_len, head_dim : int
     value_dim : int, optional (default ``head_dim``)
-    dtype : float32 (default), float64, float16, ``ml_dtypes.bfloat16``, ``"int8"`` or ``"int4"``
+    dtype : float32 (default), float64, float16, ``ml_dtypes.bfloat16``, ``"int8"``, ``"int4"``, ``"fp8_e4m3"`` or ``"fp8_e5m2"``
         16-bit caches take half the memory and half the bytes to read per
         decode step; new rows are rounded into them, arithmetic stays float32.
         ``"int8"`` / ``"int4"``: quantized caches (``k`` is ``np.int8 (B,
@@ -35,8 +35,13 @@ class KVCache:
         group_size)`` (``v``, ``v_scale`` likewise): new rows are quantized
         as they are written (:func:`pyattn.quantize`'s rule), the kernels
         read them in place; 1.125 / 0.625 bytes per value with groups of 32.
+        ``"fp8_e4m3"`` / ``"fp8_e5m2"`` (needs ``ml_dtypes``): ``k`` is
+        ``ml_dtypes.float8_e4m3fn`` / ``float8_e5m2 (B, Hkv, max_len, E)``
+        with the same float32 scales (quantize's fp8 rule); the kernels widen
+        its rows to float32 tile by tile (no dequantized copy), giving the
+        bits of the float32 cache ``dequantize(k, k_scale)``.
     group_size : int, default 32
-        Values per scale of an int8 / int4 cache (it must divide head_dim and
+        Values per scale of an int8 / int4 / fp8 cache (it must divide head_dim and
         value_dim). Ignored by float caches.
 
     Attributes

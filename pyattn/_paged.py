@@ -364,7 +364,7 @@ class PagedKVCache:
     ----------
     num_blocks, block_size, num_kv_heads, head_dim : int
     value_dim : int, optional (default ``head_dim``)
-    dtype : float32 (default), float64, float16, ``ml_dtypes.bfloat16``, ``"int8"`` or ``"int4"``
+    dtype : float32 (default), float64, float16, ``ml_dtypes.bfloat16``, ``"int8"``, ``"int4"``, ``"fp8_e4m3"`` or ``"fp8_e5m2"``
         ``"int8"`` / ``"int4"``: quantized pools (``k`` is ``np.int8
         (num_blocks, Hkv, block_size, E)`` or ``np.uint8 (..., E / 2)``, two
         values per byte) with float32 scale pools ``k_scale (num_blocks, Hkv,
@@ -372,8 +372,12 @@ class PagedKVCache:
         are quantized into their pages as they are written
         (:func:`pyattn.quantize`'s rule), the kernels read rows and scales
         per block in place; a copied-on-write block takes its scales along.
+        ``"fp8_e4m3"`` / ``"fp8_e5m2"`` (needs ``ml_dtypes``): pools of
+        ``ml_dtypes.float8_e4m3fn`` / ``float8_e5m2`` with the same scale
+        pools (quantize's fp8 rule), widened to float32 per tile as they
+        are read.
     group_size : int, default 32
-        Values per scale of an int8 / int4 pool (it must divide head_dim and
+        Values per scale of an int8 / int4 / fp8 pool (it must divide head_dim and
         value_dim); unused by the float dtypes.
 
     Attributes
@@ -387,7 +391,9 @@ class PagedKVCache:
         A negative size, ``block_size`` or ``num_kv_heads`` below 1; a
         ``group_size`` that does not divide the head dims (int4: odd head dims).
     TypeError
-        A dtype other than the six above, sizes that are not integers.
+        A dtype other than the eight above, sizes that are not integers.
+    ImportError
+        An fp8 dtype without ``ml_dtypes`` installed.
 
     Examples
     --------

@@ -8,17 +8,20 @@ import operator
 import numpy as np
 
 from . import _C
-from ._checks import as_array, is16
+from ._checks import FP8, as_array, fp8_dtype, fp8_of, is16
 
 __all__ = ["quantize", "dequantize"]
 
-_BITS = {"int8": 8, "int4": 4}
+# the C binding's "bits": 8, 4, or the fp8 formats' codes (csrc/ops/quant.h)
+_BITS = {"int8": 8, "int4": 4, "fp8_e4m3": 1, "fp8_e5m2": 2}
+# the largest finite value of each format: scale = max|x_g| / this
+_QMAX = {"int8": 127, "int4": 7, "fp8_e4m3": 448, "fp8_e5m2": 57344}
 
 
 def _bits(dtype) -> int:
     if isinstance(dtype, str) and dtype in _BITS:
         return _BITS[dtype]
-    raise ValueError(f"dtype must be 'int8' or 'int4', got {dtype!r}")
+    raise ValueError(f"dtype must be 'int8' or 'int4' (or 'fp8_e4m3' / 'fp8_e5m2'), got {dtype!r}")
 
 
 def _group(group_size) -> int:
@@ -57,6 +60,14 @@ def quantize(x, /, dtype="int8", *, group_size=32, axis=-1):
     ``dequantize(q, scale)`` is ``float32(q) * scale``. The same rule writes
     the rows of an int8 / int4 :class:`KVCache`.
 
+    fp8 (``"fp8_e4m3"``, ``"fp8_e5m2"``; needs ``ml_dtypes``): ``scale =
+    max|x_g| / 448`` (e4m3) or ``/ 57344`` (e5m2), float32; ``q`` is the
+    float32 ``x / scale`` rounded to the fp8 format to nearest even,
+    saturating to its largest finite value (+-448 / +-57344; subnormals kept,
+    ``-0`` kept), ``0`` where ``scale == 0``; returned as
+    ``ml_dtypes.float8_e4m3fn`` / ``ml_dtypes.float8_e5m2``. The rows of an
+    fp8 :class:`KVCache` are written with it.
+
     Unlike llama.cpp's q8_0 (``d = amax / 127`` stored as float16,
     ``q = roundf(x * (1 / d))``: ties away from zero, a multiply by the
     float32 reciprocal), the scale stays float32 and the value is divided by
@@ -69,9 +80,10 @@ def quantize(x, /, dtype="int8", *, group_size=32, axis=-1):
         Shape ``(..., E, ...)`` with ``E = x.shape[axis]`` a multiple of
         ``group_size`` (even for int4); at least one dimension. Values other
         than float32 are rounded to float32 first; NaN and +-inf are refused.
-    dtype : {"int8", "int4"}, default "int8"
-        The integer format: int8 (values in ``[-127, 127]``) or int4 (values
-        in ``[-7, 7]``, two per byte).
+    dtype : {"int8", "int4", "fp8_e4m3", "fp8_e5m2"}, default "int8"
+        The format: int8 (values in ``[-127, 127]``), int4 (values in
+        ``[-7, 7]``, two per byte), or fp8 (ml_dtypes' float8_e4m3fn /
+        float8_e5m2, one per byte).
     group_size : int, default 32
         Values per scale, ``>= 1``; it must divide ``E``.
     axis : int, default -1
@@ -82,7 +94,8 @@ def quantize(x, /, dtype="int8", *, group_size=32, axis=-1):
     q : ndarray
         ``np.int8`` of ``x``'s shape (int8), or ``np.uint8`` with ``E / 2``
         along ``axis`` (int4: two values per byte, value ``2i`` in the low
-        nibble of byte ``i``, ``2i + 1`` in the high one, two's complement).
+        nibble of byte ``i``, ``2i + 1`` in the high one, two's complement),
+        or ``ml_dtypes.float8_e4m3fn`` / ``float8_e5m2`` of ``x``'s shape (fp8).
     scale : ndarray
         float32, ``x``'s shape with ``E / group_size`` along ``axis``.
 
@@ -91,7 +104,9 @@ def quantize(x, /, dtype="int8", *, group_size=32, axis=-1):
     ValueError
         NaN or +-inf in ``x`` (a scale cannot hold them), a ``group_size``
         that does not divide ``E`` (or is below 1), a ``dtype`` other than
-        ``"int8"``/``"int4"``, an ``axis`` out of range, a 0-d ``x``.
+        the four above, an ``axis`` out of range, a 0-d ``x``.
+    ImportError
+        An fp8 ``dtype`` without ``ml_dtypes`` installed.
     TypeError
         A non-float ``x`` (integers, bool, complex); a ``group_size`` or
         ``axis`` that is not an integer.
@@ -114,6 +129,7 @@ def quantize(x, /, dtype="int8", *, group_size=32, axis=-1):
     (array([151,   2], dtype=uint8), array([0.5], dtype=float32))
     """
     bits = _bits(dtype)
+    qdt = fp8_dtype(dtype) if dtype in FP8 else np.dtype(np.int8 if bits == 8 else np.uint8)
     g = _group(group_size)
     x = as_array(x, "x")
     if not (x.dtype.kind == "f" or is16(x.dtype)):
@@ -127,10 +143,10 @@ def quantize(x, /, dtype="int8", *, group_size=32, axis=-1):
         raise ValueError(f"group_size {g} must divide x.shape[{a}] = {E}"
                          + (" (which must be even for int4)" if bits == 4 else ""))
     qshape = list(x.shape)
-    qshape[a] = E if bits == 8 else E // 2
+    qshape[a] = E // 2 if bits == 4 else E
     sshape = list(x.shape)
     sshape[a] = E // g
-    q = np.empty(qshape, np.int8 if bits == 8 else np.uint8)
+    q = np.empty(qshape, qdt)
     s = np.empty(sshape, np.float32)
     with np.errstate(over="ignore"):          # a float64 beyond float32 becomes inf: ValueError
         xf = np.require(x, np.float32, "A")    # float32 (rounded), aligned, native order
@@ -143,18 +159,18 @@ def _infer(q, scale, a, dtype, group_size):
     shapes say, checked against the dtype / group_size given (None: not
     given). TypeError for a q dtype quantize never returns, ValueError where
     a given value contradicts the arrays or the shapes do not fit."""
-    said = {np.dtype(np.int8): "int8", np.dtype(np.uint8): "int4"}.get(q.dtype)
+    said = {np.dtype(np.int8): "int8", np.dtype(np.uint8): "int4"}.get(q.dtype) or fp8_of(q.dtype)
     if said is None:
-        raise TypeError(f"q must be np.int8 (int8) or np.uint8 (int4, two values per byte) as quantize "
-                        f"returns it, got dtype {q.dtype}")
+        raise TypeError(f"q must be np.int8 (int8), np.uint8 (int4, two values per byte) or ml_dtypes' "
+                        f"float8_e4m3fn / float8_e5m2 (fp8) as quantize returns it, got dtype {q.dtype}")
     if dtype is not None:
         _bits(dtype)
         if dtype != said:
+            stored = {"int8": "np.int8", "int4": "packed np.uint8"}.get(dtype) or FP8[dtype]
             raise ValueError(f"dtype={dtype!r} contradicts q: q is {q.dtype}, which is {said!r} ("
-                             f"{'np.int8' if dtype == 'int8' else 'packed np.uint8'} is {dtype!r}); "
-                             "leave dtype out to read it from q")
+                             f"{stored} is {dtype!r}); leave dtype out to read it from q")
     bits = _BITS[said]
-    E = q.shape[a] * (1 if bits == 8 else 2)
+    E = q.shape[a] * (2 if bits == 4 else 1)
     if scale.ndim != q.ndim:
         raise ValueError(f"scale must have q's {q.ndim} dimensions (q's shape with axis {a} of "
                          f"E / group_size), got shape {scale.shape}")
@@ -185,16 +201,19 @@ def dequantize(q, scale, /, *, dtype=None, group_size=None, axis=-1, out_dtype=n
 
     Parameters
     ----------
-    q : array_like, ``np.int8`` or ``np.uint8``
-        ``(..., E, ...)`` ``np.int8`` (int8) or ``(..., E/2, ...)``
-        ``np.uint8`` (int4, packed as :func:`quantize` packs); at least one
+    q : array_like, ``np.int8``, ``np.uint8`` or an ml_dtypes float8
+        ``(..., E, ...)`` ``np.int8`` (int8), ``(..., E/2, ...)``
+        ``np.uint8`` (int4, packed as :func:`quantize` packs), or
+        ``(..., E, ...)`` ``ml_dtypes.float8_e4m3fn`` / ``float8_e5m2``
+        (fp8: its value, exact in float32, times the scale); at least one
         dimension.
     scale : array_like, float32
         ``q``'s shape with ``E / group_size`` along ``axis`` (``q``'s other
         axes unchanged); any byte order.
-    dtype : {"int8", "int4"} or None, optional
+    dtype : {"int8", "int4", "fp8_e4m3", "fp8_e5m2"} or None, optional
         Default: from ``q``'s dtype (``np.int8`` is int8, ``np.uint8``
-        int4). Given, it must agree with ``q``'s dtype.
+        int4, a float8 dtype that fp8 format). Given, it must agree with
+        ``q``'s dtype.
     group_size : int or None, optional
         Default: ``E / scale.shape[axis]``. Given, it must agree with the
         shapes.
@@ -213,8 +232,8 @@ def dequantize(q, scale, /, *, dtype=None, group_size=None, axis=-1, out_dtype=n
     Raises
     ------
     TypeError
-        A ``q`` or ``scale`` of the wrong dtype (``q`` neither ``np.int8``
-        nor ``np.uint8``, ``scale`` not float32), an ``out_dtype`` other
+        A ``q`` or ``scale`` of the wrong dtype (``q`` not ``np.int8``,
+        ``np.uint8`` or an fp8 dtype, ``scale`` not float32), an ``out_dtype`` other
         than the three above.
     ValueError
         Mismatched shapes, or a ``dtype`` / ``group_size`` given that
@@ -237,6 +256,12 @@ def dequantize(q, scale, /, *, dtype=None, group_size=None, axis=-1, out_dtype=n
     >>> q4, s4 = pyattn.quantize(np.array([3.5, -3.5, 1.0, 0.0], np.float32), "int4", group_size=4)
     >>> pyattn.dequantize(q4, s4, out_dtype=np.float64)
     array([ 3.5, -3.5,  1. ,  0. ])
+
+    fp8, read from ``q``'s ml_dtypes float8 dtype:
+
+    >>> q8, s8 = pyattn.quantize(np.array([448.0, -1.0, 0.3, 20.0], np.float32), "fp8_e4m3", group_size=4)
+    >>> q8.dtype.name, pyattn.dequantize(q8, s8).tolist()
+    ('float8_e4m3fn', [448.0, -1.0, 0.3125, 20.0])
     """
     q = as_array(q, "q")
     scale = as_array(scale, "scale")
@@ -249,7 +274,7 @@ def dequantize(q, scale, /, *, dtype=None, group_size=None, axis=-1, out_dtype=n
         raise ValueError("q must have at least one dimension")
     a = _axis(axis, q.ndim, "q")
     bits, g = _infer(q, scale, a, dtype, group_size)
-    E = q.shape[a] * (1 if bits == 8 else 2)
+    E = q.shape[a] * (2 if bits == 4 else 1)
     if E % g != 0:
         raise ValueError(f"group_size {g} must divide the axis length {E}")
     sshape = list(q.shape)

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from ._checks import causal_code, compute_dtype
+from ._checks import FP8, causal_code, compute_dtype, fp8_dtype, fp8_of
 
 __all__ = ["matmul", "softmax", "scaled_dot_product_attention", "multi_head_attention",
            "causal_mask", "dropout_keep", "linear", "merge_attention", "attention_with_kvcache",
@@ -407,8 +407,8 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
         if s is None:
             quant.append(None)
             continue
-        dt = "int8" if c.dtype == np.int8 else "int4"
-        G = c.shape[-1] * (1 if dt == "int8" else 2) // np.shape(s)[-1]
+        dt = fp8_of(c.dtype) or ("int8" if c.dtype == np.int8 else "int4")
+        G = c.shape[-1] * (2 if dt == "int4" else 1) // np.shape(s)[-1]
         quant.append((dt, G, np.array(s, np.float32)))
     if key is not None:
         for b in range(B):
@@ -575,12 +575,20 @@ def quantize(x, dtype="int8", group_size=32, axis=-1):
     """pyattn.quantize in float32 NumPy, bit for bit: per group, scale =
     max|x_g| / qmax (float32 division), q = clip(rint(x / scale)) (float32
     division, ties to even), 0 where scale == 0; int4 packed two per byte
-    (even index in the low nibble). No NaN/inf check (the op raises)."""
-    qmax = np.float32(127 if dtype == "int8" else 7)
+    (even index in the low nibble). fp8 ("fp8_e4m3", "fp8_e5m2"): qmax
+    448 / 57344, q = x / scale (float32) clipped to +-qmax and rounded by
+    ml_dtypes' astype (to nearest even: the clip makes it saturate). No
+    NaN/inf check (the op raises)."""
+    qmax = np.float32({"int8": 127, "int4": 7, "fp8_e4m3": 448, "fp8_e5m2": 57344}[dtype])
     x = np.moveaxis(np.asarray(x, np.float32), axis, -1)
     E = x.shape[-1]
     g = x.reshape(*x.shape[:-1], E // group_size, group_size)
     scale = (np.max(np.abs(g), axis=-1) / qmax).astype(np.float32)
+    if dtype in FP8:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r = (g / scale[..., None]).astype(np.float32)
+        q = np.where(scale[..., None] == 0, np.float32(0), np.clip(r, -qmax, qmax)).astype(fp8_dtype(dtype))
+        return np.moveaxis(q.reshape(x.shape), -1, axis), np.moveaxis(scale, -1, axis)
     with np.errstate(divide="ignore", invalid="ignore"):
         r = np.rint(g / scale[..., None])
     q = np.where(scale[..., None] == 0, 0, np.clip(r, -qmax, qmax)).astype(np.int8)
@@ -603,7 +611,7 @@ def unpack_int4(q, axis=-1):
 
 def dequantize(q, scale, dtype="int8", group_size=32, axis=-1):
     """pyattn.dequantize in float32 NumPy: float32(q) * scale, bit for bit."""
-    v = unpack_int4(q, axis) if dtype == "int4" else np.asarray(q, np.int8)
+    v = unpack_int4(q, axis) if dtype == "int4" else np.asarray(q) if dtype in FP8 else np.asarray(q, np.int8)
     v = np.moveaxis(v, axis, -1).astype(np.float32)
     s = np.repeat(np.moveaxis(np.asarray(scale, np.float32), axis, -1), group_size, axis=-1)
     return np.moveaxis((v * s).astype(np.float32), -1, axis)

@@ -468,7 +468,8 @@ class _Attention:
         """A :class:`pyattn.KVCache` for this layer: ``batch`` sequences of up to
         ``max_len`` tokens, one cache head per attention head (``d_out / num_heads``
         features), float32 (default), float64, float16, bfloat16, or quantized
-        ``"int8"`` / ``"int4"`` with a float32 scale per ``group_size`` values.
+        ``"int8"`` / ``"int4"`` / ``"fp8_e4m3"`` / ``"fp8_e5m2"`` (fp8: needs
+        ``ml_dtypes``) with a float32 scale per ``group_size`` values.
 
         Parameters
         ----------
@@ -476,7 +477,7 @@ class _Attention:
             Sequences.
         max_len : int
             Tokens per sequence.
-        dtype : dtype or {"int8", "int4"}, default numpy.float32
+        dtype : dtype or {"int8", "int4", "fp8_e4m3", "fp8_e5m2"}, default numpy.float32
             The cache's storage.
         group_size : int, default 32
             Values per scale of a quantized cache.

@@ -36,6 +36,8 @@ def rows(rng, n, Hkv, E, kind):
     if kind == "int4":
         return (rng.integers(0, 256, (n, Hkv, E // 2), dtype=np.uint8),
                 rng.uniform(0.05, 0.3, (n, Hkv, E // GS)).astype(np.float32))
+    if kind in ("fp8_e4m3", "fp8_e5m2"):
+        return pyattn.quantize(rng.standard_normal((n, Hkv, E)).astype(np.float32), kind, group_size=GS)
     return rng.standard_normal((n, Hkv, E)).astype(kind), None
 
 
@@ -117,7 +119,8 @@ CASES = [
     ("int8", 48, 4, 1, 2, None, 1, 4400),
     ("int4", 16, 8, 2, 1, None, 2, 4800),
     ("int4", 128, 2, 2, 1, (2000, 0), 1, 4400),
-] + [(bf, 16, 8, 2, 1, None, 2, 4400) for bf in BF16]
+] + [(bf, 16, 8, 2, 1, None, 2, 4400) for bf in BF16] + (
+    [("fp8_e4m3", 16, 8, 2, 1, None, 2, 4800), ("fp8_e5m2", 48, 4, 1, 2, (2000, 0), 1, 4400)] if BF16 else [])
 
 
 @pytest.mark.parametrize("kind,bs,Hq,Hkv,T,window,threads,prefix", CASES)

@@ -65,8 +65,10 @@ def test_array_masks_still_accepted():
 
 # --- item 6: a full KVCache is a CacheFullError in the cache's terms ---
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float16, "int8", "int4"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, "int8", "int4", "fp8_e4m3", "fp8_e5m2"])
 def test_full_kvcache_is_cache_full_error_and_writes_nothing(dtype):
+    if str(dtype).startswith("fp8"):
+        pytest.importorskip("ml_dtypes")
     c = pyattn.KVCache(2, 1, 6, 8, dtype=dtype, group_size=4)
     x = RNG.standard_normal((2, 1, 4, 8)).astype(np.float32)
     c.attend(x, x, x)

@@ -21,7 +21,8 @@ try:
 except ImportError:                     # the bfloat16 cache alone is skipped
     ml_dtypes = None
 
-DTYPES = [np.float32, np.float64, np.float16, "int8", "int4"] + ([ml_dtypes.bfloat16] if ml_dtypes else [])
+DTYPES = [np.float32, np.float64, np.float16, "int8", "int4"] + (
+    [ml_dtypes.bfloat16, "fp8_e4m3", "fp8_e5m2"] if ml_dtypes else [])
 
 
 def bits_equal(a, b):

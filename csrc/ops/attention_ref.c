@@ -18,18 +18,22 @@ size_t pa_attn_ref_ws(int dtype, pa_ssize E, pa_ssize Ev)
 }
 
 /* Element e of key row j / element d of value row j as the exact path reads
- * it, for an int8 / int4 K or V (a->kv.ks / a->kv.vs): dequantize()'s value, the
- * stored integer times its group's float32 scale, exact in float32 -- the
+ * it, for an int8 / int4 / fp8 K or V (a->kv.ks / a->kv.vs): dequantize()'s value, the
+ * stored integer (fp8: its exact value) times its group's float32 scale, exact in float32 -- the
  * contract's "attention over dequantize(cache)". Other operands are read
  * with pa_ld_* (attention_ref.inc). Quantized caches compute in float32. */
+static inline float ref_qel(const void *row, pa_ssize e, int bits)
+{
+    return pa_qfp8(bits) ? pa_fp8_value(((const uint8_t *)row)[e], bits) : (float)pa_qval(row, e, bits);
+}
 static inline float ref_qk(const pa_attn_args *a, pa_ssize j, pa_ssize e)
 {
-    return (float)pa_qval((const char *)a->k + pa_kv_row(&a->kv, PA_KV_K, j), e, pa_qbits(a->k_dt)) *
+    return ref_qel((const char *)a->k + pa_kv_row(&a->kv, PA_KV_K, j), e, pa_qbits(a->k_dt)) *
            a->kv.ks[pa_kv_row(&a->kv, PA_KV_KS, j) + e / a->kv.kG];
 }
 static inline float ref_qv(const pa_attn_args *a, pa_ssize j, pa_ssize d)
 {
-    return (float)pa_qval((const char *)a->v + pa_kv_row(&a->kv, PA_KV_V, j), d, pa_qbits(a->v_dt)) *
+    return ref_qel((const char *)a->v + pa_kv_row(&a->kv, PA_KV_V, j), d, pa_qbits(a->v_dt)) *
            a->kv.vs[pa_kv_row(&a->kv, PA_KV_VS, j) + d / a->kv.vG];
 }
 

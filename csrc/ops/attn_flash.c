@@ -27,7 +27,7 @@ static void widen_rows(const pa_family *f, int sd, const void *p, pa_ssize rs, p
 
 /* n rows of a quantized K (v = 0) or V (v = 1) from key j, within one
  * block (a run: pa_kv_run), dequantized into dst (row stride ld) by the
- * family's qwiden, rows and scales read through the accessor: the tiled
+ * family's qwiden (int8, int4 and fp8), rows and scales read through the accessor: the tiled
  * paths' key tiles */
 static void qwiden_rows(const pa_family *f, const pa_attn_args *a, int v, pa_ssize j, pa_ssize n, float *dst,
                         pa_ssize ld)
@@ -38,6 +38,12 @@ static void qwiden_rows(const pa_family *f, const pa_attn_args *a, int v, pa_ssi
     const pa_ssize cols = v ? a->Ev : a->E, G = v ? a->kv.vG : a->kv.kG;
     const int bits = pa_qbits(v ? a->v_dt : a->k_dt);
     for (pa_ssize r = 0; r < n; r++) f->qwiden.fn(dst + r * ld, p + r * rs, sc + r * srs, cols, G, bits);
+}
+
+/* an fp8 K or V: the rows paths widen its tiles into float32 (rows_gathered_) */
+static inline int pa_kv_fp8(const pa_attn_args *a)
+{
+    return pa_qfp8(pa_qbits(a->k_dt)) || pa_qfp8(pa_qbits(a->v_dt));
 }
 
 #define PA_TEMPLATE "ops/attn_flash.inc"

@@ -36,6 +36,17 @@ int pa_quant_row(int bits, const float *x, pa_ssize xcs, pa_ssize E, pa_ssize G,
                  pa_ssize qcs, float *s, pa_ssize scs)
 {
     if (!pa_quant_finite(x, xcs, E)) return 1;
+    if (pa_qfp8(bits)) {                       /* fp8: q = the rounded x / scale */
+        const float fmax = pa_fp8_max(bits);
+        uint8_t *q8 = (uint8_t *)q;
+        for (pa_ssize g0 = 0; g0 < E; g0 += G) {
+            const float scale = pa_quant_scale(x + g0 * xcs, xcs, G, fmax);
+            s[(g0 / G) * scs] = scale;
+            for (pa_ssize e = g0; e < g0 + G; e++)
+                q8[e * qcs] = scale == 0 ? 0 : pa_fp8_round(x[e * xcs] / scale, bits);
+        }
+        return 0;
+    }
     const float qmax = bits == 8 ? 127.0f : 7.0f;
     int8_t *q8 = (int8_t *)q;
     uint8_t *q4 = (uint8_t *)q;
@@ -56,13 +67,15 @@ int pa_quant_row(int bits, const float *x, pa_ssize xcs, pa_ssize E, pa_ssize G,
     return 0;
 }
 
-/* value e of a row of q (int8, or int4 packed two per byte) */
-static inline int pa_dequant_value(int bits, const void *q, pa_ssize qcs, pa_ssize e)
+/* value e of a row of q (int8, int4 packed two per byte, or fp8: exact in
+ * a float) */
+static inline float pa_dequant_value(int bits, const void *q, pa_ssize qcs, pa_ssize e)
 {
+    if (pa_qfp8(bits)) return pa_fp8_value(((const uint8_t *)q)[e * qcs], bits);
     if (bits == 8) return ((const int8_t *)q)[e * qcs];
     const uint8_t byte = ((const uint8_t *)q)[(e >> 1) * qcs];
     const unsigned nib = (e & 1) ? (unsigned)byte >> 4 : (unsigned)byte & 0xfu;
-    return (int)nib - (int)((nib & 8u) << 1);
+    return (float)((int)nib - (int)((nib & 8u) << 1));
 }
 
 /* one row of q, s -> x: (float)q * scale into float32 (rounded once), or
@@ -77,7 +90,7 @@ static void pa_dequant_row(int bits, const void *q, pa_ssize qcs, const float *s
     } else {
         float *xf = (float *)x;
         for (pa_ssize e = 0; e < E; e++)
-            xf[e * xcs] = (float)pa_dequant_value(bits, q, qcs, e) * s[(e / G) * scs];
+            xf[e * xcs] = pa_dequant_value(bits, q, qcs, e) * s[(e / G) * scs];
     }
 }
 

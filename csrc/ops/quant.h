@@ -15,20 +15,30 @@
  * the low nibble of byte i, value 2i + 1 in the high one, two's complement.
  * Dequantized: (float)q * scale, one float32 multiply (or, into float64,
  * (double)q * scale: exact).
+ *
+ * fp8 (API.md "Decode precision and FP8 caches"): the same groups, with
+ * QMAX the format's largest finite value (448 float8_e4m3fn, 57344
+ * float8_e5m2) and q = the float32 x / scale rounded to the fp8 format to
+ * nearest even, saturating to +-QMAX (pa_fp8_round), subnormals kept; 0
+ * where scale == 0. One byte per value (ml_dtypes' encodings); its value is
+ * exact in a float (pa_fp8_value), dequantized as value * scale (one
+ * float32 multiply; exact in float64).
  */
 #ifndef PYATTN_OPS_QUANT_H
 #define PYATTN_OPS_QUANT_H
 
 #include <math.h>
+#include <stdint.h>
 #include "ops.h"
 #include "rotary.h"
+#include "kernels/ref/quant_ref.h"   /* PA_QF8E4 / PA_QF8E5, pa_qfp8, pa_fp8_value */
 
 /* One call: rows over the batch bt (all axes but the quantized one),
  * E values per row, groups of G (E % G == 0; int4: E even). Strides in
  * elements: x float32 (row: cs), q int8 / uint8 bytes (int4: E / 2 bytes per
  * row, stride cs between bytes), s float32 (E / G per row, stride cs). */
 typedef struct {
-    int bits;                 /* 8 or 4 */
+    int bits;                 /* 8, 4, or PA_QF8E4 / PA_QF8E5 (fp8) */
     int x64;                  /* dequantize only: x is float64, q * s exact in it */
     pa_batch bt;
     pa_ssize E, G;
@@ -37,8 +47,40 @@ typedef struct {
 
 /* A quantized KV cache's scales: pa_cache (ops.h), its ks, vs, kG, vG. */
 
-/* bits of a storage dtype: 8 (PA_I8), 4 (PA_I4), 0 (not quantized) */
-static inline int pa_qbits(int dt) { return dt == PA_I8 ? 8 : dt == PA_I4 ? 4 : 0; }
+/* bits of a storage dtype: 8 (PA_I8), 4 (PA_I4), PA_QF8E4 / PA_QF8E5 (the
+ * fp8 formats), 0 (not quantized) */
+static inline int pa_qbits(int dt)
+{
+    return dt == PA_I8 ? 8 : dt == PA_I4 ? 4 : dt == PA_F8E4 ? PA_QF8E4 : dt == PA_F8E5 ? PA_QF8E5 : 0;
+}
+/* the largest finite value of an fp8 format (QMAX) */
+static inline float pa_fp8_max(int bits) { return bits == PA_QF8E4 ? 448.0f : 57344.0f; }
+
+/* THE fp8 rounding: finite float32 y -> the byte of fp8 format bits, to
+ * nearest even, saturating to +-QMAX (e4m3fn has no infinity; e5m2's is not
+ * written), the sign kept (-0 is 0x80). Below the smallest normal 2^(1 -
+ * bias) the steps are 2^(1 - bias - mantissa bits): y times the power of
+ * two (exact) rounded by rintf (ties to even); a result of 2^mb there is
+ * the smallest normal's code itself. Above, the float32 bits rounded at the
+ * format's mantissa (a carry into the exponent is right). */
+static inline uint8_t pa_fp8_round(float y, int bits)
+{
+    const int mb = bits == PA_QF8E4 ? 3 : 2, bias = bits == PA_QF8E4 ? 7 : 15;
+    const uint32_t maxc = bits == PA_QF8E4 ? 0x7eu : 0x7bu;
+    const uint32_t u = pa_f32_bits(y), sign = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
+    uint32_t c;
+    if ((int)(a >> 23) - 127 < 1 - bias) {
+        const float up = bits == PA_QF8E4 ? 512.0f : 65536.0f;      /* 2^(mb + bias - 1) */
+        c = (uint32_t)rintf(pa_bits_f32(a) * up);
+    } else {
+        const int sh = 23 - mb;
+        const uint32_t r = a + ((1u << (sh - 1)) - 1u) + ((a >> sh) & 1u);
+        const uint32_t ex = (r >> 23) - 127u + (uint32_t)bias;    /* >= 1 here */
+        c = ex > 31u ? maxc + 1u : (ex << mb) | ((r >> sh) & ((1u << mb) - 1u));
+        if (c > maxc) c = maxc;
+    }
+    return (uint8_t)(sign | c);
+}
 
 /* THE rule's two steps (pa_quant_row, and precision "int8"'s query rows in
  * the attention frame): the scale of a group of G finite values at x

@@ -51,6 +51,11 @@ void pa_qrowpv_ref(const float *P, pa_ssize ps, pa_ssize R, const void *V, pa_ss
 
 void pa_qwiden_ref(float *dst, const void *src, const float *scale, pa_ssize n, pa_ssize G, int bits)
 {
+    if (pa_qfp8(bits)) {                 /* fp8: the byte's exact value */
+        const uint8_t *b = (const uint8_t *)src;
+        for (pa_ssize e = 0; e < n; e++) dst[e] = pa_fp8_value(b[e], bits) * scale[e / G];
+        return;
+    }
     for (pa_ssize e = 0; e < n; e++) dst[e] = (float)pa_qval(src, e, bits) * scale[e / G];
 }
 
