@@ -279,8 +279,6 @@ def _contiguous(cs, out):
     vs = np.broadcast_to(np.float32(0), vc.shape[:3] + (cs.Ev,)) if _qcache(vc) else vc
     spec = cs.attn(cs.query, ks, vs, kv_len=cs.kv_len[:, None], slopes=cs.opts["alibi_slopes"])
     if cs.quant:
-        if spec.bf16:
-            raise ValueError("precision='bf16' is not available with int8 / int4 caches")
         spec = spec._replace(key=kc, value=vc, kv_scales=(cs.k_scale, cs.v_scale), int8=cs.int8)
     return _sdpa(spec, out, append=append)
 

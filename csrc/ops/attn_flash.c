@@ -660,7 +660,7 @@ size_t pa_flash_ws(const pa_family *f, int dtype, pa_ssize E, pa_ssize Ev)
 void pa_flash_run(const pa_family *f, int dtype, const pa_attn_args *a, pa_ssize i0, pa_ssize i1,
                   void *ws)
 {
-    if (a->q8 && f->isa == PA_ISA_GENERIC) f = &pa_family_generic_vecbits;   /* precision "int8" */
+    if ((a->q8 || a->qbf16) && f->isa == PA_ISA_GENERIC) f = &pa_family_generic_vecbits;   /* "int8", "bf16" */
     if (dtype == PA_F32 && a->bf16 && pa_bf16_rows_shape(a->L, a->rule.div, a->E, a->Ev))
         bf16_rows_run(f, a, i0, i1, ws, NULL, 0, 0);   /* decode shapes: the rows path */
     else if (dtype == PA_F32 && a->bf16) flash_bf16(f, a, i0, i1, ws, 0);
@@ -676,7 +676,8 @@ size_t pa_flash_shared_ws(const pa_family *f, int dtype, pa_ssize E, pa_ssize Ev
 void pa_flash_shared(const pa_family *f, int dtype, const pa_attn_args *const *grp, pa_ssize n,
                      pa_ssize kshared, void *ws)
 {
-    if (n > 0 && grp[0]->q8 && f->isa == PA_ISA_GENERIC) f = &pa_family_generic_vecbits;   /* "int8" */
+    if (n > 0 && (grp[0]->q8 || grp[0]->qbf16) && f->isa == PA_ISA_GENERIC)
+        f = &pa_family_generic_vecbits;   /* "int8", "bf16" with int8 / int4 keys */
     if (dtype == PA_F32) rows_shared_f32(f, grp, n, kshared, ws);
     else rows_shared_f64(f, grp, n, kshared, ws);
 }
