@@ -73,6 +73,17 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
         ``precision="bf16"`` with float32 / float16 / bfloat16 caches runs the
         bfloat16 decode kernel on decode steps -- bfloat16 caches read in place
         -- and the tiled bfloat16 path on longer query blocks).
+        ``precision="bf16"`` with an int8 / int4 ``k_cache`` (exact in
+        bfloat16: read as stored): the query rounded to bfloat16 (nearest
+        even), each product ``bf16(q_e) * k_e`` exact in float32, summed per
+        group in float32 in 16 partial sums (element ``e`` into sum ``e %
+        16``), each partial sum times the key's group scale by one fma into
+        its total, the groups in order, then the 16 totals pairwise; the
+        score is that times ``scale`` (float32); the softmax and the value
+        products as at the default precision (the weights not rounded). Every
+        query length (the decode kernels row by row); the same bits on every
+        kernel family and thread count; float keys with int8 / int4 values
+        are a ``ValueError``.
         ``precision="int8"``, with an int8 / int4 ``k_cache`` only (any other
         cache: ``ValueError``): each query row of each head is quantized to
         int8 per group of the cache's group size ``G`` exactly as
@@ -163,8 +174,9 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
         inf in them is a ValueError and nothing is written); the kernels
         read the rows and scales in place and dequantize in registers. The
         result equals attention over ``dequantize(cache)`` to float32
-        tolerance. Not with ``precision="bf16"`` or head dims over 512; with
-        ``precision="int8"`` (above), integer key products.
+        tolerance. Not with head dims over 512; with ``precision="int8"``
+        (above), integer key products; with ``precision="bf16"`` (above),
+        the query rounded to bfloat16.
 
     Returns
     -------
