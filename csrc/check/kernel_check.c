@@ -325,6 +325,52 @@ done:
     free(St); free(P);
 }
 
+/* ---- precision "bf16"'s row narrower (family parameter bf16_narrow) ---------
+ * Against pa_bf16_round's rule value by value: values of every kind (ties of
+ * both parities, NaN with only low payload bits, infinities, subnormals,
+ * zeros of both signs), every n from 0 to 70 at offsets 0..3 (the vector
+ * steps and their tails); nothing written past n. A family without one
+ * (NULL: the frame's portable loop) counts -1. */
+static void kc_bf16_narrow(kc_ctx *k)
+{
+    const pa_bf16_narrow_fn fn = k->f->bf16_narrow;
+    const char *sym = "bf16_narrow";
+    if (!fn) {
+        k->res->cases = -1;
+        return;
+    }
+    const pa_ssize N = 80, PAD = 8;
+    uint32_t *src = kc_alloc(k, (size_t)N * sizeof(uint32_t));
+    uint16_t *dst = kc_alloc(k, (size_t)(N + PAD) * sizeof(uint16_t));
+    if (k->oom) goto done;
+    static const uint32_t special[] = {0x7f800001u, 0xff800001u, 0x7fc00000u, 0x7f800000u, 0xff800000u,
+                                       0x00000001u, 0x80000000u, 0x00000000u, 0x3f808000u, 0x3f818000u,
+                                       0x7f7f8000u, 0x7f7fffffu, 0x0000ffffu, 0x807f8000u, 0x7fffffffu};
+    for (int round = 0; round < 8; round++) {
+        for (pa_ssize t = 0; t < N; t++) {
+            const uint64_t r = kc_next(k);
+            src[t] = (r & 3) == 0 ? special[(r >> 8) % (sizeof special / sizeof special[0])] : (uint32_t)(r >> 16);
+        }
+        for (pa_ssize off = 0; off < 4; off++)
+            for (pa_ssize n = 0; n + off <= 70; n++) {
+                for (pa_ssize t = 0; t < N + PAD; t++) dst[t] = 0xbeefu;
+                fn(dst + off, (const float *)(const void *)(src + off), n);
+                k->res->cases++;
+                for (pa_ssize t = 0; t < N + PAD; t++) {
+                    const uint16_t want = t >= off && t < off + n ? (uint16_t)(pa_bf16_round(src[t]) >> 16)
+                                                                  : (uint16_t)0xbeefu;
+                    if (dst[t] != want) {
+                        kc_fail(k, sym, "n=%lld off=%lld: value %lld 0x%04x != 0x%04x", (long long)n,
+                                (long long)off, (long long)t, dst[t], want);
+                        goto done;
+                    }
+                }
+            }
+    }
+done:
+    free(src); free(dst);
+}
+
 /* ---- the read probe: the sum of n floats -----------------------------------
  * Its order is free (a benchmark probe), so it is checked on small integers,
  * whose sums are exact in any order: bit for bit, every n around the
@@ -406,6 +452,7 @@ static const struct {
     PA_KERNEL_KINDS(KC_KIND, _)
     {"gemm_bf16", kc_gemm_bf16},
     {"bf16_pack_p", kc_bf16_pack_p},
+    {"bf16_narrow", kc_bf16_narrow},
     {"exp", kc_exp},
     {"vocab", kc_vocab},
 };

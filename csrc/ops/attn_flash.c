@@ -432,6 +432,7 @@ typedef struct {
     float *m, *l;           /* (R,) running max, sum */
     pa_ssize i0, R, e1, evp;
     float post;             /* the scale, applied to the scores (1: folded into qs) */
+    int copy;               /* 1: every tile copied (bf16_rows_fetch), not read in place */
 } bf16_rows_blk;
 
 /* the workspace (within flash_ws_f32's rows share: R <= the query block) */
@@ -464,58 +465,72 @@ static void bf16_rows_init(const pa_family *f, const pa_attn_args *a, pa_ssize i
         b->m[r] = -INFINITY;
         b->l[r] = 0;
     }
+    pa_ssize kb, ke;                                 /* copy the tiles where rows_flash_ does */
+    pa_attn_key_tiles(a, i0, i1, &kb, &ke);
+    b->copy = R >= 16 || ke - kb >= PA_ROWS_GATHER_KEYS;
 }
 
-/* n float32 values rounded to bfloat16, kept as float32 (the low 16 bits
- * 0): integer operations, vectorised; d may be s */
-static inline void bf16_round_f32(float *d, const float *s, pa_ssize n)
+/* keys [j0, j1) of K (v = 0) or V (v = 1) as bfloat16 rows of D elements
+ * in buf (row stride D): stored bfloat16 (unit column stride) copied as
+ * stored, other storage rounded to bfloat16 (float32 and float16 rows a row
+ * at a time, vectorised; strided ones element by element) -- the values
+ * rowdot / rowpv[PA_BF16] widen, the same bits as reading them in place;
+ * then the next tile's rows (up to jnext) prefetched while this one is
+ * computed (rows_gathered_'s copy: the kernels' passes read the cache) */
+static void bf16_rows_fetch(const pa_family *f, const pa_attn_args *a, int v, pa_ssize j0, pa_ssize j1,
+                            pa_ssize jnext, uint16_t *buf)
 {
-    for (pa_ssize e = 0; e < n; e++) d[e] = pa_bits_f32(pa_bf16_round(pa_f32_bits(s[e])) & 0xffff0000u);
-}
-
-/* keys [j0, j0 + n) of K (v = 0) or V (v = 1) stored other than as
- * contiguous bfloat16, rounded to bfloat16 as float32 rows of D elements
- * in buf (row stride ld): the same values rowdot / rowpv[PA_BF16] widen
- * from bfloat16 storage, so the float32 kernels give the same bits */
-static void bf16_rows_round(const pa_family *f, const pa_attn_args *a, int v, pa_ssize j0, pa_ssize n, float *buf,
-                            pa_ssize ld)
-{
-    const int dt = v ? a->v_dt : a->k_dt;
-    const pa_ssize cs = v ? a->v_cs : a->k_cs, D = v ? a->Ev : a->E;
-    const void *p = v ? a->v : a->k;
-    for (pa_ssize j = 0; j < n; j++) {
-        const pa_ssize o = v ? pa_kv_row(&a->kv, PA_KV_V, j0 + j) : pa_kv_row(&a->kv, PA_KV_K, j0 + j);
-        float *d = buf + j * ld;
-        if (cs == 1 && dt == PA_F32) {
-            bf16_round_f32(d, (const float *)p + o, D);
-        } else if (cs == 1 && (dt == PA_F16 || dt == PA_BF16)) {
-            f->widen[dt].fn(d, (const uint16_t *)p + o, D);
-            bf16_round_f32(d, d, D);
+    const int dt = v ? a->v_dt : a->k_dt, kv = v ? PA_KV_V : PA_KV_K;
+    const pa_ssize cs = v ? a->v_cs : a->k_cs, D = v ? a->Ev : a->E, es = (pa_ssize)pa_elsize(dt);
+    const char *p = (const char *)(v ? a->v : a->k);
+    float tmp[PA_FLASH_MAXD];                        /* D <= PA_FLASH_MAXD (pa_bf16_rows_shape) */
+    for (pa_ssize j = j0; j < j1; j++) {
+        const pa_ssize o = pa_kv_row(&a->kv, kv, j);
+        uint16_t *restrict d = buf + (j - j0) * D;
+        if (cs == 1 && dt == PA_BF16) {
+            memcpy(d, (const uint16_t *)p + o, (size_t)D * 2);
+        } else if (cs == 1 && (dt == PA_F32 || dt == PA_F16)) {
+            const float *src = (const float *)p + o;
+            if (dt == PA_F16) {
+                f->widen[PA_F16].fn(tmp, (const uint16_t *)p + o, D);
+                src = tmp;
+            }
+            if (f->bf16_narrow) f->bf16_narrow(d, src, D);
+            else
+                for (pa_ssize e = 0; e < D; e++) d[e] = (uint16_t)(pa_bf16_round(pa_f32_bits(src[e])) >> 16);
         } else {
             for (pa_ssize e = 0; e < D; e++)
-                d[e] = pa_bits_f32(pa_bf16_round(pa_f32_bits(pa_load_f32(p, o + e * cs, dt))) & 0xffff0000u);
+                d[e] = (uint16_t)(pa_bf16_round(pa_f32_bits(pa_load_f32(p, o + e * cs, dt))) >> 16);
         }
+    }
+    for (pa_ssize j = j1; j < pa_min(jnext, j1 + PA_FLASH_BK); j++) {
+        const char *r = p + pa_kv_row(&a->kv, kv, j) * es;
+        for (pa_ssize o = 0; o < (D - 1) * cs * es + es; o += 64) pa_prefetch(r + o);
     }
 }
 
 /* rowdot (v = 0: scores of rows R of qs at s, row stride ss) or rowpv
- * (v = 1: acc += P V, P at s) over keys [j0, j1): stored bfloat16 rows
- * with contiguous elements in place, run by run of rows in one block (a
- * paged cache), the next run or the rows up to kend as the prefetch hint;
- * other storage rounded into the tile buffer first (the float32 kernels) */
+ * (v = 1: acc += P V, P at s) over keys [j0, j1): the tile copied by
+ * bf16_rows_fetch (b->copy; the next tile up to kend prefetched), else
+ * stored bfloat16 rows read in place, run by run of rows in one block (a
+ * paged cache), the next run or the rows up to kend as the prefetch hint.
+ * The copy's scores in passes of 4 rows (rows_gathered_'s: fewer loads per
+ * FMA; a row's bits do not depend on the others of its call). */
 static void bf16_rows_kernel(const pa_family *f, const pa_attn_args *a, bf16_rows_blk *b, int v, pa_ssize j0,
                              pa_ssize j1, pa_ssize kend, float *s, pa_ssize ss)
 {
     const int dt = v ? a->v_dt : a->k_dt;
     const pa_ssize cs = v ? a->v_cs : a->k_cs, rs = v ? a->v_rs : a->k_rs;
     const uint16_t *p = (const uint16_t *)(v ? a->v : a->k);
-    if (dt != PA_BF16 || cs != 1) {
+    if (b->copy || dt != PA_BF16 || cs != 1) {
+        uint16_t *buf = (uint16_t *)(void *)(v ? b->Vw : b->Kw);
+        bf16_rows_fetch(f, a, v, j0, j1, kend, buf);
         if (v) {
-            bf16_rows_round(f, a, 1, j0, j1 - j0, b->Vw, b->evp);
-            f->rowpv[PA_F32].fn(s, ss, b->R, b->Vw, b->evp, j1 - j0, a->Ev, b->acc, b->evp, NULL, 0);
+            f->rowpv[PA_BF16].fn(s, ss, b->R, buf, a->Ev, j1 - j0, a->Ev, b->acc, b->evp, NULL, 0);
         } else {
-            bf16_rows_round(f, a, 0, j0, j1 - j0, b->Kw, b->e1);
-            f->rowdot[PA_F32].fn(b->qs, b->e1, b->R, b->Kw, b->e1, j1 - j0, a->E, s, ss, NULL, 0);
+            for (pa_ssize r = 0; r < b->R; r += 4)
+                f->rowdot[PA_BF16].fn(b->qs + r * b->e1, b->e1, pa_min(4, b->R - r), buf, a->E, j1 - j0, a->E,
+                                      s + r * ss, ss, NULL, 0);
         }
         return;
     }

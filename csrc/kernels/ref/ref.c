@@ -42,6 +42,12 @@ void pa_widen_bf16_f32_ref(float *dst, const uint16_t *src, pa_ssize n)
 }
 
 /* The read-bandwidth probe in portable C: 8 independent sums. */
+/* precision "bf16"'s row narrower (family.h's bf16_narrow): pa_bf16_round's rule */
+void pa_bf16_narrow_ref(uint16_t *dst, const float *src, pa_ssize n)
+{
+    for (pa_ssize e = 0; e < n; e++) dst[e] = pa_f32_to_bf16(src[e]);
+}
+
 float pa_read_probe_ref(const float *p, size_t n)
 {
     float s[8] = {0, 0, 0, 0, 0, 0, 0, 0}, t = 0;

@@ -6,7 +6,8 @@
  * families) and pa_gemm_bf16_avx512 (12 x 32, the avx512 family where the
  * CPU lacks AVX512_BF16); and the attention's P packer on integer vectors,
  * pa_bf16_pack_p_avx2 / _avx512 (family.h's bf16_pack_p; also used where
- * the CPU has AVX512_BF16).
+ * the CPU has AVX512_BF16), and the rows path's narrower on the same
+ * vectors, pa_bf16_narrow_avx2 / _avx512 (bf16_narrow).
  *
  * Why plain FMAs are exact: a bfloat16 value widens to float32 exactly (its
  * bits << 16), the product of two has at most 16 significant bits, so
@@ -367,3 +368,33 @@ void pa_bf16_pack_p_avx2(const float *St, pa_ssize ld, pa_ssize qc, pa_ssize nj2
 #undef PA_MXCSR_DE
 #undef PA_MXCSR_UE
 #endif
+
+/* ---- precision "bf16"'s row narrower (pa_bf16_narrow_fn, family.h) ----------
+ * n float32 values rounded as pa_bf16_round does into bfloat16 bits (the
+ * rows path's float32 / float16 key and value tiles), 16 (avx512) or 8
+ * (avx2) a step, the tail by the portable rule. Not vcvtneps2bf16: it reads
+ * subnormals as 0. */
+__attribute__((target("avx512f")))
+void pa_bf16_narrow_avx512(uint16_t *dst, const float *src, pa_ssize n)
+{
+    pa_ssize e = 0;
+    for (; e + 16 <= n; e += 16) {
+        const __m512i r = pa_emu_round16(_mm512_loadu_si512((const void *)(src + e)));
+        _mm256_storeu_si256((__m256i *)(void *)(dst + e), _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+    }
+    for (; e < n; e++) dst[e] = pa_f32_to_bf16(src[e]);
+}
+
+__attribute__((target("avx2")))
+void pa_bf16_narrow_avx2(uint16_t *dst, const float *src, pa_ssize n)
+{
+    pa_ssize e = 0;
+    for (; e + 16 <= n; e += 16) {
+        const __m256i a = _mm256_srli_epi32(pa_emu_round8(_mm256_loadu_si256((const __m256i *)(const void *)(src + e))), 16);
+        const __m256i b = _mm256_srli_epi32(pa_emu_round8(_mm256_loadu_si256((const __m256i *)(const void *)(src + e + 8))), 16);
+        /* the high halves are 0: the unsigned pack is exact; it packs per 128-bit lane */
+        const __m256i w = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xd8);
+        _mm256_storeu_si256((__m256i *)(void *)(dst + e), w);
+    }
+    for (; e < n; e++) dst[e] = pa_f32_to_bf16(src[e]);
+}
