@@ -412,9 +412,11 @@ static void flash_bf16(const pa_family *f, const pa_attn_args *a, pa_ssize i0, p
  * the rows path of attn_flash.inc (rowdot, rowsm, rowpv: no query block
  * padded to the GEMM's MR x NR tiles, no packing) on bfloat16 values. The
  * query rounded to bfloat16 (times a power-of-two scale, folded as the
- * tiled path folds it), K and V rows rounded to bfloat16 (stored bfloat16:
- * read in place; other storage: rounded per key tile into a float32 buffer,
- * read by the float32 kernels: the same values, the same bits), each
+ * tiled path folds it), K and V rows rounded to bfloat16 (each key tile
+ * copied into the workspace as bfloat16 -- stored bfloat16 as it is, float32
+ * and float16 rows by the family's bf16_narrow -- where the call reads
+ * PA_ROWS_GATHER_KEYS keys or more, or has 16 rows; else stored bfloat16
+ * read in place: the same values, the same bits), each
  * score the float32 sum of their exact products (rowdot[PA_BF16], by the
  * 16-partial rule: every SIMD family the same bits), times the scale, the
  * score rule, the online-softmax step (rowsm) on the same fixed grid of
