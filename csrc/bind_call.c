@@ -227,6 +227,10 @@ int pa_cache_of(const pa_call_args *a, PyObject *paged, PyObject *append, int ha
         return -1;
     }
     c->q8 = a->q8;
+    if (c->bf16 && pa_call_quant(c)) {               /* int8 / int4 keys: qrowdot on the query */
+        c->bf16 = 0;                                 /* rounded to bfloat16 (the rows path) */
+        c->qbf16 = 1;
+    }
     if (((append != Py_None && paged == Py_None) || pa_call_quant(c) || (has_bm && paged != Py_None)) &&
         c->cu_seqlens_q) {
         PyErr_SetString(PyExc_ValueError, "cu_seqlens exclude append (but for a paged cache), quantized caches "

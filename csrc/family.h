@@ -160,6 +160,12 @@ typedef double (*pa_fma_probe_fn)(long long iters, float *sink);
  * NULL: the frame's portable loop. */
 typedef void (*pa_bf16_pack_fn)(const float *St, pa_ssize ld, pa_ssize qc, pa_ssize nj2, int mr, uint32_t *Pp);
 
+/* precision "bf16"'s row narrower (bf16_narrow): n float32 values (f16 = 0)
+ * or float16 values (f16 = 1, widened exactly first) rounded to bfloat16,
+ * dst[e] = pa_bf16_round(bits of src[e] as float32) >> 16 (the rows path's
+ * float32 / float16 key and value tiles). NULL: the frame's portable loop. */
+typedef void (*pa_bf16_narrow_fn)(uint16_t *dst, const void *src, pa_ssize n, int f16);
+
 /* gemm_bf16 (precision="bf16"): a pa_gemm_ukr whose A and B are bfloat16
  * pair panels -- A[(q*MR + i)*2 + t] and B[(q*NR + j)*2 + t] hold K element
  * 2q + t of row i / column j; kc is even (zero-padded) -- and C float32.
@@ -190,6 +196,7 @@ typedef struct pa_family {
     pa_fma_probe_fn bf16_probe;             /* vdpbf16ps chains (64 flops each), or NULL */
     int fma_lanes;                          /* float32 lanes of the probe */
     pa_bf16_pack_fn bf16_pack_p;            /* precision "bf16": P as pair panels, or NULL */
+    pa_bf16_narrow_fn bf16_narrow;          /* precision "bf16": rows to bfloat16, or NULL */
 } pa_family;
 #undef PA_KIND_FIELD
 #undef PA_KIND_FIELD_G

@@ -15,7 +15,7 @@ import numpy as np
 from . import _kvextra, _kvfast
 from ._api import _sdpa
 from ._cachespec import _cache_array, _qcache, _seqlens, cache_spec
-from ._checks import as_array, is16
+from ._checks import as_array, fp8_of, is16
 from ._kvpaged import kvcache_paged
 
 __all__ = ["attention_with_kvcache"]
@@ -73,6 +73,17 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
         ``precision="bf16"`` with float32 / float16 / bfloat16 caches runs the
         bfloat16 decode kernel on decode steps -- bfloat16 caches read in place
         -- and the tiled bfloat16 path on longer query blocks).
+        ``precision="bf16"`` with an int8 / int4 ``k_cache`` (exact in
+        bfloat16: read as stored): the query rounded to bfloat16 (nearest
+        even), each product ``bf16(q_e) * k_e`` exact in float32, summed per
+        group in float32 in 16 partial sums (element ``e`` into sum ``e %
+        16``), each partial sum times the key's group scale by one fma into
+        its total, the groups in order, then the 16 totals pairwise; the
+        score is that times ``scale`` (float32); the softmax and the value
+        products as at the default precision (the weights not rounded). Every
+        query length (the decode kernels row by row); the same bits on every
+        kernel family and thread count; float keys with int8 / int4 values
+        are a ``ValueError``.
         ``precision="int8"``, with an int8 / int4 ``k_cache`` only (any other
         cache: ``ValueError``): each query row of each head is quantized to
         int8 per group of the cache's group size ``G`` exactly as
@@ -163,8 +174,9 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
         inf in them is a ValueError and nothing is written); the kernels
         read the rows and scales in place and dequantize in registers. The
         result equals attention over ``dequantize(cache)`` to float32
-        tolerance. Not with ``precision="bf16"`` or head dims over 512; with
-        ``precision="int8"`` (above), integer key products. An fp8 cache
+        tolerance. Not with head dims over 512; with ``precision="int8"``
+        (above), integer key products; with ``precision="bf16"`` (above),
+        the query rounded to bfloat16. An fp8 cache
         (``ml_dtypes.float8_e4m3fn`` / ``float8_e5m2 (B, Hkv, S_max, E)``,
         :func:`pyattn.quantize`'s fp8 rule) takes its scales the same way;
         its rows are widened to float32 per key tile as ``dequantize`` gives
@@ -285,8 +297,8 @@ def _contiguous(cs, out):
     vs = np.broadcast_to(np.float32(0), vc.shape[:3] + (cs.Ev,)) if _qcache(vc) else vc
     spec = cs.attn(cs.query, ks, vs, kv_len=cs.kv_len[:, None], slopes=cs.opts["alibi_slopes"])
     if cs.quant:
-        if spec.bf16:
-            raise ValueError("precision='bf16' is not available with int8 / int4 / fp8 caches")
+        if spec.bf16 and (fp8_of(kc.dtype) or fp8_of(vc.dtype)):
+            raise ValueError("precision='bf16' is not available with fp8 caches")
         spec = spec._replace(key=kc, value=vc, kv_scales=(cs.k_scale, cs.v_scale), int8=cs.int8)
     return _sdpa(spec, out, append=append)
 

@@ -139,8 +139,11 @@ class KVCache:
             ``(B, Hq, T, Ev)`` of the compute dtype, writeable: the result is
             written there.
         precision : None, "highest", "bf16" or "int8", optional
-            As in :func:`pyattn.scaled_dot_product_attention` (not
-            ``"bf16"`` with an int8 / int4 cache). ``"int8"`` with an int8 /
+            As in :func:`pyattn.scaled_dot_product_attention`; ``"bf16"``
+            with an int8 / int4 cache: the query rounded to bfloat16, exact
+            key products summed in float32 per group, the group scales after
+            the group's sums (see :func:`pyattn.attention_with_kvcache`).
+            ``"int8"`` with an int8 /
             int4 cache only (else a ``ValueError``, nothing written): the
             query rows quantized to int8 per group as :func:`pyattn.quantize`
             does, integer key products per group scaled by the two scales and

@@ -253,8 +253,10 @@ def test_errors_name_the_argument_and_write_nothing():
     ro.flags.writeable = False
     with pytest.raises(ValueError, match="k_scale is read-only"):
         pyattn.attention_with_kvcache(q, kp, vp, kn, vn, k_scale=ro, v_scale=vsp, **call)
-    with pytest.raises(ValueError, match="bf16"):
-        pyattn.attention_with_kvcache(q, kp, vp, kn, vn, k_scale=ksp, v_scale=vsp, precision="bf16", **call)
+    # precision="bf16": accepted with int8 / int4 pools since issue 37 item 4 (was a
+    # refusal; its rule: tests/test_precision_bf16_quant.py)
+    assert np.isfinite(pyattn.attention_with_kvcache(q, kp.copy(), vp.copy(), kn, vn, k_scale=ksp.copy(),
+                                                     v_scale=vsp.copy(), precision="bf16", **call)).all()
     bad = tab.copy()
     bad[1, 1] = 99
     with pytest.raises(ValueError, match=r"block_table\[1, 1\]"):

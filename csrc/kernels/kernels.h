@@ -49,6 +49,8 @@ float pa_vexp_f32_ref(float x);
 
 /* bfloat16 products (gemm_bf16): the exact emulation, and AVX512_BF16's vdpbf16ps */
 pa_gemm_sig pa_gemm_bf16_ref;
+/* precision "bf16"'s row narrower (pa_bf16_narrow_fn), portable (ref.c) */
+void pa_bf16_narrow_ref(uint16_t *dst, const void *src, pa_ssize n, int f16);
 #ifdef PA_HAVE_X86_KERNELS
 pa_gemm_sig pa_gemm_bf16_avx512bf16;
 /* the same products on float32 FMAs (kernels/x86/bf16emu.c), where AVX512_BF16 is missing */
@@ -57,6 +59,9 @@ pa_gemm_sig pa_gemm_bf16_avx512;
 /* precision "bf16"'s P packer (pa_bf16_pack_fn) on AVX2 / AVX-512 integer vectors (bf16emu.c) */
 void pa_bf16_pack_p_avx2(const float *St, pa_ssize ld, pa_ssize qc, pa_ssize nj2, int mr, uint32_t *Pp);
 void pa_bf16_pack_p_avx512(const float *St, pa_ssize ld, pa_ssize qc, pa_ssize nj2, int mr, uint32_t *Pp);
+/* precision "bf16"'s row narrower (pa_bf16_narrow_fn), the same vectors (bf16emu.c) */
+void pa_bf16_narrow_avx2(uint16_t *dst, const void *src, pa_ssize n, int f16);
+void pa_bf16_narrow_avx512(uint16_t *dst, const void *src, pa_ssize n, int f16);
 double pa_bf16_probe_avx512bf16(long long iters, float *sink);
 /* the FMA peak probe of the avx2 family (kernels/vec/probe_vec.inc), which
  * avx512emu borrows */

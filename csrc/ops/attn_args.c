@@ -46,7 +46,7 @@ void pa_attn_setup(pa_attn_args *out, const pa_family *fam, const pa_attn_call *
 {
     const pa_ssize L = c->L, S = c->S;
     pa_attn_args a;
-    a.fam = c->q8 && fam->isa == PA_ISA_GENERIC ? &pa_family_generic_vecbits : fam;   /* "int8": softcap */
+    a.fam = (c->q8 || c->qbf16) && fam->isa == PA_ISA_GENERIC ? &pa_family_generic_vecbits : fam;   /* softcap */
     a.L = L; a.S = S; a.E = c->E; a.Ev = c->Ev;
     a.q = at(c, &c->q, b, c->q_dt);
     a.q_rs = c->q.rs; a.q_cs = c->q.cs;
@@ -91,6 +91,7 @@ void pa_attn_setup(pa_attn_args *out, const pa_family *fam, const pa_attn_call *
     a.partial = NULL;
     a.bf16 = c->bf16;
     a.q8 = c->q8;
+    a.qbf16 = c->qbf16;
     a.kvp = NULL;
     a.kvp_tile = 0;
     kv_head(&a.kv, c, b);

@@ -418,9 +418,11 @@ static void flash_bf16(const pa_family *f, const pa_attn_args *a, pa_ssize i0, p
  * the rows path of attn_flash.inc (rowdot, rowsm, rowpv: no query block
  * padded to the GEMM's MR x NR tiles, no packing) on bfloat16 values. The
  * query rounded to bfloat16 (times a power-of-two scale, folded as the
- * tiled path folds it), K and V rows rounded to bfloat16 (stored bfloat16:
- * read in place; other storage: rounded per key tile into a float32 buffer,
- * read by the float32 kernels: the same values, the same bits), each
+ * tiled path folds it), K and V rows rounded to bfloat16 (each key tile
+ * copied into the workspace as bfloat16 -- stored bfloat16 as it is, float32
+ * and float16 rows by the family's bf16_narrow -- where the call reads
+ * PA_ROWS_GATHER_KEYS keys or more, or has 16 rows; else stored bfloat16
+ * read in place: the same values, the same bits), each
  * score the float32 sum of their exact products (rowdot[PA_BF16], by the
  * 16-partial rule: every SIMD family the same bits), times the scale, the
  * score rule, the online-softmax step (rowsm) on the same fixed grid of
@@ -438,6 +440,7 @@ typedef struct {
     float *m, *l;           /* (R,) running max, sum */
     pa_ssize i0, R, e1, evp;
     float post;             /* the scale, applied to the scores (1: folded into qs) */
+    int copy;               /* 1: every tile copied (bf16_rows_fetch), not read in place */
 } bf16_rows_blk;
 
 /* the workspace (within flash_ws_f32's rows share: R <= the query block) */
@@ -470,58 +473,69 @@ static void bf16_rows_init(const pa_family *f, const pa_attn_args *a, pa_ssize i
         b->m[r] = -INFINITY;
         b->l[r] = 0;
     }
+    pa_ssize kb, ke;                                 /* copy the tiles where rows_flash_ does */
+    pa_attn_key_tiles(a, i0, i1, &kb, &ke);
+    b->copy = R >= 16 || ke - kb >= PA_ROWS_GATHER_KEYS;
 }
 
-/* n float32 values rounded to bfloat16, kept as float32 (the low 16 bits
- * 0): integer operations, vectorised; d may be s */
-static inline void bf16_round_f32(float *d, const float *s, pa_ssize n)
+/* keys [j0, j1) of K (v = 0) or V (v = 1) as bfloat16 rows of D elements
+ * in buf (row stride D): stored bfloat16 (unit column stride) copied as
+ * stored, float32 and float16 rows rounded by the family's bf16_narrow (a
+ * run of rows in one call; it prefetches its source 4 KiB ahead), strided
+ * ones element by element -- the values rowdot / rowpv[PA_BF16] widen, the
+ * same bits as reading them in place (or the float32 kernels reading them
+ * rounded). The kernels' passes then read the copy from the cache
+ * (rows_gathered_'s reason). No prefetch of the next tile's rows here:
+ * measured slower (float32 rows 0.8x the default, bfloat16 0.95x, against
+ * 1.0x without; Xeon, AVX-512, 1 thread, loaded). */
+static void bf16_rows_fetch(const pa_family *f, const pa_attn_args *a, int v, pa_ssize j0, pa_ssize j1,
+                            uint16_t *buf)
 {
-    for (pa_ssize e = 0; e < n; e++) d[e] = pa_bits_f32(pa_bf16_round(pa_f32_bits(s[e])) & 0xffff0000u);
-}
-
-/* keys [j0, j0 + n) of K (v = 0) or V (v = 1) stored other than as
- * contiguous bfloat16, rounded to bfloat16 as float32 rows of D elements
- * in buf (row stride ld): the same values rowdot / rowpv[PA_BF16] widen
- * from bfloat16 storage, so the float32 kernels give the same bits */
-static void bf16_rows_round(const pa_family *f, const pa_attn_args *a, int v, pa_ssize j0, pa_ssize n, float *buf,
-                            pa_ssize ld)
-{
-    const int dt = v ? a->v_dt : a->k_dt;
-    const pa_ssize cs = v ? a->v_cs : a->k_cs, D = v ? a->Ev : a->E;
-    const void *p = v ? a->v : a->k;
-    for (pa_ssize j = 0; j < n; j++) {
-        const pa_ssize o = v ? pa_kv_row(&a->kv, PA_KV_V, j0 + j) : pa_kv_row(&a->kv, PA_KV_K, j0 + j);
-        float *d = buf + j * ld;
-        if (cs == 1 && dt == PA_F32) {
-            bf16_round_f32(d, (const float *)p + o, D);
-        } else if (cs == 1 && (dt == PA_F16 || dt == PA_BF16)) {
-            f->widen[dt].fn(d, (const uint16_t *)p + o, D);
-            bf16_round_f32(d, d, D);
+    const int dt = v ? a->v_dt : a->k_dt, kv = v ? PA_KV_V : PA_KV_K;
+    const pa_ssize cs = v ? a->v_cs : a->k_cs, rs = v ? a->v_rs : a->k_rs, D = v ? a->Ev : a->E;
+    const char *p = (const char *)(v ? a->v : a->k);
+    for (pa_ssize j = j0, je; j < j1; j = je) {      /* run by run of rows in one block */
+        je = pa_kv_run(&a->kv, j, j1);
+        const pa_ssize o = pa_kv_row(&a->kv, kv, j), n = je - j;
+        uint16_t *restrict d = buf + (j - j0) * D;
+        if (cs == 1 && dt == PA_BF16) {
+            for (pa_ssize i = 0; i < n; i++) memcpy(d + i * D, (const uint16_t *)p + o + i * rs, (size_t)D * 2);
+        } else if (cs == 1 && (dt == PA_F32 || dt == PA_F16) && f->bf16_narrow) {
+            const int h = dt == PA_F16;
+            const char *r = (const char *)p + o * (h ? 2 : 4);
+            if (rs == D) f->bf16_narrow(d, r, n * D, h);   /* the run in one call */
+            else
+                for (pa_ssize i = 0; i < n; i++) f->bf16_narrow(d + i * D, r + i * rs * (h ? 2 : 4), D, h);
         } else {
-            for (pa_ssize e = 0; e < D; e++)
-                d[e] = pa_bits_f32(pa_bf16_round(pa_f32_bits(pa_load_f32(p, o + e * cs, dt))) & 0xffff0000u);
+            for (pa_ssize i = 0; i < n; i++)
+                for (pa_ssize e = 0; e < D; e++)
+                    d[i * D + e] = (uint16_t)(pa_bf16_round(pa_f32_bits(pa_load_f32(p, o + i * rs + e * cs, dt))) >> 16);
         }
     }
 }
 
 /* rowdot (v = 0: scores of rows R of qs at s, row stride ss) or rowpv
- * (v = 1: acc += P V, P at s) over keys [j0, j1): stored bfloat16 rows
- * with contiguous elements in place, run by run of rows in one block (a
- * paged cache), the next run or the rows up to kend as the prefetch hint;
- * other storage rounded into the tile buffer first (the float32 kernels) */
+ * (v = 1: acc += P V, P at s) over keys [j0, j1): the tile copied by
+ * bf16_rows_fetch (b->copy; the next tile up to kend prefetched), else
+ * stored bfloat16 rows read in place, run by run of rows in one block (a
+ * paged cache), the next run or the rows up to kend as the prefetch hint.
+ * The copy's scores in passes of 4 rows (rows_gathered_'s: fewer loads per
+ * FMA; a row's bits do not depend on the others of its call). */
 static void bf16_rows_kernel(const pa_family *f, const pa_attn_args *a, bf16_rows_blk *b, int v, pa_ssize j0,
                              pa_ssize j1, pa_ssize kend, float *s, pa_ssize ss)
 {
     const int dt = v ? a->v_dt : a->k_dt;
     const pa_ssize cs = v ? a->v_cs : a->k_cs, rs = v ? a->v_rs : a->k_rs;
     const uint16_t *p = (const uint16_t *)(v ? a->v : a->k);
-    if (dt != PA_BF16 || cs != 1) {
+    if (b->copy || dt != PA_BF16 || cs != 1) {
+        uint16_t *buf = (uint16_t *)(void *)(v ? b->Vw : b->Kw);
+        bf16_rows_fetch(f, a, v, j0, j1, buf);
         if (v) {
-            bf16_rows_round(f, a, 1, j0, j1 - j0, b->Vw, b->evp);
-            f->rowpv[PA_F32].fn(s, ss, b->R, b->Vw, b->evp, j1 - j0, a->Ev, b->acc, b->evp, NULL, 0);
+            f->rowpv[PA_BF16].fn(s, ss, b->R, buf, a->Ev, j1 - j0, a->Ev, b->acc, b->evp, NULL, 0);
         } else {
-            bf16_rows_round(f, a, 0, j0, j1 - j0, b->Kw, b->e1);
-            f->rowdot[PA_F32].fn(b->qs, b->e1, b->R, b->Kw, b->e1, j1 - j0, a->E, s, ss, NULL, 0);
+            for (pa_ssize r = 0; r < b->R; r += 4)
+                f->rowdot[PA_BF16].fn(b->qs + r * b->e1, b->e1, pa_min(4, b->R - r), buf, a->E, j1 - j0, a->E,
+                                      s + r * ss, ss, NULL, 0);
         }
         return;
     }
@@ -666,7 +680,7 @@ size_t pa_flash_ws(const pa_family *f, int dtype, pa_ssize E, pa_ssize Ev)
 void pa_flash_run(const pa_family *f, int dtype, const pa_attn_args *a, pa_ssize i0, pa_ssize i1,
                   void *ws)
 {
-    if (a->q8 && f->isa == PA_ISA_GENERIC) f = &pa_family_generic_vecbits;   /* precision "int8" */
+    if ((a->q8 || a->qbf16) && f->isa == PA_ISA_GENERIC) f = &pa_family_generic_vecbits;   /* "int8", "bf16" */
     if (dtype == PA_F32 && a->bf16 && pa_bf16_rows_shape(a->L, a->rule.div, a->E, a->Ev))
         bf16_rows_run(f, a, i0, i1, ws, NULL, 0, 0);   /* decode shapes: the rows path */
     else if (dtype == PA_F32 && a->bf16) flash_bf16(f, a, i0, i1, ws, 0);
@@ -682,7 +696,8 @@ size_t pa_flash_shared_ws(const pa_family *f, int dtype, pa_ssize E, pa_ssize Ev
 void pa_flash_shared(const pa_family *f, int dtype, const pa_attn_args *const *grp, pa_ssize n,
                      pa_ssize kshared, void *ws)
 {
-    if (n > 0 && grp[0]->q8 && f->isa == PA_ISA_GENERIC) f = &pa_family_generic_vecbits;   /* "int8" */
+    if (n > 0 && (grp[0]->q8 || grp[0]->qbf16) && f->isa == PA_ISA_GENERIC)
+        f = &pa_family_generic_vecbits;   /* "int8", "bf16" with int8 / int4 keys */
     if (dtype == PA_F32) rows_shared_f32(f, grp, n, kshared, ws);
     else rows_shared_f64(f, grp, n, kshared, ws);
 }

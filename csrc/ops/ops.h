@@ -173,6 +173,9 @@ typedef struct {
                                    q, k, v and the weights rounded to bfloat16 */
     int q8;                     /* precision "int8" (an int8 / int4 k): query rows quantized
                                    to int8 per group of kG, integer key products (q8rowdot) */
+    int qbf16;                  /* precision "bf16" with an int8 / int4 k (bf16 is 0 then):
+                                   query rows rounded to bfloat16, qrowdot's products
+                                   (exact), the scores times the scale after the sum */
     /* the forward's results (the backward reads out and lse) */
     pa_operand out;
     int has_w, has_lse;         /* 0: no w / lse */

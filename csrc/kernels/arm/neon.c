@@ -38,6 +38,7 @@ const pa_family pa_family_neon = {
     .gemm_bf16 = {PA_NAMED(pa_gemm_bf16_neon), 6, 16, PA_GEMM_KC_BF16, 96, 2048},
     .attn_bq = {48, 48},
     .fma_probe = pa_fma_probe_neon, .fma_lanes = 4,
+    .bf16_narrow = pa_bf16_narrow_ref,
 };
 #undef PA_TILE_gemm_f32
 #undef PA_TILE_gemm_f64

@@ -9,6 +9,7 @@ const pa_family pa_family_generic = {
     .gemm_bf16 = {PA_NAMED(pa_gemm_bf16_ref), 4, 16, PA_GEMM_KC_BF16, 64, 2048},
     .attn_bq = {48, 48},
     .fma_probe = NULL, .fma_lanes = 0,
+    .bf16_narrow = pa_bf16_narrow_ref,
 };
 
 /* precision "int8" on the generic family (ops/attn_flash.c): the SIMD
@@ -23,6 +24,7 @@ const pa_family pa_family_generic_vecbits = {
     .gemm_bf16 = {PA_NAMED(pa_gemm_bf16_ref), 4, 16, PA_GEMM_KC_BF16, 64, 2048},
     .attn_bq = {48, 48},
     .fma_probe = NULL, .fma_lanes = 0,
+    .bf16_narrow = pa_bf16_narrow_ref,
     .rowsm = {[PA_F32] = {PA_NAMED(pa_rowsm_f32_vecbits_ref)}, [PA_F64] = {PA_NAMED(pa_rowsm_f64_ref)}},
     .softcap = {[PA_F32] = {PA_NAMED(pa_softcap_f32_vecbits_ref)}, [PA_F64] = {PA_NAMED(pa_softcap_f64_ref)}},
 };

@@ -42,6 +42,12 @@ void pa_widen_bf16_f32_ref(float *dst, const uint16_t *src, pa_ssize n)
 }
 
 /* The read-bandwidth probe in portable C: 8 independent sums. */
+/* precision "bf16"'s row narrower (family.h's bf16_narrow): pa_bf16_round's rule */
+void pa_bf16_narrow_ref(uint16_t *dst, const void *src, pa_ssize n, int f16)
+{
+    for (pa_ssize e = 0; e < n; e++) dst[e] = pa_f32_to_bf16(pa_load_f32(src, e, f16 ? PA_F16 : PA_F32));
+}
+
 float pa_read_probe_ref(const float *p, size_t n)
 {
     float s[8] = {0, 0, 0, 0, 0, 0, 0, 0}, t = 0;

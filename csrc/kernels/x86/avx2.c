@@ -39,6 +39,7 @@ const pa_family pa_family_avx2 = {
     .attn_bq = {48, 48},
     .fma_probe = pa_fma_probe_avx2, .fma_lanes = 8,
     .bf16_pack_p = pa_bf16_pack_p_avx2,
+    .bf16_narrow = pa_bf16_narrow_avx2,
 };
 #undef PA_TILE_gemm_f32
 #undef PA_TILE_gemm_f64

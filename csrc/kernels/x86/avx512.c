@@ -43,7 +43,8 @@
     .gemm_bf16 = {PA_NAMED(bf16gemm), 12, 32, PA_GEMM_KC_BF16, 96, 2048},                 \
     .attn_bq = {96, 48},                                                                  \
     .fma_probe = pa_fma_probe_avx512, .fma_lanes = 16,                                    \
-    .bf16_pack_p = pa_bf16_pack_p_avx512
+    .bf16_pack_p = pa_bf16_pack_p_avx512,                                                 \
+    .bf16_narrow = pa_bf16_narrow_avx512
 const pa_family pa_family_avx512 = {
     PA_AVX512_TABLE(pa_gemm_bf16_avx512),
 };
