@@ -757,9 +757,12 @@ def quant_caches(args, rng, run, read_side):
             kc, vc, ks, vs = caches[f"pyattn {dt} cache"]
             impls[f"pyattn {dt} cache, precision=int8"] = (lambda kc=kc, vc=vc, ks=ks, vs=vs: pyattn.attention_with_kvcache(
                 q, kc, vc, cache_seqlens=S, k_scale=ks, v_scale=vs, precision="int8"))
+            impls[f"pyattn {dt} cache, precision=bf16"] = (lambda kc=kc, vc=vc, ks=ks, vs=vs: pyattn.attention_with_kvcache(
+                q, kc, vc, cache_seqlens=S, k_scale=ks, v_scale=vs, precision="bf16"))
         nbytes = {n: sum(a.nbytes for a in c if a is not None) for n, c in caches.items()}
         for dt in ("int8", "int4"):
-            nbytes[f"pyattn {dt} cache, precision=int8"] = nbytes[f"pyattn {dt} cache"]
+            for p in ("int8", "bf16"):
+                nbytes[f"pyattn {dt} cache, precision={p}"] = nbytes[f"pyattn {dt} cache"]
         kq, vq, ks, vs = (a.copy() for a in caches["pyattn int8 cache"])
         k1, v1 = rng.standard_normal((2, 1, Hkv, 1, E), dtype=np.float32)
         impls["pyattn int8 cache, appending a token"] = lambda: pyattn.attention_with_kvcache(
@@ -772,6 +775,9 @@ def quant_caches(args, rng, run, read_side):
                 "pyattn int4 cache, precision=int8": _roof(1, Hkv, S, Hq // Hkv, E, E, "int4", "int8", G)}
         for dt in fp8:
             roof[f"pyattn {dt} cache"] = _roof(1, Hkv, S, Hq // Hkv, E, E, dt, group=G)
+        for dt in ("int8", "int4"):           # precision="bf16": bfloat16 query rows, float32 FMAs (qrowdot)
+            roof[f"pyattn {dt} cache, precision=bf16"] = dict(_roof(1, Hkv, S, Hq // Hkv, E, E, dt, group=G),
+                                                             precision="bf16")
         run({"op": "qdecode", "shape": f"B=1 Hq={Hq} Hkv={Hkv} L=1 S={S} E={E} G={G}"}, 4.0 * Hq * S * E,
             impls, nbytes, side=read_side(), roof=roof)
         del caches, impls, k32, v32, kq, vq, ks, vs
@@ -1698,7 +1704,9 @@ def targets(rows, mem):
         if int(r["shape"].split(" S=")[1].split()[0]) < 16384:
             continue
         for name, goal in (("pyattn float16 cache", 1.8), ("pyattn bfloat16 cache", 1.8),
-                           ("pyattn int8 cache", 2.2)):
+                           ("pyattn int8 cache", 2.2), ("pyattn int8 cache, precision=int8", 3.5),
+                           ("pyattn int4 cache, precision=int8", 4.0), ("pyattn fp8_e4m3 cache", 3.0),
+                           ("pyattn fp8_e5m2 cache", 3.0)):
             h = get(r["op"], r["shape"], name, r["threads"])
             if h:
                 ratio = r["min_ms"] / h["min_ms"]
