@@ -23,6 +23,9 @@
  *   vwiden_i8(p) vwiden_i4(p) VL int8 values at p / VL int4 values in the
  *                             VL / 2 bytes at p (kernels/ref/quant_ref.h),
  *                             as floats (exact)
+ *   vfp8(p, e4)               (vocabularies that define PA_FP8_<PA_SIMD> 1) VL
+ *                             fp8 bytes at p, e4m3fn (e4 = 1) or e5m2, as
+ *                             floats (exact: quant_ref.h's pa_fp8_value)
  * and, for both dtypes:
  *   vhsum16(a)                the sum of 16 partials held in a[0 .. 16/VL):
  *                             p[l] + p[l + 8], then + 4, + 2, + 1
@@ -64,6 +67,7 @@
 #define vwiden_bf16 PA_V(widen_bf16)
 #define vwiden_i8 PA_V(widen_i8)
 #define vwiden_i4 PA_V(widen_i4)
+#define vfp8 PA_CAT(PA_CAT(pa_, PA_SIMD), _fp8_f32)   /* where PA_FP8_<PA_SIMD>: VL fp8 bytes, exact */
 #define vhsum16 PA_V(hsum16)
 #define vexp PA_CAT(vexp_, PA_DT)        /* exp_vec.inc */
 #define vexpn PA_CAT(vexpn_, PA_DT)      /* exp_vec.inc */

@@ -52,6 +52,27 @@ PA_AVX2_FN __m256 pa_avx2_widen_i8_f32(const int8_t *p)
 {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
+/* 8 fp8 bytes at p as floats, exactly: kernels/ref/quant_ref.h's
+ * pa_fp8_value, step by step (as simd_avx512.h's pa_avx512_fp8_f32) */
+PA_AVX2_FN __m256 pa_avx2_fp8_f32(const uint8_t *p, int e4)
+{
+    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    const __m256i u = _mm256_and_si256(b, _mm256_set1_epi32(0x7f));
+    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x80)), 24);
+    const __m256i nrm = e4 ? _mm256_add_epi32(_mm256_slli_epi32(u, 20), _mm256_set1_epi32(120 << 23))
+                           : _mm256_add_epi32(_mm256_slli_epi32(u, 21), _mm256_set1_epi32(112 << 23));
+    const __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(u), _mm256_set1_ps(e4 ? 0x1p-9f : 0x1p-16f));
+    const __m256i isn = _mm256_cmpgt_epi32(u, _mm256_set1_epi32(e4 ? 7 : 3));
+    __m256i r = _mm256_blendv_epi8(_mm256_castps_si256(sub), nrm, isn);
+    if (e4) {
+        r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc00000), _mm256_cmpeq_epi32(u, _mm256_set1_epi32(0x7f)));
+    } else {
+        r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc00000), _mm256_cmpgt_epi32(u, _mm256_set1_epi32(0x7b)));
+        r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7f800000), _mm256_cmpeq_epi32(u, _mm256_set1_epi32(0x7c)));
+    }
+    return _mm256_castsi256_ps(_mm256_or_si256(r, sign));
+}
+#define PA_FP8_avx2 1      /* quant_vec.inc: this vocabulary has vfp8 */
 PA_AVX2_FN __m256 pa_avx2_widen_i4_f32(const uint8_t *p)
 {
     int32_t w;

@@ -83,6 +83,31 @@ PA_AVX512_FN __m512 pa_avx512_widen_i4_f32(const uint8_t *p)
     const __m512i sh = _mm512_set4_epi32(24, 28, 24, 28);      /* lanes 28, 24, 28, 24, ... */
     return _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_sllv_epi32(x, sh), 28));
 }
+/* 16 fp8 bytes at p as floats, exactly: kernels/ref/quant_ref.h's
+ * pa_fp8_value, step by step (bits of normals, subnormals as u * 2^-k, the
+ * NaN / inf codes, the sign ORed in) */
+PA_AVX512_FN __m512 pa_avx512_fp8_f32(const uint8_t *p, int e4)
+{
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    const __m512i u = _mm512_and_si512(b, _mm512_set1_epi32(0x7f));
+    const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x80)), 24);
+    const __m512i nrm = e4 ? _mm512_add_epi32(_mm512_slli_epi32(u, 20), _mm512_set1_epi32(120 << 23))
+                           : _mm512_add_epi32(_mm512_slli_epi32(u, 21), _mm512_set1_epi32(112 << 23));
+    const __m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(u), _mm512_set1_ps(e4 ? 0x1p-9f : 0x1p-16f));
+    __m512i r = _mm512_mask_mov_epi32(_mm512_castps_si512(sub),
+                                      _mm512_cmpge_epi32_mask(u, _mm512_set1_epi32(e4 ? 8 : 4)), nrm);
+    if (e4) {
+        r = _mm512_mask_mov_epi32(r, _mm512_cmpeq_epi32_mask(u, _mm512_set1_epi32(0x7f)),
+                                  _mm512_set1_epi32(0x7fc00000));
+    } else {
+        r = _mm512_mask_mov_epi32(r, _mm512_cmpge_epi32_mask(u, _mm512_set1_epi32(0x7c)),
+                                  _mm512_set1_epi32(0x7fc00000));
+        r = _mm512_mask_mov_epi32(r, _mm512_cmpeq_epi32_mask(u, _mm512_set1_epi32(0x7c)),
+                                  _mm512_set1_epi32(0x7f800000));
+    }
+    return _mm512_castsi512_ps(_mm512_or_si512(r, sign));
+}
+#define PA_FP8_avx512 1    /* quant_vec.inc: this vocabulary has vfp8 */
 PA_AVX512_FN __m512 pa_avx512_add_f32(__m512 a, __m512 b) { return _mm512_add_ps(a, b); }
 PA_AVX512_FN __m512 pa_avx512_sub_f32(__m512 a, __m512 b) { return _mm512_sub_ps(a, b); }
 PA_AVX512_FN __m512 pa_avx512_mul_f32(__m512 a, __m512 b) { return _mm512_mul_ps(a, b); }
