@@ -6,8 +6,7 @@
 ``AttnSpec``; ``_api._sdpa`` runs a spec (forward), ``_grad`` differentiates
 one. The binding (csrc/bind_call.c) converts what ``AttnSpec.c_kwargs`` gives
 into one C struct, ``pa_attn_call``. Adding an option: a field here, its
-check in ``attn_spec`` (a keyword-only option: its default in ``SPEC_OPTIONS``),
-its keyword in ``c_kwargs``, the struct field in C.
+check in ``attn_spec``, its keyword in ``c_kwargs``, the struct field in C.
 
 Shapes: query ``(..., L, E)``, key ``(..., S, E)``, value ``(..., S, Ev)``;
 ``full_batch`` is the result's batch axes (heads last), ``(..., L, Ev)`` the
@@ -101,29 +100,14 @@ class AttnSpec(NamedTuple):
         return kw
 
 
-# attn_spec's options beyond scaled_dot_product_attention's first eight
-# arguments, keyword only, and their defaults
-SPEC_OPTIONS = {"rng": None, "window": None, "alibi_slopes": None, "softcap": None, "sinks": None,
-                "precision": None, "return_weights": False, "return_lse": False, "kv_len": None, "qoff": None,
-                "align": None, "block_mask": None}
-
-
 def attn_spec(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-              enable_gqa=False, **options) -> AttnSpec:
-    """Check an attention call's arguments and normalise them into an
-    AttnSpec: scaled_dot_product_attention's, its keyword-only ones as
-    options (rng, window, alibi_slopes, softcap, sinks, precision,
-    return_weights, return_lse, align, block_mask), plus kv_len (int64
-    filled keys that broadcast to the batch axes) and qoff. Raises what
-    scaled_dot_product_attention documents, naming the argument; an option
-    not in SPEC_OPTIONS is a TypeError, as a keyword a function does not
-    take."""
-    o = {**SPEC_OPTIONS, **options}
-    if len(o) != len(SPEC_OPTIONS):        # a keyword it does not take
-        bad = sorted(options.keys() - SPEC_OPTIONS.keys())[0]
-        raise TypeError(f"attn_spec() got an unexpected keyword argument {bad!r}")
-    window, softcap, qoff, kv_len = o["window"], o["softcap"], o["qoff"], o["kv_len"]
-    return_weights, return_lse = o["return_weights"], o["return_lse"]
+              enable_gqa=False, *, rng=None, window=None, alibi_slopes=None, softcap=None,
+              sinks=None, precision=None, return_weights=False, return_lse=False, kv_len=None,
+              qoff=None, align=None, block_mask=None) -> AttnSpec:
+    """Check an attention call's arguments (scaled_dot_product_attention's,
+    plus kv_len: int64 filled keys that broadcast to the batch axes, and
+    qoff) and normalise them into an AttnSpec. Raises what
+    scaled_dot_product_attention documents, naming the argument."""
     q = as_array(query, "query")
     k = as_array(key, "key")
     v = as_array(value, "value")
@@ -140,12 +124,12 @@ def attn_spec(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     L, S, E, Ev = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
     if qoff is not None:
         qoff = index_value(qoff, "qoff")
-    elif align_code(o["align"], causal):
+    elif align_code(align, causal):
         qoff = S - L                 # align="bottom_right": row i at key position i + S - L
     left, right = window_value(window, S + L + abs(qoff or 0))
     cap = softcap_value(softcap)
     sc = (1.0 / math.sqrt(E) if E > 0 else 1.0) if scale is None else real_scalar(scale, "scale")
-    bf16 = precision_value(o["precision"], dt)
+    bf16 = precision_value(precision, dt)
     if bf16 and return_weights:
         raise ValueError("return_weights is not available with precision='bf16'")
     narrow = tuple(x.dtype for x in (q, k, v) if is16(x.dtype))
@@ -182,7 +166,6 @@ def attn_spec(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                                  "pass enable_gqa=True") from None
             raise
     mask = None if attn_mask is None else prep_mask(attn_mask, full_batch + (L, S), dt)
-    alibi_slopes, sinks, block_mask = o["alibi_slopes"], o["sinks"], o["block_mask"]
     slopes = None if alibi_slopes is None else \
         per_head(alibi_slopes, "alibi_slopes", full_batch, "(Hq,) or (B, Hq)").reshape(-1)
     sk = None if sinks is None else per_head(sinks, "sinks", full_batch, "(Hq,)").reshape(-1)
@@ -191,5 +174,5 @@ def attn_spec(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
         kv_len = np.ascontiguousarray(np.broadcast_to(kv_len, full_batch), dtype=np.int64)
     bm = None if block_mask is None else check_block_mask(block_mask, L, S, full_batch, kv_len)
     return AttnSpec(q, k, v, dt, narrow, L, S, E, Ev, full_batch, groups, hkv, mask, causal, sc,
-                    (left, right), cap, slopes, sk, sk_shape, p, o["rng"], bf16, kv_len=kv_len, qoff=qoff,
+                    (left, right), cap, slopes, sk, sk_shape, p, rng, bf16, kv_len=kv_len, qoff=qoff,
                     return_weights=bool(return_weights), return_lse=bool(return_lse), block_mask=bm)
