@@ -269,29 +269,6 @@ def test_caches_and_the_paged_pool_agree(rng, dtype):
         assert np.abs(a - want).max() <= TOL[np.dtype(np.float32)] * out_mag(flat.v, flat.v_scale, 64)
 
 
-def test_layers_with_quantized_caches(rng):
-    """pyattn.nn layers pass precision="bf16" to their cache's attend: the
-    same bits as the caches' own calls, contiguous and paged."""
-    from pyattn.nn import MultiHeadAttention
-    m = MultiHeadAttention(64, 64, 4, rng=0).eval()
-    x = rng.standard_normal((1, 7, 64)).astype(np.float32)
-    for dtype in ("int8", "int4"):
-        flat = m.new_cache(1, 16, dtype=dtype, group_size=8)
-        paged = pyattn.PagedKVCache(num_blocks=6, block_size=4, num_kv_heads=4, head_dim=16, dtype=dtype,
-                                    group_size=8)
-        s = paged.add_sequence()
-        a = m(x[:, :5], cache=flat, precision="bf16")
-        b = m(x[:, :5], cache=paged, seqs=[s], precision="bf16")
-        assert np.array_equal(a, b)
-        for t in (5, 6):
-            a = m(x[:, t:t + 1], cache=flat, precision="bf16")
-            b = m(x[:, t:t + 1], cache=paged, seqs=[s], precision="bf16")
-            assert np.array_equal(a, b)
-        base = m.new_cache(1, 16, dtype=dtype, group_size=8)
-        assert not np.array_equal(m(x, cache=base), m(x, cache=m.new_cache(1, 16, dtype=dtype, group_size=8),
-                                                       precision="bf16"))
-
-
 def test_a_float_k_cache_beside_an_int8_v_cache_is_refused(rng):
     """precision="bf16" reads int8 / int4 keys; float keys with int8 values
     are refused (a clear ValueError), as before."""

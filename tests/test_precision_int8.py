@@ -386,8 +386,10 @@ def test_other_calls_refuse_int8(rng):
         _C.sdpa(q, q, q, None, None, int8=True)
 
 
-def test_layers_with_quantized_caches(rng):
-    """pyattn.nn layers pass precision= to their cache's attend: the same
+@pytest.mark.parametrize("precision", ["int8", "bf16"])
+def test_layers_with_quantized_caches(rng, precision):
+    """pyattn.nn layers pass precision= ("int8", and "bf16" on these caches:
+    tests/test_precision_bf16_quant.py) to their cache's attend: the same
     bits as the caches' own calls, contiguous and paged."""
     from pyattn.nn import MultiHeadAttention
     m = MultiHeadAttention(64, 64, 4, rng=0).eval()
@@ -397,17 +399,17 @@ def test_layers_with_quantized_caches(rng):
         paged = pyattn.PagedKVCache(num_blocks=6, block_size=4, num_kv_heads=4, head_dim=16, dtype=dtype,
                                     group_size=8)
         s = paged.add_sequence()
-        a = m(x[:, :5], cache=flat, precision="int8")
-        b = m(x[:, :5], cache=paged, seqs=[s], precision="int8")
+        a = m(x[:, :5], cache=flat, precision=precision)
+        b = m(x[:, :5], cache=paged, seqs=[s], precision=precision)
         assert np.array_equal(a, b)
         for t in (5, 6):
-            a = m(x[:, t:t + 1], cache=flat, precision="int8")
-            b = m(x[:, t:t + 1], cache=paged, seqs=[s], precision="int8")
+            a = m(x[:, t:t + 1], cache=flat, precision=precision)
+            b = m(x[:, t:t + 1], cache=paged, seqs=[s], precision=precision)
             assert np.array_equal(a, b)
         # the rule reached the cache: the default precision differs
         base = m.new_cache(1, 16, dtype=dtype, group_size=8)
         assert not np.array_equal(m(x, cache=base), m(x, cache=m.new_cache(1, 16, dtype=dtype, group_size=8),
-                                                       precision="int8"))
+                                                       precision=precision))
     with pytest.raises(ValueError, match="precision"):
         m(x, precision="int8")                              # no cache
     with pytest.raises(ValueError, match="precision='int8'"):
