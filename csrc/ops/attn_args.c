@@ -98,7 +98,7 @@ void pa_attn_setup(pa_attn_args *out, const pa_family *fam, const pa_attn_call *
     a.k_rs = a.kv.rs[PA_KV_K]; a.v_rs = a.kv.rs[PA_KV_V];
     a.bm.state = NULL;
     if (c->block_mask) {
-        const pa_bmask *m = (const pa_bmask *)c->block_mask;
+        const pa_bmask *m = c->block_mask;
         const pa_ssize x = (pa_ssize)m->slab[b] * m->nqt * m->nkt;
         a.bm.state = m->state + x;
         a.bm.index = m->index + x;

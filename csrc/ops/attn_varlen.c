@@ -93,7 +93,7 @@ static void vl_args(const vl_ctx *c, pa_ssize i, pa_ssize b, pa_attn_call *s, pa
     vl_seq(c->call, i, s);
     pa_attn_setup(a, c->fam, s, b);
     if (a->bm.state) {                  /* the block mask's slab of (sequence i, head b) */
-        const pa_bmask *m = (const pa_bmask *)c->call->block_mask;
+        const pa_bmask *m = c->call->block_mask;
         const pa_ssize x = (pa_ssize)m->slab[i * c->call->bt.count + b] * m->nqt * m->nkt;
         a->bm.state = m->state + x;
         a->bm.index = m->index + x;

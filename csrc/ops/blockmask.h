@@ -30,7 +30,7 @@
 #define PA_BM_PARTIAL 2
 
 /* A call's block mask (the binding fills it; arrays C-contiguous). */
-typedef struct {
+typedef struct pa_bmask {
     pa_ssize L, S;              /* the block mask's positions and keys */
     pa_ssize nqt, nkt;          /* tiles: ceil(L / QB), ceil(S / KB) */
     pa_ssize nslab;             /* (B or 1) * (H or 1) */

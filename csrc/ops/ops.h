@@ -140,6 +140,8 @@ typedef struct {
     pa_ssize ks_blk, vs_blk;        /* paged and quantized: the scale pools' block strides */
 } pa_cache;
 
+struct pa_bmask;               /* a call's block mask: ops/blockmask.h */
+
 /* One attention call (the C side of pyattn/_spec.py's AttnSpec; the
  * binding fills it with one converter, pa_attn_call_of in bind_call.c): every
  * attention op and its context take it. Per flat batch index b (all axes
@@ -187,7 +189,7 @@ typedef struct {
     const int64_t *cu_seqlens_q, *cu_seqlens_k;
     const pa_cache *cache;      /* a paged and / or quantized KV cache, or NULL: k, v
                                    read j rows down, as stored (pa_call_paged, pa_call_quant) */
-    const void *block_mask;     /* a pa_bmask (ops/blockmask.h), or NULL */
+    const struct pa_bmask *block_mask;   /* ops/blockmask.h, or NULL */
     pa_ssize nseq;              /* with cu_seqlens_q/k: the sequences (cu_seqlens have
                                    nseq + 1 entries; alibi slopes nseq * count) */
     int seq_align;              /* with cu_seqlens_q/k, 1: each sequence bottom-right
