@@ -21,6 +21,13 @@ int pa_nd_fp8(PyObject *o)
     return strcmp(n, "float8_e4m3fn") == 0 ? PA_F8E4 : strcmp(n, "float8_e5m2") == 0 ? PA_F8E5 : -1;
 }
 
+/* an fp8 array's dtype code, else PA_ND_OTHER */
+static int pa_nd_fp8_or_other(PyObject *o)
+{
+    const int f = pa_nd_fp8(o);
+    return f >= 0 ? f : PA_ND_OTHER;
+}
+
 int pa_nd_dtype(PyObject *o, const char *name)
 {
     if (PyArray_API == NULL && _import_array() < 0) return -1;   /* this file's NumPy API table */
@@ -31,7 +38,7 @@ int pa_nd_dtype(PyObject *o, const char *name)
     const int tn = PyArray_TYPE((PyArrayObject *)o);
     return tn == NPY_FLOAT32 ? PA_F32 : tn == NPY_FLOAT64 ? PA_F64 : tn == NPY_HALF ? PA_F16
          : tn == NPY_UINT16 ? PA_BF16 : tn == NPY_INT64 ? PA_ND_INT64 : tn == NPY_INT8 ? PA_I8
-         : tn == NPY_UINT8 ? PA_I4 : pa_nd_fp8(o) >= 0 ? pa_nd_fp8(o) : PA_ND_OTHER;
+         : tn == NPY_UINT8 ? PA_I4 : pa_nd_fp8_or_other(o);
 }
 
 int pa_nd_view(PyObject *o, const char *name, int nd, int writeable, pa_nd *r)

@@ -516,7 +516,7 @@ static void bf16_rows_fetch(const pa_family *f, const pa_attn_args *a, int v, pa
 
 /* rowdot (v = 0: scores of rows R of qs at s, row stride ss) or rowpv
  * (v = 1: acc += P V, P at s) over keys [j0, j1): the tile copied by
- * bf16_rows_fetch (b->copy; the next tile up to kend prefetched), else
+ * bf16_rows_fetch (b->copy), else
  * stored bfloat16 rows read in place, run by run of rows in one block (a
  * paged cache), the next run or the rows up to kend as the prefetch hint.
  * The copy's scores in passes of 4 rows (rows_gathered_'s: fewer loads per
