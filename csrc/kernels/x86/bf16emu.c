@@ -367,7 +367,6 @@ void pa_bf16_pack_p_avx2(const float *St, pa_ssize ld, pa_ssize qc, pa_ssize nj2
 }
 #undef PA_MXCSR_DE
 #undef PA_MXCSR_UE
-#endif
 
 /* ---- precision "bf16"'s row narrower (pa_bf16_narrow_fn, family.h) ----------
  * n float32 values, or float16 ones widened exactly (F16C vcvtph2ps),
@@ -438,3 +437,4 @@ void pa_bf16_narrow_avx2(uint16_t *dst, const void *src, pa_ssize n, int f16)
         }
     for (; e < n; e++) dst[e] = pa_f32_to_bf16(pa_load_f32(src, e, f16 ? PA_F16 : PA_F32));
 }
+#endif /* PA_HAVE_X86_KERNELS */
