@@ -21,6 +21,30 @@ static const pa_family *family = NULL;
 void pa_config_init(void)
 {
     family = pa_choose_family(-1);
+    pa_dec_read_set(pa_cpu_decode_read());
+}
+
+static const char *const pa_read_words[PA_READ_COUNT] = {"hw", "nta", "gather"};
+
+/* set_decode_read(word) -> the word before: how decode reads a float cache
+ * from now on (family.h, PA_READ_*; the same results whatever it is) */
+PyObject *pa_py_set_decode_read(PyObject *self, PyObject *arg)
+{
+    const char *w = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : NULL;
+    if (!w) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "mode must be a str: 'hw', 'nta' or 'gather'");
+        return NULL;
+    }
+    int mode = -1;
+    for (int i = 0; i < PA_READ_COUNT; i++)
+        if (!strcmp(w, pa_read_words[i])) mode = i;
+    if (mode < 0) {
+        PyErr_Format(PyExc_ValueError, "mode must be 'hw', 'nta' or 'gather', got %R", arg);
+        return NULL;
+    }
+    const int old = pa_dec_read();
+    pa_dec_read_set(mode);
+    return PyUnicode_FromString(pa_read_words[old]);
 }
 
 const pa_family *pa_family_now(void)
@@ -140,7 +164,7 @@ PyObject *pa_py_config(PyObject *self, PyObject *unused)
     if (!kernels) return NULL;
     return Py_BuildValue(
         "{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:i,s:i,s:n,s:n,s:n,"
-        "s:(iiiii),s:(iiiii),s:(ii),s:(ii),s:N,s:s,s:K,s:K}",
+        "s:(iiiii),s:(iiiii),s:(ii),s:(ii),s:N,s:s,s:K,s:K,s:s}",
         "isa", pa_isa_name(f->isa), "isa_machine", pa_isa_name(pa_isa_machine()),
         "gemm_f32", g32->name, "gemm_f64", g64->name, "gemm_bf16", f->gemm_bf16.name,
         "attn_f32", attn32, "attn_f64", attn64,
@@ -154,7 +178,8 @@ PyObject *pa_py_config(PyObject *self, PyObject *unused)
         "attn_f32_tile", f->attn_bq[PA_F32], PA_FLASH_BK,
         "attn_f64_tile", f->attn_bq[PA_F64], PA_FLASH_BK,
         "kernels", kernels, "gemm_blocking_from", gnote,
-        "shared_blocks", shared_blocks, "shared_reads_saved", shared_saved);
+        "shared_blocks", shared_blocks, "shared_reads_saved", shared_saved,
+        "decode_read", pa_read_words[pa_dec_read()]);
 }
 
 /* families() -> ((word, code, built), ...): the rows of PA_FAMILIES

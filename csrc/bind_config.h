@@ -24,6 +24,7 @@ PyObject *pa_py_set_num_threads(PyObject *self, PyObject *arg);
 PyObject *pa_py_get_num_threads(PyObject *self, PyObject *unused);
 PyObject *pa_py_select_isa(PyObject *self, PyObject *arg);
 PyObject *pa_py_config(PyObject *self, PyObject *unused);
+PyObject *pa_py_set_decode_read(PyObject *self, PyObject *arg);
 PyObject *pa_py_families(PyObject *self, PyObject *unused);
 PyObject *pa_py_fma_probe(PyObject *self, PyObject *arg);
 PyObject *pa_py_bf16_probe(PyObject *self, PyObject *arg);

@@ -16,6 +16,10 @@ int pa_cpu_has_avx512bf16(void);
 /* Whether the CPU has AVX512_VNNI (vpdpbusd) with AVX-512 usable. */
 int pa_cpu_has_avx512vnni(void);
 
+/* How decode reads a float cache here (PA_READ_*, family.h): PYATTN_DECODE_READ
+ * ("hw", "nta", "gather") or the CPU's vendor. */
+int pa_cpu_decode_read(void);
+
 void pa_cache_sizes(size_t *l1d, size_t *l2, size_t *l3);
 
 #endif

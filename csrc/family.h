@@ -246,4 +246,36 @@ extern const pa_family pa_family_generic_vecbits;
 pa_rowsm_sig pa_rowsm_f32_vecbits_ref;
 pa_softcap_sig pa_softcap_f32_vecbits_ref;
 
+/* How decode (the rows path of ops/attn_flash.inc) reads a float cache's
+ * key and value rows -- a property of the machine, not of a family, and no
+ * result depends on it (the same values, summed in the same order):
+ *   PA_READ_HW      in place, no software prefetch: the rows stream in by
+ *                   the hardware's prefetchers (the kernels read each key's
+ *                   row from start to end, one ascending stream per tile);
+ *   PA_READ_NTA     in place, the decode kernels' prefetchnta PA_DEC_PFB
+ *                   bytes ahead;
+ *   PA_READ_GATHER  each key tile copied once into the workspace, the next
+ *                   tile prefetched meanwhile, the kernels on the copy.
+ * Chosen per CPU at import (cpu.c, pa_cpu_decode_read; PYATTN_DECODE_READ
+ * overrides), changed by pyattn._C.set_decode_read (tests, the benchmark);
+ * read once per kernel call. */
+enum { PA_READ_HW, PA_READ_NTA, PA_READ_GATHER, PA_READ_COUNT };
+extern int pa_dec_read_mode;                /* kernels/ref/family.c */
+static inline int pa_dec_read(void)
+{
+#if defined(__GNUC__) || defined(__clang__)
+    return __atomic_load_n(&pa_dec_read_mode, __ATOMIC_RELAXED);
+#else
+    return pa_dec_read_mode;
+#endif
+}
+static inline void pa_dec_read_set(int mode)
+{
+#if defined(__GNUC__) || defined(__clang__)
+    __atomic_store_n(&pa_dec_read_mode, mode, __ATOMIC_RELAXED);
+#else
+    pa_dec_read_mode = mode;
+#endif
+}
+
 #endif

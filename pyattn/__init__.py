@@ -138,6 +138,12 @@ _BF16_COST = {
 }
 
 
+# how decode reads a float cache (C: family.h, PA_READ_*; cpu.c chooses)
+_READ_HOW = {"hw": "in place, the hardware's prefetchers",
+             "nta": "in place, non-temporal software prefetches",
+             "gather": "each key tile copied once, the next prefetched"}
+
+
 def show_config() -> None:
     """Print the version, compiler, kernel family and its kernels, and threads.
 
@@ -184,6 +190,9 @@ def show_config() -> None:
           f"dK, dV summed over query chunks of 48)")
     print(f"  softmax rows      : {c['softmax_f32']}, {c['softmax_f64']}")
     print(f"  threads           : {c['threads']}")
+    print(f"  decode reads      : {c['decode_read']} ({_READ_HOW[c['decode_read']]}"
+          + ("; PYATTN_DECODE_READ" if _os.environ.get("PYATTN_DECODE_READ") == c["decode_read"] else "")
+          + ")")
     print(f"  shared reads      : {c['shared_blocks']} key/value blocks read once for several "
           f"sequences' queries, {c['shared_reads_saved']} block reads saved (paged decode, "
           f"since import)")

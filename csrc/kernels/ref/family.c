@@ -33,3 +33,5 @@ const pa_family pa_family_generic_vecbits = {
 #endif
 #undef PA_TILE_gemm_f32
 #undef PA_TILE_gemm_f64
+
+int pa_dec_read_mode = PA_READ_GATHER;   /* set at import (family.h, pa_dec_read) */
