@@ -15,7 +15,7 @@ import numpy as np
 from . import _kvextra, _kvfast
 from ._api import _sdpa
 from ._cachespec import _cache_array, _qcache, _seqlens, cache_spec
-from ._checks import as_array, fp8_of, is16
+from ._checks import as_array, is16
 from ._kvpaged import kvcache_paged
 
 __all__ = ["attention_with_kvcache"]
@@ -297,8 +297,6 @@ def _contiguous(cs, out):
     vs = np.broadcast_to(np.float32(0), vc.shape[:3] + (cs.Ev,)) if _qcache(vc) else vc
     spec = cs.attn(cs.query, ks, vs, kv_len=cs.kv_len[:, None], slopes=cs.opts["alibi_slopes"])
     if cs.quant:
-        if spec.bf16 and (fp8_of(kc.dtype) or fp8_of(vc.dtype)):
-            raise ValueError("precision='bf16' is not available with fp8 caches")
         spec = spec._replace(key=kc, value=vc, kv_scales=(cs.k_scale, cs.v_scale), int8=cs.int8)
     return _sdpa(spec, out, append=append)
 
