@@ -140,9 +140,11 @@ class KVCache:
             written there.
         precision : None, "highest", "bf16" or "int8", optional
             As in :func:`pyattn.scaled_dot_product_attention`; ``"bf16"``
-            with an int8 / int4 cache: the query rounded to bfloat16, exact
-            key products summed in float32 per group, the group scales after
-            the group's sums (see :func:`pyattn.attention_with_kvcache`).
+            with an int8 / int4 / fp8 cache: the query rounded to bfloat16,
+            exact key products on the stored values (fp8: each code's value,
+            unscaled) summed in float32 per group, the group scales after
+            the group's sums, the values as at the default precision (see
+            :func:`pyattn.attention_with_kvcache`).
             ``"int8"`` with an int8 /
             int4 cache only (else a ``ValueError``, nothing written): the
             query rows quantized to int8 per group as :func:`pyattn.quantize`

@@ -797,8 +797,9 @@ class PagedKVCache:
             from the default precision's by at most ``|scale| * sum_g (s_q,g
             / 2) * sum_{e in g} |k_e|`` plus float32 rounding (see
             :func:`pyattn.attention_with_kvcache`). ``precision="bf16"``
-            with an int8 / int4 pool: the query rounded to bfloat16, exact key
-            products summed in float32 per group, the group scales after the
+            with an int8 / int4 / fp8 pool: the query rounded to bfloat16,
+            exact key products on the stored values (fp8: each code's value,
+            unscaled) summed in float32 per group, the group scales after the
             group's sums, the bits of a :class:`pyattn.KVCache` (see
             :func:`pyattn.attention_with_kvcache`).
 

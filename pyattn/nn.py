@@ -654,8 +654,8 @@ class _Attention:
         precision : None, "highest", "bf16" or "int8", optional
             With a cache only (else a ``ValueError``): the cache's
             ``attend``'s (``"int8"``: int8 / int4 caches, int8 query rows and
-            integer key products; ``"bf16"`` with int8 / int4 caches: the
-            query rounded to bfloat16, exact key products; see
+            integer key products; ``"bf16"`` with int8 / int4 / fp8 caches:
+            the query rounded to bfloat16, exact key products; see
             :func:`pyattn.attention_with_kvcache`).
 
         Returns
