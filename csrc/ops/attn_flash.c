@@ -72,9 +72,13 @@ static void qcode_rows(const pa_family *f, const pa_attn_args *a, pa_ssize j, pa
  * float below 2^100, each product q_e k_e (at most 8 + 4 significant bits;
  * |k_e| < 2^16, its last bit at least 2^-16) is exact in float32, so
  * gp + q_e * k_e (multiply, then add: the loop vectorises) is the fma's
- * value; other rows take fmaf. */
-static void qbf16_dot(const pa_attn_args *a, const float *Q, pa_ssize qrs, pa_ssize R, const float *K,
-                      pa_ssize krs, pa_ssize j0, pa_ssize nj, float *s, pa_ssize ss)
+ * value; other rows take fmaf. The fma is correctly rounded wherever it
+ * runs: the x86 SIMD families (FMA3 on every CPU they run on) take the
+ * copy compiled for it (qbf16_dot_fma), the others the C library's fmaf --
+ * the same bits. */
+static inline __attribute__((always_inline)) void
+qbf16_dot_body(const pa_attn_args *a, const float *Q, pa_ssize qrs, pa_ssize R, const float *K, pa_ssize krs,
+               pa_ssize j0, pa_ssize nj, float *s, pa_ssize ss)
 {
     const pa_ssize E = a->E, G = a->kv.kG > 0 ? a->kv.kG : 1;
     const float scale = (float)a->scale;
@@ -104,6 +108,34 @@ static void qbf16_dot(const pa_attn_args *a, const float *Q, pa_ssize qrs, pa_ss
             s[r * ss + j] = p[0] * scale;
         }
     }
+}
+
+static void qbf16_dot_c(const pa_attn_args *a, const float *Q, pa_ssize qrs, pa_ssize R, const float *K,
+                        pa_ssize krs, pa_ssize j0, pa_ssize nj, float *s, pa_ssize ss)
+{
+    qbf16_dot_body(a, Q, qrs, R, K, krs, j0, nj, s, ss);
+}
+
+#ifdef PA_HAVE_X86_KERNELS
+__attribute__((target("avx2,fma")))
+static void qbf16_dot_fma(const pa_attn_args *a, const float *Q, pa_ssize qrs, pa_ssize R, const float *K,
+                          pa_ssize krs, pa_ssize j0, pa_ssize nj, float *s, pa_ssize ss)
+{
+    qbf16_dot_body(a, Q, qrs, R, K, krs, j0, nj, s, ss);
+}
+#endif
+
+static void qbf16_dot(const pa_family *f, const pa_attn_args *a, const float *Q, pa_ssize qrs, pa_ssize R,
+                      const float *K, pa_ssize krs, pa_ssize j0, pa_ssize nj, float *s, pa_ssize ss)
+{
+#ifdef PA_HAVE_X86_KERNELS
+    if (f->isa == PA_ISA_AVX2 || f->isa == PA_ISA_AVX512 || f->isa == PA_ISA_AVX512_EMU) {
+        qbf16_dot_fma(a, Q, qrs, R, K, krs, j0, nj, s, ss);
+        return;
+    }
+#endif
+    (void)f;
+    qbf16_dot_c(a, Q, qrs, R, K, krs, j0, nj, s, ss);
 }
 
 /* the weights P (R x nj, row stride ps) times the value tile Vw (row
