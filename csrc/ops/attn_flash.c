@@ -65,7 +65,7 @@ static void qcode_rows(const pa_family *f, const pa_attn_args *a, pa_ssize j, pa
 }
 
 /* qrowdot's rule (csrc/README.md) on R query rows Q (bfloat16 values in
- * float32) against nj code rows K (keys j0...), each key's group scales
+ * float32) against nj code rows K (keys j0..., row stride E), each key's group scales
  * read through the accessor: per group, 16 partials gp[e % 16] = fma(q_e,
  * k_e, gp), from +0; p[t] = fma(gp[t], scale_g, p[t]); the 16 p pairwise;
  * the score that times a->scale. Where every q_e of a row is 0 or a normal
@@ -77,7 +77,7 @@ static void qcode_rows(const pa_family *f, const pa_attn_args *a, pa_ssize j, pa
  * copy compiled for it (qbf16_dot_fma), the others the C library's fmaf --
  * the same bits. */
 static inline __attribute__((always_inline)) void
-qbf16_dot_body(const pa_attn_args *a, const float *Q, pa_ssize qrs, pa_ssize R, const float *K, pa_ssize krs,
+qbf16_dot_body(const pa_attn_args *a, const float *Q, pa_ssize qrs, pa_ssize R, const float *K,
                pa_ssize j0, pa_ssize nj, float *s, pa_ssize ss)
 {
     const pa_ssize E = a->E, G = a->kv.kG > 0 ? a->kv.kG : 1;
@@ -90,7 +90,7 @@ qbf16_dot_body(const pa_attn_args *a, const float *Q, pa_ssize qrs, pa_ssize R, 
             exact &= m == 0 || (m >= 0x1p-126f && m < 0x1p100f);
         }
         for (pa_ssize j = 0; j < nj; j++) {
-            const float *k = K + j * krs;
+            const float *k = K + j * E;
             const float *sc = a->kv.ks + pa_kv_row(&a->kv, PA_KV_KS, j0 + j);
             float p[16] = {0};
             for (pa_ssize g0 = 0; g0 < E; g0 += G) {
@@ -111,31 +111,31 @@ qbf16_dot_body(const pa_attn_args *a, const float *Q, pa_ssize qrs, pa_ssize R, 
 }
 
 static void qbf16_dot_c(const pa_attn_args *a, const float *Q, pa_ssize qrs, pa_ssize R, const float *K,
-                        pa_ssize krs, pa_ssize j0, pa_ssize nj, float *s, pa_ssize ss)
+                        pa_ssize j0, pa_ssize nj, float *s, pa_ssize ss)
 {
-    qbf16_dot_body(a, Q, qrs, R, K, krs, j0, nj, s, ss);
+    qbf16_dot_body(a, Q, qrs, R, K, j0, nj, s, ss);
 }
 
 #ifdef PA_HAVE_X86_KERNELS
 __attribute__((target("avx2,fma")))
 static void qbf16_dot_fma(const pa_attn_args *a, const float *Q, pa_ssize qrs, pa_ssize R, const float *K,
-                          pa_ssize krs, pa_ssize j0, pa_ssize nj, float *s, pa_ssize ss)
+                          pa_ssize j0, pa_ssize nj, float *s, pa_ssize ss)
 {
-    qbf16_dot_body(a, Q, qrs, R, K, krs, j0, nj, s, ss);
+    qbf16_dot_body(a, Q, qrs, R, K, j0, nj, s, ss);
 }
 #endif
 
 static void qbf16_dot(const pa_family *f, const pa_attn_args *a, const float *Q, pa_ssize qrs, pa_ssize R,
-                      const float *K, pa_ssize krs, pa_ssize j0, pa_ssize nj, float *s, pa_ssize ss)
+                      const float *K, pa_ssize j0, pa_ssize nj, float *s, pa_ssize ss)
 {
 #ifdef PA_HAVE_X86_KERNELS
     if (f->isa == PA_ISA_AVX2 || f->isa == PA_ISA_AVX512 || f->isa == PA_ISA_AVX512_EMU) {
-        qbf16_dot_fma(a, Q, qrs, R, K, krs, j0, nj, s, ss);
+        qbf16_dot_fma(a, Q, qrs, R, K, j0, nj, s, ss);
         return;
     }
 #endif
     (void)f;
-    qbf16_dot_c(a, Q, qrs, R, K, krs, j0, nj, s, ss);
+    qbf16_dot_c(a, Q, qrs, R, K, j0, nj, s, ss);
 }
 
 /* the weights P (R x nj, row stride ps) times the value tile Vw (row
