@@ -10,7 +10,12 @@ as at the default precision.
 Checked against a NumPy model of that rule (the scores bit for bit through
 the lse of one-key calls; outputs to float32 tolerance), the same bits on
 every kernel family and thread count, contiguous = paged = KVCache =
-PagedKVCache (planned too) = the nn layers, bit for bit."""
+PagedKVCache (planned too) = the nn layers, bit for bit.
+
+fp8 caches (the last section): fp8_e4m3 / fp8_e5m2 codes are exact in
+bfloat16 too, so the same rule runs on the codes' exact values, unscaled (the
+products fused: exact but where they leave float32's normal range); the
+values as at the default precision (the dequantized tile)."""
 import numpy as np
 import pytest
 
