@@ -39,7 +39,8 @@ class KVCache:
         ``ml_dtypes.float8_e4m3fn`` / ``float8_e5m2 (B, Hkv, max_len, E)``
         with the same float32 scales (quantize's fp8 rule); the kernels widen
         its rows to float32 tile by tile (no dequantized copy), giving the
-        bits of the float32 cache ``dequantize(k, k_scale)``.
+        bits of the float32 cache ``dequantize(k, k_scale)`` (at the default
+        precision; ``precision="bf16"``: :meth:`attend`).
     group_size : int, default 32
         Values per scale of an int8 / int4 / fp8 cache (it must divide head_dim and
         value_dim). Ignored by float caches.

@@ -375,7 +375,7 @@ class PagedKVCache:
         ``"fp8_e4m3"`` / ``"fp8_e5m2"`` (needs ``ml_dtypes``): pools of
         ``ml_dtypes.float8_e4m3fn`` / ``float8_e5m2`` with the same scale
         pools (quantize's fp8 rule), widened to float32 per tile as they
-        are read.
+        are read (``precision="bf16"``: :meth:`attend`).
     group_size : int, default 32
         Values per scale of an int8 / int4 / fp8 pool (it must divide head_dim and
         value_dim); unused by the float dtypes.
