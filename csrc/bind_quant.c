@@ -270,11 +270,11 @@ int pa_bind_kv_scales(PyObject *ks, PyObject *vs, pa_attn_call *c, int want_w, p
         call_scales(vs, "v_scale", "value", c->v_dt, c, c->Ev, c->v.cs, &qs->vs, &qs->vG) < 0)
         return -1;
     if (!qs->ks.p && !qs->vs.p) return 0;
-    if (want_w || (c->bf16 && (!qs->ks.p || pa_qfp8(pa_qbits(c->k_dt)) || pa_qfp8(pa_qbits(c->v_dt)))) ||
+    if (want_w || (c->bf16 && !qs->ks.p) ||
         c->E > PA_FLASH_MAXD || c->Ev > PA_FLASH_MAXD) {
         PyErr_Format(PyExc_ValueError, "int8 / int4 / fp8 caches do not take %s",
                      want_w ? "return_weights"
-                     : c->bf16 ? "precision='bf16' without an int8 / int4 key cache, nor with an fp8 cache"
+                     : c->bf16 ? "precision='bf16' without a quantized (int8 / int4 / fp8) key cache"
                                : "head dims over 512");
         return -1;
     }

@@ -453,8 +453,6 @@ def _paged_spec(query, k_cache, v_cache, key, value, a):
             raise ValueError(f"alibi_slopes has shape {slopes.shape}; expected (Hq,) or (B, Hq) = "
                              f"({Hq},) or ({B}, {Hq})")
     q8 = int8_precision(a["precision"], kc)     # precision="int8": an int8 / int4 k_cache
-    if quant and not q8 and precision_value(a["precision"], cd) and (fp8_of(kc.dtype) or fp8_of(vc.dtype)):
-        raise ValueError("precision='bf16' is not available with fp8 caches")
     qd = q if is16(q.dtype) and cd == np.float32 else to_dtype(q, cd)
     return CacheSpec(qd, kc, vc, ks, vs, cd, B, Hq, Hkv, S, E, Ev, T, kn, vn, n, kv_len, rope, sc, a,
                      table=table, paged=paged, bs=bs, cu=cu, packed=packed, Ts=Ts, written=written, tree=tm,

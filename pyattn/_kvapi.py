@@ -15,7 +15,7 @@ import numpy as np
 from . import _kvextra, _kvfast
 from ._api import _sdpa
 from ._cachespec import _cache_array, _qcache, _seqlens, cache_spec
-from ._checks import as_array, fp8_of, is16
+from ._checks import as_array, is16
 from ._kvpaged import kvcache_paged
 
 __all__ = ["attention_with_kvcache"]
@@ -73,17 +73,20 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
         ``precision="bf16"`` with float32 / float16 / bfloat16 caches runs the
         bfloat16 decode kernel on decode steps -- bfloat16 caches read in place
         -- and the tiled bfloat16 path on longer query blocks).
-        ``precision="bf16"`` with an int8 / int4 ``k_cache`` (exact in
-        bfloat16: read as stored): the query rounded to bfloat16 (nearest
-        even), each product ``bf16(q_e) * k_e`` exact in float32, summed per
+        ``precision="bf16"`` with an int8 / int4 / fp8 ``k_cache`` (its
+        values exact in bfloat16: read as stored; ``k_e`` below is the stored
+        value, an fp8 code's exact value, unscaled): the query rounded to
+        bfloat16 (nearest even), each product ``bf16(q_e) * k_e`` exact in
+        float32 (an fma: one rounding per term), summed per
         group in float32 in 16 partial sums (element ``e`` into sum ``e %
         16``), each partial sum times the key's group scale by one fma into
         its total, the groups in order, then the 16 totals pairwise; the
         score is that times ``scale`` (float32); the softmax and the value
-        products as at the default precision (the weights not rounded). Every
+        products as at the default precision (the weights not rounded; fp8
+        values: the float32 kernels over the dequantized value tile). Every
         query length (the decode kernels row by row); the same bits on every
-        kernel family and thread count; float keys with int8 / int4 values
-        are a ``ValueError``.
+        kernel family and thread count, paged = contiguous; float keys with
+        quantized values are a ``ValueError``.
         ``precision="int8"``, with an int8 / int4 ``k_cache`` only (any other
         cache: ``ValueError``): each query row of each head is quantized to
         int8 per group of the cache's group size ``G`` exactly as
@@ -182,7 +185,8 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
         its rows are widened to float32 per key tile as ``dequantize`` gives
         them and the float32 kernels read those: the result is that of the
         float32 cache ``dequantize(cache)``, bit for bit. Not with
-        ``precision="int8"`` or ``"bf16"``.
+        ``precision="int8"``; with ``precision="bf16"`` the key products
+        take the rule above on the codes (the group scales after the sums).
 
     Returns
     -------
@@ -297,8 +301,6 @@ def _contiguous(cs, out):
     vs = np.broadcast_to(np.float32(0), vc.shape[:3] + (cs.Ev,)) if _qcache(vc) else vc
     spec = cs.attn(cs.query, ks, vs, kv_len=cs.kv_len[:, None], slopes=cs.opts["alibi_slopes"])
     if cs.quant:
-        if spec.bf16 and (fp8_of(kc.dtype) or fp8_of(vc.dtype)):
-            raise ValueError("precision='bf16' is not available with fp8 caches")
         spec = spec._replace(key=kc, value=vc, kv_scales=(cs.k_scale, cs.v_scale), int8=cs.int8)
     return _sdpa(spec, out, append=append)
 

@@ -39,7 +39,8 @@ class KVCache:
         ``ml_dtypes.float8_e4m3fn`` / ``float8_e5m2 (B, Hkv, max_len, E)``
         with the same float32 scales (quantize's fp8 rule); the kernels widen
         its rows to float32 tile by tile (no dequantized copy), giving the
-        bits of the float32 cache ``dequantize(k, k_scale)``.
+        bits of the float32 cache ``dequantize(k, k_scale)`` (at the default
+        precision; ``precision="bf16"``: :meth:`attend`).
     group_size : int, default 32
         Values per scale of an int8 / int4 / fp8 cache (it must divide head_dim and
         value_dim). Ignored by float caches.
@@ -140,9 +141,11 @@ class KVCache:
             written there.
         precision : None, "highest", "bf16" or "int8", optional
             As in :func:`pyattn.scaled_dot_product_attention`; ``"bf16"``
-            with an int8 / int4 cache: the query rounded to bfloat16, exact
-            key products summed in float32 per group, the group scales after
-            the group's sums (see :func:`pyattn.attention_with_kvcache`).
+            with an int8 / int4 / fp8 cache: the query rounded to bfloat16,
+            exact key products on the stored values (fp8: each code's value,
+            unscaled) summed in float32 per group, the group scales after
+            the group's sums, the values as at the default precision (see
+            :func:`pyattn.attention_with_kvcache`).
             ``"int8"`` with an int8 /
             int4 cache only (else a ``ValueError``, nothing written): the
             query rows quantized to int8 per group as :func:`pyattn.quantize`

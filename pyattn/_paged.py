@@ -375,7 +375,7 @@ class PagedKVCache:
         ``"fp8_e4m3"`` / ``"fp8_e5m2"`` (needs ``ml_dtypes``): pools of
         ``ml_dtypes.float8_e4m3fn`` / ``float8_e5m2`` with the same scale
         pools (quantize's fp8 rule), widened to float32 per tile as they
-        are read.
+        are read (``precision="bf16"``: :meth:`attend`).
     group_size : int, default 32
         Values per scale of an int8 / int4 / fp8 pool (it must divide head_dim and
         value_dim); unused by the float dtypes.
@@ -797,8 +797,9 @@ class PagedKVCache:
             from the default precision's by at most ``|scale| * sum_g (s_q,g
             / 2) * sum_{e in g} |k_e|`` plus float32 rounding (see
             :func:`pyattn.attention_with_kvcache`). ``precision="bf16"``
-            with an int8 / int4 pool: the query rounded to bfloat16, exact key
-            products summed in float32 per group, the group scales after the
+            with an int8 / int4 / fp8 pool: the query rounded to bfloat16,
+            exact key products on the stored values (fp8: each code's value,
+            unscaled) summed in float32 per group, the group scales after the
             group's sums, the bits of a :class:`pyattn.KVCache` (see
             :func:`pyattn.attention_with_kvcache`).
 

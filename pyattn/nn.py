@@ -24,7 +24,7 @@ import numpy as np
 
 from ._api import _linear, matmul, multi_head_attention, scaled_dot_product_attention
 from ._bridge import is_tensor, tensor_numpy, torch_bf16_hint
-from ._checks import as_array, check_numeric, compute_dtype, index_value, is16, number, to_dtype
+from ._checks import as_array, check_numeric, compute_dtype, fp8_of, index_value, is16, number, to_dtype
 from ._grad import scaled_dot_product_attention_backward
 from ._kvcache import KVCache
 from ._paged import PagedKVCache, PagedPlan
@@ -519,7 +519,8 @@ class _Attention:
         if self.context_length is not None and (cache.lengths + T > self.context_length).any():
             raise ValueError(f"the cache holds {cache.lengths.tolist()} tokens; {T} more exceed "
                              f"context_length={self.context_length}")
-        dt = np.dtype(np.float32) if is16(cache.k.dtype) or cache.k.dtype.kind in "iu" else cache.k.dtype
+        dt = np.dtype(np.float32) if is16(cache.k.dtype) or cache.k.dtype.kind in "iu" or fp8_of(cache.k.dtype) \
+            else cache.k.dtype
         x3 = to_dtype(x if x.ndim == 3 else x[None], dt)
         q, k, v = self._qkv(x3, dt)
         ctx = np.empty((B, T, H, hd), dt)
@@ -547,7 +548,8 @@ class _Attention:
                              f"with cu_seqlens_q), got shape {x.shape}")
         if cu is not None and x.ndim != 2:
             raise ValueError(f"x must be packed (total, d_in) with cu_seqlens_q, got shape {x.shape}")
-        dt = np.dtype(np.float32) if is16(cache.k.dtype) or cache.k.dtype.kind in "iu" else cache.k.dtype
+        dt = np.dtype(np.float32) if is16(cache.k.dtype) or cache.k.dtype.kind in "iu" or fp8_of(cache.k.dtype) \
+            else cache.k.dtype
         x3 = to_dtype(x if x.ndim == 3 else x[None], dt)
         q, k, v = self._qkv(x3, dt)
         if cu is not None:                            # (1, H, total, hd) -> (total, H, hd)
@@ -652,8 +654,8 @@ class _Attention:
         precision : None, "highest", "bf16" or "int8", optional
             With a cache only (else a ``ValueError``): the cache's
             ``attend``'s (``"int8"``: int8 / int4 caches, int8 query rows and
-            integer key products; ``"bf16"`` with int8 / int4 caches: the
-            query rounded to bfloat16, exact key products; see
+            integer key products; ``"bf16"`` with int8 / int4 / fp8 caches:
+            the query rounded to bfloat16, exact key products; see
             :func:`pyattn.attention_with_kvcache`).
 
         Returns

@@ -46,6 +46,114 @@ static inline int pa_kv_fp8(const pa_attn_args *a)
     return pa_qfp8(pa_qbits(a->k_dt)) || pa_qfp8(pa_qbits(a->v_dt));
 }
 
+/* ---- precision "bf16" with an fp8 cache (a->qbf16 on the gathered rows
+ * path, rows_qbf16_gathered_): the key tile's codes widened unscaled by the
+ * family's qwiden (scale 1: each code's exact value -- an fp8 byte's, or an
+ * int8 / int4 key's beside fp8 values), then the two kernels below, portable
+ * C with the same operations in the same order on every family. */
+
+/* n rows of K's codes from key j (one run of a block) into dst (row stride
+ * ld), unscaled */
+static void qcode_rows(const pa_family *f, const pa_attn_args *a, pa_ssize j, pa_ssize n, float *dst, pa_ssize ld)
+{
+    const char *p = (const char *)a->k + pa_kv_row(&a->kv, PA_KV_K, j);
+    const pa_ssize G = a->kv.kG > 0 ? a->kv.kG : 1, ng = a->E / G;
+    float ones[PA_FLASH_MAXD];
+    for (pa_ssize g = 0; g < ng; g++) ones[g] = 1.0f;
+    const int bits = pa_qbits(a->k_dt);
+    for (pa_ssize r = 0; r < n; r++) f->qwiden.fn(dst + r * ld, p + r * a->k_rs, ones, a->E, G, bits);
+}
+
+/* qrowdot's rule (csrc/README.md) on R query rows Q (bfloat16 values in
+ * float32) against nj code rows K (keys j0..., row stride E), each key's group scales
+ * read through the accessor: per group, 16 partials gp[e % 16] = fma(q_e,
+ * k_e, gp), from +0; p[t] = fma(gp[t], scale_g, p[t]); the 16 p pairwise;
+ * the score that times a->scale. Where every q_e of a row is 0 or a normal
+ * float below 2^100, each product q_e k_e (at most 8 + 4 significant bits;
+ * |k_e| < 2^16, its last bit at least 2^-16) is exact in float32, so
+ * gp + q_e * k_e (multiply, then add: the loop vectorises) is the fma's
+ * value; other rows take fmaf. The fma is correctly rounded wherever it
+ * runs: the x86 SIMD families (FMA3 on every CPU they run on) take the
+ * copy compiled for it (qbf16_dot_fma), the others the C library's fmaf --
+ * the same bits. */
+static inline __attribute__((always_inline)) void
+qbf16_dot_body(const pa_attn_args *a, const float *Q, pa_ssize qrs, pa_ssize R, const float *K,
+               pa_ssize j0, pa_ssize nj, float *s, pa_ssize ss)
+{
+    const pa_ssize E = a->E, G = a->kv.kG > 0 ? a->kv.kG : 1;
+    const float scale = (float)a->scale;
+    for (pa_ssize r = 0; r < R; r++) {
+        const float *q = Q + r * qrs;
+        int exact = G % 16 == 0;
+        for (pa_ssize e = 0; e < E; e++) {
+            const float m = fabsf(q[e]);
+            exact &= m == 0 || (m >= 0x1p-126f && m < 0x1p100f);
+        }
+        for (pa_ssize j = 0; j < nj; j++) {
+            const float *k = K + j * E;
+            const float *sc = a->kv.ks + pa_kv_row(&a->kv, PA_KV_KS, j0 + j);
+            float p[16] = {0};
+            for (pa_ssize g0 = 0; g0 < E; g0 += G) {
+                float gp[16] = {0};
+                if (exact)
+                    for (pa_ssize e = g0; e < g0 + G; e += 16)
+                        for (int t = 0; t < 16; t++) gp[t] = gp[t] + q[e + t] * k[e + t];
+                else
+                    for (pa_ssize e = g0; e < g0 + G; e++) gp[e % 16] = fmaf(q[e], k[e], gp[e % 16]);
+                const float sg = sc[g0 / G];
+                for (int t = 0; t < 16; t++) p[t] = fmaf(gp[t], sg, p[t]);
+            }
+            for (int w = 8; w >= 1; w /= 2)
+                for (int t = 0; t < w; t++) p[t] = p[t] + p[t + w];
+            s[r * ss + j] = p[0] * scale;
+        }
+    }
+}
+
+static void qbf16_dot_c(const pa_attn_args *a, const float *Q, pa_ssize qrs, pa_ssize R, const float *K,
+                        pa_ssize j0, pa_ssize nj, float *s, pa_ssize ss)
+{
+    qbf16_dot_body(a, Q, qrs, R, K, j0, nj, s, ss);
+}
+
+#ifdef PA_HAVE_X86_KERNELS
+__attribute__((target("avx2,fma")))
+static void qbf16_dot_fma(const pa_attn_args *a, const float *Q, pa_ssize qrs, pa_ssize R, const float *K,
+                          pa_ssize j0, pa_ssize nj, float *s, pa_ssize ss)
+{
+    qbf16_dot_body(a, Q, qrs, R, K, j0, nj, s, ss);
+}
+#endif
+
+static void qbf16_dot(const pa_family *f, const pa_attn_args *a, const float *Q, pa_ssize qrs, pa_ssize R,
+                      const float *K, pa_ssize j0, pa_ssize nj, float *s, pa_ssize ss)
+{
+#ifdef PA_HAVE_X86_KERNELS
+    if (f->isa == PA_ISA_AVX2 || f->isa == PA_ISA_AVX512 || f->isa == PA_ISA_AVX512_EMU) {
+        qbf16_dot_fma(a, Q, qrs, R, K, j0, nj, s, ss);
+        return;
+    }
+#endif
+    (void)f;
+    qbf16_dot_c(a, Q, qrs, R, K, j0, nj, s, ss);
+}
+
+/* the weights P (R x nj, row stride ps) times the value tile Vw (row
+ * stride vrs) added into acc: keys in order, a weight of 0 skipped,
+ * acc[d] = fma(P, v[d], acc[d]) -- the SIMD families' rowpv, operation by
+ * operation, for the generic family (whose own multiplies, then adds) */
+static void qbf16_pv(const float *P, pa_ssize ps, pa_ssize R, const float *Vw, pa_ssize vrs, pa_ssize nj,
+                     pa_ssize Ev, float *acc, pa_ssize ald)
+{
+    for (pa_ssize r = 0; r < R; r++)
+        for (pa_ssize j = 0; j < nj; j++) {
+            const float pj = P[r * ps + j];
+            if (pj == 0) continue;
+            const float *v = Vw + j * vrs;
+            for (pa_ssize d = 0; d < Ev; d++) acc[r * ald + d] = fmaf(pj, v[d], acc[r * ald + d]);
+        }
+}
+
 #define PA_TEMPLATE "ops/attn_flash.inc"
 #include "dtypes.inc"
 #undef PA_TEMPLATE

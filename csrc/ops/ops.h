@@ -175,7 +175,7 @@ typedef struct {
                                    q, k, v and the weights rounded to bfloat16 */
     int q8;                     /* precision "int8" (an int8 / int4 k): query rows quantized
                                    to int8 per group of kG, integer key products (q8rowdot) */
-    int qbf16;                  /* precision "bf16" with an int8 / int4 k (bf16 is 0 then):
+    int qbf16;                  /* precision "bf16" with a quantized k (bf16 is 0 then):
                                    query rows rounded to bfloat16, qrowdot's products
                                    (exact), the scores times the scale after the sum */
     /* the forward's results (the backward reads out and lse) */

@@ -78,8 +78,9 @@ typedef struct {
     void *lse; pa_ssize lse_s;              /* (L,) log-sum-exp of the rows, or NULL */
     int bf16;                               /* precision "bf16": the tiled bfloat16 path */
     int q8;                                 /* precision "int8": the rows path, q8rowdot */
-    int qbf16;                              /* precision "bf16", int8 / int4 k: the rows path,
-                                               qrowdot on the query rounded to bfloat16 */
+    int qbf16;                              /* precision "bf16", a quantized k: the rows path,
+                                               qrowdot (fp8 K or V: qbf16_dot) on the query
+                                               rounded to bfloat16 */
     const uint16_t *kvp;                    /* bf16: K, V packed per key tile (pa_bf16_pack_kv), */
     pa_ssize kvp_tile;                      /* tile t at kvp + t * kvp_tile; or NULL */
     pa_kv_head kv;                          /* where key j's rows of K and V and their scales
