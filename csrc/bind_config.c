@@ -24,7 +24,7 @@ void pa_config_init(void)
     pa_dec_read_set(pa_cpu_decode_read());
 }
 
-static const char *const pa_read_words[PA_READ_COUNT] = {"hw", "nta", "gather"};
+static const char *const pa_read_words[PA_READ_COUNT] = {"hw", "nta", "gather", "t2"};
 
 /* set_decode_read(word) -> the word before: how decode reads a float cache
  * from now on (family.h, PA_READ_*; the same results whatever it is) */
@@ -32,14 +32,14 @@ PyObject *pa_py_set_decode_read(PyObject *self, PyObject *arg)
 {
     const char *w = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : NULL;
     if (!w) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "mode must be a str: 'hw', 'nta' or 'gather'");
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "mode must be a str: 'hw', 't2', 'nta' or 'gather'");
         return NULL;
     }
     int mode = -1;
     for (int i = 0; i < PA_READ_COUNT; i++)
         if (!strcmp(w, pa_read_words[i])) mode = i;
     if (mode < 0) {
-        PyErr_Format(PyExc_ValueError, "mode must be 'hw', 'nta' or 'gather', got %R", arg);
+        PyErr_Format(PyExc_ValueError, "mode must be 'hw', 't2', 'nta' or 'gather', got %R", arg);
         return NULL;
     }
     const int old = pa_dec_read();

@@ -255,11 +255,13 @@ pa_softcap_sig pa_softcap_f32_vecbits_ref;
  *   PA_READ_NTA     in place, the decode kernels' prefetchnta PA_DEC_PFB
  *                   bytes ahead;
  *   PA_READ_GATHER  each key tile copied once into the workspace, the next
- *                   tile prefetched meanwhile, the kernels on the copy.
+ *                   tile prefetched meanwhile, the kernels on the copy;
+ *   PA_READ_T2      in place, the decode kernels' prefetcht2 PA_DEC_PFB_T2
+ *                   bytes ahead (and a paged cache's runs ahead, as HW).
  * Chosen per CPU at import (cpu.c, pa_cpu_decode_read; PYATTN_DECODE_READ
  * overrides), changed by pyattn._C.set_decode_read (tests, the benchmark);
  * read once per kernel call. */
-enum { PA_READ_HW, PA_READ_NTA, PA_READ_GATHER, PA_READ_COUNT };
+enum { PA_READ_HW, PA_READ_NTA, PA_READ_GATHER, PA_READ_T2, PA_READ_COUNT };
 extern int pa_dec_read_mode;                /* kernels/ref/family.c */
 static inline int pa_dec_read(void)
 {

@@ -55,7 +55,7 @@ static PyMethodDef methods[] = {
      "select_isa(code) -> code chosen (-1: best); calls already running keep their family"},
     {"config", pa_py_config, METH_NOARGS, "config() -> dict of the kernels in use"},
     {"set_decode_read", pa_py_set_decode_read, METH_O,
-     "set_decode_read(mode) -> the mode before: how decode reads a float cache ('hw', 'nta', 'gather')"},
+     "set_decode_read(mode) -> the mode before: how decode reads a float cache ('hw', 't2', 'nta', 'gather')"},
     {"families", pa_py_families, METH_NOARGS,
      "families() -> ((word, code, built), ...): the kernel families in code order"},
     {"fma_probe", pa_py_fma_probe, METH_O,

@@ -140,6 +140,7 @@ _BF16_COST = {
 
 # how decode reads a float cache (C: family.h, PA_READ_*; cpu.c chooses)
 _READ_HOW = {"hw": "in place, the hardware's prefetchers",
+             "t2": "in place, prefetcht2 8 KiB ahead",
              "nta": "in place, non-temporal software prefetches",
              "gather": "each key tile copied once, the next prefetched"}
 

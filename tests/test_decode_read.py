@@ -16,7 +16,7 @@ from pyattn import _C
 
 pytestmark = [pytest.mark.frame]
 
-MODES = ("hw", "nta", "gather")
+MODES = ("hw", "t2", "nta", "gather")
 
 
 @pytest.fixture
@@ -99,7 +99,7 @@ def test_modes_every_family_and_thread_count(rng, restore_mode):
 
 def test_bad_modes(restore_mode):
     before = _C.config()["decode_read"]
-    with pytest.raises(ValueError, match="'hw', 'nta' or 'gather'"):
+    with pytest.raises(ValueError, match="'hw', 't2', 'nta' or 'gather'"):
         _C.set_decode_read("fast")
     with pytest.raises(TypeError, match="mode must be a str"):
         _C.set_decode_read(1)
