@@ -68,6 +68,7 @@
 #define vwiden_i8 PA_V(widen_i8)
 #define vwiden_i4 PA_V(widen_i4)
 #define vfp8 PA_CAT(PA_CAT(pa_, PA_SIMD), _fp8_f32)   /* where PA_FP8_<PA_SIMD>: VL fp8 bytes, exact */
+#define vfp8n PA_CAT(PA_CAT(pa_, PA_SIMD), _fp8n_f32) /* ... VL fp8 bytes that are all normals */
 #define vhsum16 PA_V(hsum16)
 #define vexp PA_CAT(vexp_, PA_DT)        /* exp_vec.inc */
 #define vexpn PA_CAT(vexpn_, PA_DT)      /* exp_vec.inc */
