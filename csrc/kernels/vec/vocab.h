@@ -26,6 +26,9 @@
  *   vfp8(p, e4)               (vocabularies that define PA_FP8_<PA_SIMD> 1) VL
  *                             fp8 bytes at p, e4m3fn (e4 = 1) or e5m2, as
  *                             floats (exact: quant_ref.h's pa_fp8_value)
+ *   vfp8n(p, e4)              (the same vocabularies) as vfp8, for VL bytes
+ *                             that are all normal numbers (no zero,
+ *                             subnormal, inf or NaN code: the caller checks)
  * and, for both dtypes:
  *   vhsum16(a)                the sum of 16 partials held in a[0 .. 16/VL):
  *                             p[l] + p[l + 8], then + 4, + 2, + 1
