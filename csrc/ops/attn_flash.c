@@ -25,6 +25,9 @@ static void widen_rows(const pa_family *f, int sd, const void *p, pa_ssize rs, p
     }
 }
 
+#ifndef PA_QWIDEN_ROWS
+#define PA_QWIDEN_ROWS 4        /* rows a qwiden call (rows in one piece) */
+#endif
 /* n rows of a quantized K (v = 0) or V (v = 1) from key j, within one
  * block (a run: pa_kv_run), dequantized into dst (row stride ld) by the
  * family's qwiden (int8, int4 and fp8), rows and scales read through the accessor: the tiled
@@ -37,6 +40,13 @@ static void qwiden_rows(const pa_family *f, const pa_attn_args *a, int v, pa_ssi
     const pa_ssize rs = v ? a->v_rs : a->k_rs, srs = a->kv.rs[v ? PA_KV_VS : PA_KV_KS];
     const pa_ssize cols = v ? a->Ev : a->E, G = v ? a->kv.vG : a->kv.kG;
     const int bits = pa_qbits(v ? a->v_dt : a->k_dt);
+    if (G > 0 && cols % G == 0 && ld == cols && rs == (bits == 4 ? cols / 2 : cols) && srs == cols / G) {
+        /* rows, scales and dst in one piece each: PA_QWIDEN_ROWS rows a call, as one row of
+           their values (the same value for each: the same bits, fewer calls) */
+        for (pa_ssize r = 0; r < n; r += PA_QWIDEN_ROWS)
+            f->qwiden.fn(dst + r * ld, p + r * rs, sc + r * srs, pa_min(PA_QWIDEN_ROWS, n - r) * cols, G, bits);
+        return;
+    }
     for (pa_ssize r = 0; r < n; r++) f->qwiden.fn(dst + r * ld, p + r * rs, sc + r * srs, cols, G, bits);
 }
 

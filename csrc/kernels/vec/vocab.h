@@ -26,6 +26,9 @@
  *   vfp8(p, e4)               (vocabularies that define PA_FP8_<PA_SIMD> 1) VL
  *                             fp8 bytes at p, e4m3fn (e4 = 1) or e5m2, as
  *                             floats (exact: quant_ref.h's pa_fp8_value)
+ *   vfp8n(p, e4)              (the same vocabularies) as vfp8, for VL bytes
+ *                             that are all normal numbers (no zero,
+ *                             subnormal, inf or NaN code: the caller checks)
  * and, for both dtypes:
  *   vhsum16(a)                the sum of 16 partials held in a[0 .. 16/VL):
  *                             p[l] + p[l + 8], then + 4, + 2, + 1
@@ -68,6 +71,7 @@
 #define vwiden_i8 PA_V(widen_i8)
 #define vwiden_i4 PA_V(widen_i4)
 #define vfp8 PA_CAT(PA_CAT(pa_, PA_SIMD), _fp8_f32)   /* where PA_FP8_<PA_SIMD>: VL fp8 bytes, exact */
+#define vfp8n PA_CAT(PA_CAT(pa_, PA_SIMD), _fp8n_f32) /* ... VL fp8 bytes that are all normals */
 #define vhsum16 PA_V(hsum16)
 #define vexp PA_CAT(vexp_, PA_DT)        /* exp_vec.inc */
 #define vexpn PA_CAT(vexpn_, PA_DT)      /* exp_vec.inc */

@@ -53,8 +53,9 @@ PA_AVX2_FN __m256 pa_avx2_widen_i8_f32(const int8_t *p)
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
 /* 8 fp8 bytes at p as floats, exactly: kernels/ref/quant_ref.h's
- * pa_fp8_value, step by step (as simd_avx512.h's pa_avx512_fp8_f32) */
-PA_AVX2_FN __m256 pa_avx2_fp8_f32(const uint8_t *p, int e4)
+ * pa_fp8_value, step by step (as simd_avx512.h's pa_avx512_fp8s_f32): the
+ * vectors pa_avx2_fp8_f32 does not take */
+__attribute__((always_inline)) PA_AVX2_FN __m256 pa_avx2_fp8s_f32(const uint8_t *p, int e4)
 {
     const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
     const __m256i u = _mm256_and_si256(b, _mm256_set1_epi32(0x7f));
@@ -71,6 +72,29 @@ PA_AVX2_FN __m256 pa_avx2_fp8_f32(const uint8_t *p, int e4)
         r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7f800000), _mm256_cmpeq_epi32(u, _mm256_set1_epi32(0x7c)));
     }
     return _mm256_castsi256_ps(_mm256_or_si256(r, sign));
+}
+/* 8 fp8 bytes at p as floats, exactly: normals by their bits, other
+ * vectors step by step (as simd_avx512.h's pa_avx512_fp8_f32) */
+PA_AVX2_FN __m256 pa_avx2_fp8_f32(const uint8_t *p, int e4)
+{
+    const __m256i sx = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    const __m256i y = e4 ? _mm256_and_si256(_mm256_slli_epi32(sx, 20), _mm256_set1_epi32((int)0x87f00000u))
+                         : _mm256_and_si256(_mm256_slli_epi32(sx, 21), _mm256_set1_epi32((int)0x8fe00000u));
+    const __m256i ex = _mm256_set1_epi32(e4 ? 0x07800000 : 0x0f800000);
+    const __m256i sp = _mm256_set1_epi32(e4 ? 0x07f00000 : 0x0f800000);
+    const __m256i odd = _mm256_or_si256(_mm256_cmpeq_epi32(_mm256_and_si256(y, ex), _mm256_setzero_si256()),
+                                        _mm256_cmpeq_epi32(_mm256_and_si256(y, sp), sp));
+    if (!_mm256_testz_si256(odd, odd)) return pa_avx2_fp8s_f32(p, e4);
+    return _mm256_castsi256_ps(_mm256_add_epi32(y, _mm256_set1_epi32(e4 ? 120 << 23 : 112 << 23)));
+}
+/* 8 fp8 bytes at p that are all normals as floats (as simd_avx512.h's
+ * pa_avx512_fp8n_f32) */
+PA_AVX2_FN __m256 pa_avx2_fp8n_f32(const uint8_t *p, int e4)
+{
+    const __m256i sx = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    const __m256i y = e4 ? _mm256_and_si256(_mm256_slli_epi32(sx, 20), _mm256_set1_epi32((int)0x87f00000u))
+                         : _mm256_and_si256(_mm256_slli_epi32(sx, 21), _mm256_set1_epi32((int)0x8fe00000u));
+    return _mm256_castsi256_ps(_mm256_add_epi32(y, _mm256_set1_epi32(e4 ? 120 << 23 : 112 << 23)));
 }
 #define PA_FP8_avx2 1      /* quant_vec.inc: this vocabulary has vfp8 */
 PA_AVX2_FN __m256 pa_avx2_widen_i4_f32(const uint8_t *p)

@@ -85,8 +85,9 @@ PA_AVX512_FN __m512 pa_avx512_widen_i4_f32(const uint8_t *p)
 }
 /* 16 fp8 bytes at p as floats, exactly: kernels/ref/quant_ref.h's
  * pa_fp8_value, step by step (bits of normals, subnormals as u * 2^-k, the
- * NaN / inf codes, the sign ORed in) */
-PA_AVX512_FN __m512 pa_avx512_fp8_f32(const uint8_t *p, int e4)
+ * NaN / inf codes, the sign ORed in): pa_avx512_fp8_f32's lanes that are
+ * not plain normals */
+__attribute__((always_inline)) PA_AVX512_FN __m512 pa_avx512_fp8s_f32(const uint8_t *p, int e4)
 {
     const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
     const __m512i u = _mm512_and_si512(b, _mm512_set1_epi32(0x7f));
@@ -106,6 +107,34 @@ PA_AVX512_FN __m512 pa_avx512_fp8_f32(const uint8_t *p, int e4)
                                   _mm512_set1_epi32(0x7f800000));
     }
     return _mm512_castsi512_ps(_mm512_or_si512(r, sign));
+}
+/* 16 fp8 bytes at p as floats, exactly (pa_fp8_value's values): the byte
+ * sign-extended, shifted so that its exponent and mantissa sit at the top of
+ * float32's (e4m3fn: << 20, e5m2: << 21) and the sign at bit 31, then the
+ * difference of the exponent biases added -- a normal's bits; a vector with
+ * an exponent field of 0 (zero, subnormals) or all ones (e5m2's inf / NaN,
+ * e4m3fn's 0x7f NaN: checked on the whole code) takes the step-by-step
+ * conversion (pa_avx512_fp8s_f32) */
+PA_AVX512_FN __m512 pa_avx512_fp8_f32(const uint8_t *p, int e4)
+{
+    const __m512i sx = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p));
+    const __m512i y = e4 ? _mm512_and_si512(_mm512_slli_epi32(sx, 20), _mm512_set1_epi32((int)0x87f00000u))
+                         : _mm512_and_si512(_mm512_slli_epi32(sx, 21), _mm512_set1_epi32((int)0x8fe00000u));
+    const __m512i ex = _mm512_set1_epi32(e4 ? 0x07800000 : 0x0f800000);        /* the exponent field */
+    const __m512i sp = _mm512_set1_epi32(e4 ? 0x07f00000 : 0x0f800000);        /* the special codes */
+    const __mmask16 odd = _mm512_kor(_mm512_testn_epi32_mask(y, ex),
+                                     _mm512_cmpeq_epi32_mask(_mm512_and_si512(y, sp), sp));
+    if (odd) return pa_avx512_fp8s_f32(p, e4);
+    return _mm512_castsi512_ps(_mm512_add_epi32(y, _mm512_set1_epi32(e4 ? 120 << 23 : 112 << 23)));
+}
+/* 16 fp8 bytes at p that are all normals (no zero, subnormal, inf or NaN:
+ * quant_vec.inc's qwiden checks a row first) as floats: their bits */
+PA_AVX512_FN __m512 pa_avx512_fp8n_f32(const uint8_t *p, int e4)
+{
+    const __m512i sx = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p));
+    const __m512i y = e4 ? _mm512_and_si512(_mm512_slli_epi32(sx, 20), _mm512_set1_epi32((int)0x87f00000u))
+                         : _mm512_and_si512(_mm512_slli_epi32(sx, 21), _mm512_set1_epi32((int)0x8fe00000u));
+    return _mm512_castsi512_ps(_mm512_add_epi32(y, _mm512_set1_epi32(e4 ? 120 << 23 : 112 << 23)));
 }
 #define PA_FP8_avx512 1    /* quant_vec.inc: this vocabulary has vfp8 */
 PA_AVX512_FN __m512 pa_avx512_add_f32(__m512 a, __m512 b) { return _mm512_add_ps(a, b); }
