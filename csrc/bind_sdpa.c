@@ -59,6 +59,8 @@
     X(PA_KW_##dir##_F, paged, "O", &pago)                                     \
     X(PA_KW_##dir##_F, k_scale, "O", &a.k_scale)                              \
     X(PA_KW_##dir##_F, v_scale, "O", &a.v_scale)                              \
+    X(PA_KW_##dir##_F, cache_leftpad, "O", &a.leftpad)                        \
+    X(PA_KW_##dir##_F, cache_batch_idx, "O", &a.batch_idx)                    \
     X(PA_KW_##dir##_B, qoff, "O", &a.qoff)                                    \
     X(PA_KW_##dir##_FB, block_mask, "O", &bmo)                                \
     X(PA_KW_##dir##_FB, seq_align, "p", &a.seq_align)

@@ -68,6 +68,7 @@ class AttnSpec(NamedTuple):
     block_mask: Optional[tuple] = None   # BlockMask._c_arg(full_batch): the binding's tuple
     seq_align: bool = False      # varlen: each sequence bottom-right (align="bottom_right")
     int8: bool = False           # precision="int8" (int8 / int4 k caches): int8 query rows
+    cache_rows: Optional[tuple] = None   # KV cache: (cache_leftpad, cache_batch_idx), (B,) int64 or None
 
     @property
     def out_shape(self) -> tuple:
@@ -97,6 +98,12 @@ class AttnSpec(NamedTuple):
             kw["block_mask"] = self.block_mask
         if self.seq_align:
             kw["seq_align"] = True
+        if self.cache_rows is not None:
+            pad, idx = self.cache_rows
+            if pad is not None:
+                kw["cache_leftpad"] = pad
+            if idx is not None:
+                kw["cache_batch_idx"] = idx
         return kw
 
 
