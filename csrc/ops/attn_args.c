@@ -22,8 +22,9 @@ static const char *at(const pa_attn_call *c, const pa_operand *o, pa_ssize b, in
 static pa_ssize kv_shift(const pa_attn_call *c, const pa_operand *o, pa_ssize b, pa_ssize pad)
 {
     const pa_cache *cc = c->cache;
-    const pa_ssize s = cc ? b / cc->per_seq : 0;
-    return pad * o->rs + (cc && cc->idx ? ((pa_ssize)cc->idx[s] - s) * o->bs[0] : 0);
+    if (!cc || !cc->idx) return pad * o->rs;
+    const pa_ssize s = b / cc->per_seq;
+    return pad * o->rs + ((pa_ssize)cc->idx[s] - s) * o->bs[0];
 }
 
 /* flat batch index b's view of the call's KV cache (ops.h, pa_cache): its
