@@ -355,9 +355,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         if res is not None:
             return res
     spec = attn_spec(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                     rng=rng, window=window, alibi_slopes=alibi_slopes, softcap=softcap,
-                     sinks=sinks, precision=precision, return_weights=return_weights,
-                     return_lse=return_lse, align=align, block_mask=block_mask)
+                     {"rng": rng, "window": window, "alibi_slopes": alibi_slopes, "softcap": softcap,
+                      "sinks": sinks, "precision": precision, "return_weights": return_weights,
+                      "return_lse": return_lse, "align": align, "block_mask": block_mask})
     res = _sdpa(spec, out)
     if sig is not None:
         _kvfast.sdpa_remember(sig, spec, out)

@@ -115,9 +115,10 @@ class CacheSpec(NamedTuple):
         cache: the spec's checks), the call's options."""
         o = self.opts
         spec = attn_spec(q, k, v, mask, 0.0, "bottom_right" if o["is_causal"] else False, self.scale,
-                         q.shape[-3] != self.Hkv, window=o["window"], alibi_slopes=slopes,
-                         softcap=o["softcap"], sinks=o["sinks"], precision=None if self.int8 else o["precision"],
-                         return_lse=o["return_lse"], kv_len=kv_len, block_mask=o.get("block_mask"))
+                         q.shape[-3] != self.Hkv,
+                         {"window": o["window"], "alibi_slopes": slopes, "softcap": o["softcap"], "sinks": o["sinks"],
+                          "precision": None if self.int8 else o["precision"], "return_lse": o["return_lse"],
+                          "kv_len": kv_len, "block_mask": o.get("block_mask")})
         return spec
 
 

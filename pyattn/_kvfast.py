@@ -168,8 +168,8 @@ class _Plan:
         # the options as attn_spec checks them and _sdpa passes them (the spec
         # of a stand-in call of the same signature: the same helpers decide)
         spec = attn_spec(query.astype(cd) if self.q_conv else query, kc, vc, None, 0.0,
-                         "bottom_right" if is_causal else False, scale, Hq != Hkv, window=window,
-                         softcap=softcap, precision=precision, return_lse=return_lse)
+                         "bottom_right" if is_causal else False, scale, Hq != Hkv,
+                         {"window": window, "softcap": softcap, "precision": precision, "return_lse": return_lse})
         self.stack = G > 1 and T == 1
         extra = spec.c_kwargs()
         if self.stack:
