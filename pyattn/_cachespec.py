@@ -96,18 +96,14 @@ class CacheSpec(NamedTuple):
         return tuple(out)
 
     def c_append(self, rows, n) -> tuple:
-        """_C.sdpa's ``append``: contiguous caches (k, v, rows_k, rows_v, n[,
-        k_scale, v_scale][, rope]); paged (rows_k, rows_v, n[, rope]) (the pools
-        and scales are in ``c_paged``)."""
-        rope = (self.rope,) if self.rope else ()
-        if self.table is not None:
-            return (rows[0], rows[1], np.ascontiguousarray(n, np.int64)) + rope
-        return self.u16() + (rows[0], rows[1], n) + \
-            ((self.k_scale, self.v_scale) if self.quant else ()) + rope
+        """_C.sdpa's ``append`` of this call (``c_append``, the module's)."""
+        paged = self.table is not None
+        return c_append(self.u16(), rows, np.ascontiguousarray(n, np.int64) if paged else n, paged,
+                        (self.k_scale, self.v_scale) if self.quant else None, self.rope)
 
     def c_paged(self, table) -> tuple:
-        """_C.sdpa's ``paged``: (k pool, v pool, table[, k_scale, v_scale])."""
-        return self.u16() + (np.ascontiguousarray(table),) + ((self.k_scale, self.v_scale) if self.quant else ())
+        """_C.sdpa's ``paged`` of this call (``c_paged``, the module's)."""
+        return c_paged(self.u16(), np.ascontiguousarray(table), (self.k_scale, self.v_scale) if self.quant else None)
 
     def attn(self, q, k, v, mask=None, kv_len=None, slopes=None) -> AttnSpec:
         """The AttnSpec of a kernel call over this cache: q its queries, k, v
@@ -120,6 +116,24 @@ class CacheSpec(NamedTuple):
                           "precision": None if self.int8 else o["precision"], "return_lse": o["return_lse"],
                           "kv_len": kv_len, "block_mask": o.get("block_mask")})
         return spec
+
+
+# ---- the binding's cache tuples, in one place (CacheSpec's and _kvfast's per-call path) ---------
+
+def c_append(caches, rows, n, paged, scales=None, rope=None) -> tuple:
+    """_C.sdpa's ``append``: contiguous caches (k, v, rows_k, rows_v, n[,
+    k_scale, v_scale][, rope]); paged (rows_k, rows_v, n[, rope]) (the pools
+    and scales are in ``c_paged``). caches: (k, v) as the binding takes
+    them; n: (B,) int64, contiguous; scales: (k_scale, v_scale) or None."""
+    tail = () if rope is None else (rope,)
+    if paged:
+        return (rows[0], rows[1], n) + tail
+    return (caches[0], caches[1], rows[0], rows[1], n) + (() if scales is None else tuple(scales)) + tail
+
+
+def c_paged(pools, table, scales=None) -> tuple:
+    """_C.sdpa's ``paged``: (k pool, v pool, table[, k_scale, v_scale])."""
+    return (pools[0], pools[1], table) + (() if scales is None else tuple(scales))
 
 
 # ---- checks shared by the contiguous and the paged layouts -----------------------------------
