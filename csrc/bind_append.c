@@ -53,7 +53,7 @@ static int append_operand(PyObject *o, int x, pa_view *c, pa_view *r, pa_kv_appe
     return 0;
 }
 
-int pa_get_append(PyObject *o, pa_kv_append *ap)
+int pa_get_append(PyObject *o, const int64_t *idx, pa_ssize nseq, pa_kv_append *ap)
 {
     static const char *cn[2] = {"k_cache", "v_cache"}, *rn[2] = {"key", "value"};
     const Py_ssize_t na = PyTuple_Check(o) ? PyTuple_GET_SIZE(o) : 0;
@@ -67,9 +67,11 @@ int pa_get_append(PyObject *o, pa_kv_append *ap)
     pa_view c[2], r[2];
     for (int x = 0; x < 2; x++)
         if (append_operand(o, x, &c[x], &r[x], ap) < 0) return -1;
-    const pa_ssize B = c[0].shape[0], H = c[0].shape[1], S = c[0].shape[2], T = r[0].shape[2];
+    /* B sequences of new rows; Bc cache entries (cache_batch_idx: sequence b's, idx[b]) */
+    const pa_ssize Bc = c[0].shape[0], B = idx ? nseq : Bc, H = c[0].shape[1], S = c[0].shape[2],
+                   T = r[0].shape[2];
     for (int x = 0; x < 2; x++) {
-        if (c[x].shape[0] != B || c[x].shape[1] != H || c[x].shape[2] != S) {
+        if (c[x].shape[0] != Bc || c[x].shape[1] != H || c[x].shape[2] != S) {
             pa_shape_error(cn[x], &c[x], "k_cache", &c[0]);
             return -1;
         }
@@ -85,7 +87,7 @@ int pa_get_append(PyObject *o, pa_kv_append *ap)
         ap->es[x] = pa_elsize(c[x].dtype);
         ap->res[x] = pa_elsize(r[x].dtype);
         if (ap->bits[x] && pa_append_scales(na >= 7 ? PyTuple_GET_ITEM(o, 5 + x) : Py_None,
-                                            x, B, H, S, ap->D[x], &ap->sc[x], ap->sst[x], &ap->G[x]) < 0)
+                                            x, Bc, H, S, ap->D[x], &ap->sc[x], ap->sst[x], &ap->G[x]) < 0)
             return -1;
     }
     const void *pp;
@@ -101,6 +103,16 @@ int pa_get_append(PyObject *o, pa_kv_append *ap)
     ap->B = B; ap->H = H; ap->T = T;
     ap->table = NULL;                   /* the identity: block b, rows [0, S_max) */
     ap->bsz = S > 0 ? S : 1;
+    for (pa_ssize b = 0; idx && b < B; b++)
+        if (idx[b] < 0 || idx[b] >= (int64_t)Bc) {
+            PyErr_Format(PyExc_ValueError, "cache_batch_idx[%zd] = %lld is outside the caches' %zd entries",
+                         (Py_ssize_t)b, (long long)idx[b], (Py_ssize_t)Bc);
+            return -1;
+        }
+    if (idx) {                          /* block b: entry idx[b] (one block of S_max rows each) */
+        ap->table = idx;
+        ap->tbs0 = 1;
+    }
     if (ap->rot) {                      /* the tables, every new row's position in them */
         ap->kdt = c[0].dtype;
         if (pa_bind_rope(PyTuple_GET_ITEM(o, na - 1), pa_dtypes[c[0].dtype].compute, c[0].shape[3], &ap->rope) < 0)

@@ -21,7 +21,9 @@
 /* append = (k_cache, v_cache, key, value, positions (B,) int64[, k_scale,
  * v_scale][, rotary]) checked in full into *ap, before the call allocates
  * or writes anything (k_cache / v_cache (B, H, S_max, E / Ev): block b of
- * the identity table). -1 with an exception set. */
-int pa_get_append(PyObject *o, pa_kv_append *ap);
+ * the identity table; with idx (cache_batch_idx, nseq entries: the new
+ * rows' B), sequence b's block is entry idx[b] of the caches' Bc, a table
+ * of one column). -1 with an exception set. */
+int pa_get_append(PyObject *o, const int64_t *idx, pa_ssize nseq, pa_kv_append *ap);
 
 #endif

@@ -29,7 +29,7 @@ void pa_call_args_init(pa_call_args *a, int allow)
     a->scale = 1.0;
     a->left = a->right = -1;
     a->row_div = 1;
-    a->cuq = a->cuk = Py_None;
+    a->cuq = a->cuk = a->leftpad = a->batch_idx = Py_None;
 }
 
 /* One of a varlen call's offsets: a 1-D contiguous, aligned int64 array of
@@ -165,6 +165,31 @@ static int get_perhead(const pa_call_args *a, pa_attn_call *c)
     return 0;
 }
 
+/* cache_batch_idx (B,) int64: sequence s reads entry idx[s] of k and v's
+ * batch axis 0 (any length, one for both), each checked within it; the
+ * views then take the query's B there (their strides stay the caches') */
+static int cache_entries(const pa_call_args *a, const pa_view *q, pa_view *k, pa_view *v)
+{
+    if (a->batch_idx == Py_None) return 0;
+    const void *pp;
+    if (q->nd < 3 || k->nd != q->nd || v->nd != q->nd || k->shape[0] != v->shape[0]) {
+        PyErr_SetString(PyExc_ValueError, "cache_batch_idx needs key and value with one batch axis 0 (the "
+                                          "caches' entries) and the query's other axes");
+        return -1;
+    }
+    if (pa_get_perbatch(a->batch_idx, "cache_batch_idx", NPY_INT64, q->shape[0], &pp) < 0) return -1;
+    const int64_t *idx = (const int64_t *)pp;
+    for (pa_ssize s = 0; s < q->shape[0]; s++)
+        if (idx[s] < 0 || idx[s] >= (int64_t)k->shape[0]) {
+            PyErr_Format(PyExc_ValueError, "cache_batch_idx[%zd] = %lld is outside [0, %zd] (the caches' batch "
+                         "entries); nothing was written", (Py_ssize_t)s, (long long)idx[s],
+                         (Py_ssize_t)k->shape[0] - 1);
+            return -1;
+        }
+    k->shape[0] = v->shape[0] = q->shape[0];
+    return 0;
+}
+
 /* THE converter of an attention call, shared by the forward and the
  * backward: checks q, k, v (views left in qkv[0..3) for the entry's own
  * checks), the mask and every option, and fills *c but for the results
@@ -180,6 +205,7 @@ int pa_attn_call_of(const pa_call_args *a, pa_attn_call *c, pa_view *qkv)
     const int cd = pa_compute_of(vs, 3, "query, key and value");
     if (cd < 0 || check_scalars(a, cd) < 0) return -1;
     const int nd = q->nd, nb = nd - 2;
+    if (cache_entries(a, q, k, v) < 0) return -1;
     if (pa_same_batch(q, "query", k, "key", nb) < 0 || pa_same_batch(q, "query", v, "value", nb) < 0) return -1;
     const pa_ssize L = q->shape[nd - 2], E = q->shape[nd - 1];
     if (a->row_div < 1 || (L % a->row_div != 0 && !(a->paged && a->cuq != Py_None)) || (a->row_div > 1 && (a->want_w || a->mask != Py_None))) {
@@ -215,12 +241,52 @@ int pa_attn_call_of(const pa_call_args *a, pa_attn_call *c, pa_view *qkv)
     return get_perhead(a, c);
 }
 
+/* cache_leftpad / cache_batch_idx (B,) int64 (the query's batch axis 0:
+ * the sequences) into cc: where each sequence's rows lie in contiguous
+ * caches (cache_entries checked the entries); each pad within every
+ * kv_len of its sequence. */
+static int cache_rows(const pa_call_args *a, PyObject *paged, int has_bm, const pa_attn_call *c, pa_cache *cc)
+{
+    if (a->leftpad == Py_None && a->batch_idx == Py_None) return 0;
+    if (paged != Py_None || c->cu_seqlens_q || !c->kv_len || c->mask_kind || a->want_w || has_bm ||
+        c->dropout_p > 0 || c->bt.nb < 1) {
+        PyErr_SetString(PyExc_ValueError, "cache_leftpad and cache_batch_idx index contiguous caches: they "
+                        "need kv_len and batch axes, and exclude paged, cu_seqlens, masks, weights, "
+                        "block_mask and dropout");
+        return -1;
+    }
+    const pa_ssize B = c->bt.shape[0];
+    const void *pp;
+    cc->per_seq = B > 0 ? c->bt.count / B : 1;
+    if (pa_get_perbatch(a->batch_idx, "cache_batch_idx", NPY_INT64, B, &pp) < 0) return -1;
+    cc->idx = (const int64_t *)pp;
+    if (pa_get_perbatch(a->leftpad, "cache_leftpad", NPY_INT64, B, &pp) < 0) return -1;
+    cc->pad = (const int64_t *)pp;
+    for (pa_ssize b = 0; cc->pad && b < c->bt.count; b++) {
+        const int64_t p = cc->pad[b / cc->per_seq];
+        if (p < 0 || p > c->kv_len[b]) {
+            PyErr_Format(PyExc_ValueError, "cache_leftpad[%zd] = %lld is outside [0, %lld] (at most the "
+                         "sequence's keys); nothing was written", (Py_ssize_t)(b / cc->per_seq), (long long)p,
+                         (long long)c->kv_len[b]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 int pa_cache_of(const pa_call_args *a, PyObject *paged, PyObject *append, int has_bm, pa_attn_call *c,
                 pa_cache *cc, pa_kv_append *ap)
 {
     memset(cc, 0, sizeof *cc);
     cc->kG = cc->vG = 1;
-    if (pa_bind_kv_scales(a->k_scale, a->v_scale, c, a->want_w, cc) < 0) return -1;   /* c->cache = cc if so */
+    if (cache_rows(a, paged, has_bm, c, cc) < 0) return -1;
+    /* cache_batch_idx: the scales hold the caches' entries on axis 0 */
+    const pa_ssize B = c->bt.nb ? c->bt.shape[0] : 0;
+    if (cc->idx) c->bt.shape[0] = (pa_ssize)PyArray_DIMS((PyArrayObject *)a->k)[0];
+    const int rc = pa_bind_kv_scales(a->k_scale, a->v_scale, c, a->want_w, cc);   /* c->cache = cc if so */
+    if (cc->idx) c->bt.shape[0] = B;
+    if (rc < 0) return -1;
+    if (cc->pad || cc->idx) c->cache = cc;
     if (a->q8 && (!pa_call_quant(c) || (c->k_dt != PA_I8 && c->k_dt != PA_I4) || a->want_w || c->E > PA_FLASH_MAXD)) {
         PyErr_Format(PyExc_ValueError, "precision='int8' needs an int8 or int4 key cache (with k_scale), "
                                        "no weights and a head dim of at most %d", PA_FLASH_MAXD);
@@ -240,7 +306,7 @@ int pa_cache_of(const pa_call_args *a, PyObject *paged, PyObject *append, int ha
     if (paged != Py_None)               /* pools, block table (c->cache = cc), new rows */
         return pa_bind_paged(paged, append, c, cc, ap);
     if (append != Py_None) {            /* a contiguous cache's new rows: the identity table */
-        if (pa_get_append(append, ap) < 0) return -1;
+        if (pa_get_append(append, cc->idx, B, ap) < 0) return -1;
         c->before = pa_kv_append_run;
         c->before_ctx = ap;
     }

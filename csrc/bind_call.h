@@ -25,6 +25,7 @@ typedef struct {
     PyObject *k_scale, *v_scale;    /* a quantized cache's scales, or None (pa_cache_of) */
     int paged;                      /* a paged cache: cu_seqlens_q alone (ops/paged_packed.c) */
     int seq_align;                  /* varlen: each sequence bottom-right aligned (align=) */
+    PyObject *leftpad, *batch_idx;  /* cache_leftpad / cache_batch_idx (B,) int64, or None (pa_cache_of) */
 } pa_call_args;
 
 /* a's defaults (None, 1.0, -1, ...), q, k, v admitted by pa_get_view's allow */

@@ -59,6 +59,8 @@
     X(PA_KW_##dir##_F, paged, "O", &pago)                                     \
     X(PA_KW_##dir##_F, k_scale, "O", &a.k_scale)                              \
     X(PA_KW_##dir##_F, v_scale, "O", &a.v_scale)                              \
+    X(PA_KW_##dir##_F, cache_leftpad, "O", &a.leftpad)                        \
+    X(PA_KW_##dir##_F, cache_batch_idx, "O", &a.batch_idx)                    \
     X(PA_KW_##dir##_B, qoff, "O", &a.qoff)                                    \
     X(PA_KW_##dir##_FB, block_mask, "O", &bmo)                                \
     X(PA_KW_##dir##_FB, seq_align, "p", &a.seq_align)
@@ -87,7 +89,8 @@ const char pa_sdpa_doc[] =
     "     dropout_key=0, want_weights=False, want_lse=False, left=-1, right=-1,\n"
     "     softcap=0.0, slopes=None, sinks=None, kv_len=None, row_div=1, qoff=None,\n"
     "     nthreads=0, bf16=False, int8=False, append=None, cu_seqlens_q=None, cu_seqlens_k=None, paged=None,\n"
-    "     k_scale=None, v_scale=None, seq_align=False)\n"
+    "     k_scale=None, v_scale=None, seq_align=False, cache_leftpad=None,\n"
+    "     cache_batch_idx=None)\n"
     "     -> (out, weights or None, lse or None)\n\n"
     "Private kernel entry: fused attention, all operands with equal batch axes;\n"
     "slopes, sinks (float64) and kv_len (int64) hold one value per flat batch\n"
@@ -98,7 +101,9 @@ const char pa_sdpa_doc[] =
     "paged = (k_pool, v_pool, block_table): a paged cache (bind_paged.c; append\n"
     "then (key, value, positions)); quantized pools: + (k_scale_pool, v_scale_pool),\n"
     "k_scale / v_scale then stand-ins of the call's shape. int8: precision\n"
-    "'int8' (an int8 / int4 k with k_scale; query rows quantized to int8). Use\n"
+    "'int8' (an int8 / int4 k with k_scale; query rows quantized to int8).\n"
+    "cache_leftpad, cache_batch_idx (B,) int64 (contiguous caches, with kv_len):\n"
+    "sequence b's keys from row pad[b] of k, v's entry idx[b] (their axis 0).  Use\n"
     "pyattn.scaled_dot_product_attention.";
 
 PyObject *pa_py_sdpa(PyObject *self, PyObject *args, PyObject *kw)

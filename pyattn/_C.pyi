@@ -21,6 +21,7 @@ def sdpa(q: NDArray[Any], k: NDArray[Any], v: NDArray[Any], out: Optional[NDArra
          paged: Optional[Tuple[NDArray[Any], NDArray[Any], NDArray[np.int64]]] = ...,
          block_mask: Optional[Tuple[Any, ...]] = ...,
          seq_align: bool = ...,
+         cache_leftpad: Optional[NDArray[np.int64]] = ..., cache_batch_idx: Optional[NDArray[np.int64]] = ...,
          ) -> Tuple[NDArray[Any], Optional[NDArray[Any]], Optional[NDArray[Any]]]: ...
 def sdpa_backward(q: NDArray[Any], k: NDArray[Any], v: NDArray[Any], o: NDArray[Any], go: NDArray[Any],
                   lse: NDArray[Any], mask: Optional[NDArray[Any]] = ..., causal: int = ..., scale: float = ...,

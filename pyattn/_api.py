@@ -355,9 +355,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         if res is not None:
             return res
     spec = attn_spec(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                     rng=rng, window=window, alibi_slopes=alibi_slopes, softcap=softcap,
-                     sinks=sinks, precision=precision, return_weights=return_weights,
-                     return_lse=return_lse, align=align, block_mask=block_mask)
+                     {"rng": rng, "window": window, "alibi_slopes": alibi_slopes, "softcap": softcap,
+                      "sinks": sinks, "precision": precision, "return_weights": return_weights,
+                      "return_lse": return_lse, "align": align, "block_mask": block_mask})
     res = _sdpa(spec, out)
     if sig is not None:
         _kvfast.sdpa_remember(sig, spec, out)
@@ -396,10 +396,12 @@ def _sdpa(spec, out=None, *, nthreads=0, append=None, paged=None):
              and spec.slopes is None and spec.sinks is None
              and spec.cu_seqlens_q is None and spec.block_mask is None)
     q = bcast(q, batch + (L, E))
-    k = bcast(k, batch + (S, k.shape[-1] if qkv else E))      # int4: E / 2 bytes
-    v = bcast(v, batch + (S, v.shape[-1] if qkv else Ev))
-    sk = None if sk is None else bcast(sk, batch + sk.shape[-2:])
-    sv = None if sv is None else bcast(sv, batch + sv.shape[-2:])
+    # cache_batch_idx: the caches keep their own entries on axis 0 (the binding picks them)
+    kb = batch if spec.cache_rows is None or spec.cache_rows[1] is None else (k.shape[0],) + batch[1:]
+    k = bcast(k, kb + (S, k.shape[-1] if qkv else E))      # int4: E / 2 bytes
+    v = bcast(v, kb + (S, v.shape[-1] if qkv else Ev))
+    sk = None if sk is None else bcast(sk, kb + sk.shape[-2:])
+    sv = None if sv is None else bcast(sv, kb + sv.shape[-2:])
     if stack:
         q, k, v = q[..., 0, :], k[..., 0, :, :], v[..., 0, :, :]
         sk = None if sk is None else sk[..., 0, :, :]

@@ -13,9 +13,10 @@ the C binding's tuples (``_C.sdpa``'s ``append`` and ``paged``) is made in
 one place: ``CacheSpec.c_append`` and ``CacheSpec.c_paged`` (as
 ``AttnSpec.c_kwargs`` gives the keywords).
 
-``cache_leftpad`` / ``cache_batch_idx`` calls are split into one call per
-sequence before a spec is made (``_kvapi.per_sequence``); each of those
-calls makes its own.
+``cache_leftpad`` / ``cache_batch_idx`` (contiguous caches) are fields of
+the spec, checked here and applied in C on the cache's description
+(csrc/bind_call.c, ``pa_cache``): sequence b reads its keys from row
+``leftpad[b]`` of cache entry ``batch_idx[b]``.
 """
 from __future__ import annotations
 
@@ -67,6 +68,10 @@ class CacheSpec(NamedTuple):
     tree: Optional[np.ndarray] = None    # the checked tree_mask
     slopes: Optional[np.ndarray] = None  # alibi_slopes as an array (checked against (B, Hq))
     int8: bool = False           # precision="int8" with an int8 / int4 k cache
+    # contiguous caches (FlashAttention's options): sequence b's keys from row leftpad[b], in
+    # cache entry batch_idx[b] ((B,) int64, checked; None: row 0, entry b)
+    leftpad: Optional[np.ndarray] = None
+    batch_idx: Optional[np.ndarray] = None
 
     @property
     def quant(self) -> bool:
@@ -91,18 +96,14 @@ class CacheSpec(NamedTuple):
         return tuple(out)
 
     def c_append(self, rows, n) -> tuple:
-        """_C.sdpa's ``append``: contiguous caches (k, v, rows_k, rows_v, n[,
-        k_scale, v_scale][, rope]); paged (rows_k, rows_v, n[, rope]) (the pools
-        and scales are in ``c_paged``)."""
-        rope = (self.rope,) if self.rope else ()
-        if self.table is not None:
-            return (rows[0], rows[1], np.ascontiguousarray(n, np.int64)) + rope
-        return self.u16() + (rows[0], rows[1], n) + \
-            ((self.k_scale, self.v_scale) if self.quant else ()) + rope
+        """_C.sdpa's ``append`` of this call (``c_append``, the module's)."""
+        paged = self.table is not None
+        return c_append(self.u16(), rows, np.ascontiguousarray(n, np.int64) if paged else n, paged,
+                        (self.k_scale, self.v_scale) if self.quant else None, self.rope)
 
     def c_paged(self, table) -> tuple:
-        """_C.sdpa's ``paged``: (k pool, v pool, table[, k_scale, v_scale])."""
-        return self.u16() + (np.ascontiguousarray(table),) + ((self.k_scale, self.v_scale) if self.quant else ())
+        """_C.sdpa's ``paged`` of this call (``c_paged``, the module's)."""
+        return c_paged(self.u16(), np.ascontiguousarray(table), (self.k_scale, self.v_scale) if self.quant else None)
 
     def attn(self, q, k, v, mask=None, kv_len=None, slopes=None) -> AttnSpec:
         """The AttnSpec of a kernel call over this cache: q its queries, k, v
@@ -110,10 +111,29 @@ class CacheSpec(NamedTuple):
         cache: the spec's checks), the call's options."""
         o = self.opts
         spec = attn_spec(q, k, v, mask, 0.0, "bottom_right" if o["is_causal"] else False, self.scale,
-                         q.shape[-3] != self.Hkv, window=o["window"], alibi_slopes=slopes,
-                         softcap=o["softcap"], sinks=o["sinks"], precision=None if self.int8 else o["precision"],
-                         return_lse=o["return_lse"], kv_len=kv_len, block_mask=o.get("block_mask"))
+                         q.shape[-3] != self.Hkv,
+                         {"window": o["window"], "alibi_slopes": slopes, "softcap": o["softcap"], "sinks": o["sinks"],
+                          "precision": None if self.int8 else o["precision"], "return_lse": o["return_lse"],
+                          "kv_len": kv_len, "block_mask": o.get("block_mask")})
         return spec
+
+
+# ---- the binding's cache tuples, in one place (CacheSpec's and _kvfast's per-call path) ---------
+
+def c_append(caches, rows, n, paged, scales=None, rope=None) -> tuple:
+    """_C.sdpa's ``append``: contiguous caches (k, v, rows_k, rows_v, n[,
+    k_scale, v_scale][, rope]); paged (rows_k, rows_v, n[, rope]) (the pools
+    and scales are in ``c_paged``). caches: (k, v) as the binding takes
+    them; n: (B,) int64, contiguous; scales: (k_scale, v_scale) or None."""
+    tail = () if rope is None else (rope,)
+    if paged:
+        return (rows[0], rows[1], n) + tail
+    return (caches[0], caches[1], rows[0], rows[1], n) + (() if scales is None else tuple(scales)) + tail
+
+
+def c_paged(pools, table, scales=None) -> tuple:
+    """_C.sdpa's ``paged``: (k pool, v pool, table[, k_scale, v_scale])."""
+    return (pools[0], pools[1], table) + (() if scales is None else tuple(scales))
 
 
 # ---- checks shared by the contiguous and the paged layouts -----------------------------------
@@ -223,6 +243,11 @@ def _contiguous_spec(query, k_cache, v_cache, key, value, a):
     check_numeric(q, "query")
     if q.ndim != 4:
         raise ValueError(f"query must be (B, Hq, T, E), got shape {q.shape}")
+    idx = None
+    if a["cache_batch_idx"] is not None:        # sequence b in cache entry idx[b]: any B
+        B = q.shape[0]
+        idx = _kvextra.indices(a["cache_batch_idx"], "cache_batch_idx", B, 0, kc.shape[0] - 1,
+                               "the caches' batch entries")
     if q.shape[0] != B or q.shape[3] != E:
         raise ValueError(f"query has shape {q.shape} and k_cache {kc.shape}: B and E must match")
     Hq, T = q.shape[1], q.shape[2]
@@ -252,13 +277,15 @@ def _contiguous_spec(query, k_cache, v_cache, key, value, a):
         if a["rotary_cos"] is not None or a["rotary_sin"] is not None:
             _kvextra.tables(a["rotary_cos"], a["rotary_sin"], None, E, None, "", cd)     # raises: no new keys
         n = kv_len = _seqlens(a["cache_seqlens"], B, S_max, 0)
+    pad = None if a["cache_leftpad"] is None else \
+        _kvextra.indices(a["cache_leftpad"], "cache_leftpad", B, 0, n, "at most cache_seqlens")
     sc = _scale_value(a["scale"], E)
     # a 16-bit query is read in place (bfloat16 as such: _sdpa views its bits);
     # anything else is converted to the caches' compute dtype
     qd = q if is16(q.dtype) and cd == np.float32 else to_dtype(q, cd)
     q8 = int8_precision(a["precision"], kc)     # precision="int8": an int8 / int4 k_cache
     return CacheSpec(qd, kc, vc, k_scale, v_scale, cd, B, Hq, Hkv,
-                     S_max, E, Ev, T, kn, vn, n, kv_len, rope, sc, a, int8=q8)
+                     S_max, E, Ev, T, kn, vn, n, kv_len, rope, sc, a, int8=q8, leftpad=pad, batch_idx=idx)
 
 
 # ---- paged, packed and tree calls (API.md, "Paged and mixed-length KV caches") -----------------

@@ -104,9 +104,9 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse,
     >>> dq.shape, dv.shape
     ((2, 5, 4), (2, 5, 4))
     """
-    spec = attn_spec(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, rng=rng,
-                     window=window, alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks, align=align,
-                     block_mask=block_mask)
+    spec = attn_spec(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                     {"rng": rng, "window": window, "alibi_slopes": alibi_slopes, "softcap": softcap, "sinks": sinks,
+                      "align": align, "block_mask": block_mask})
     return _backward(spec, grad_out, out, lse)
 
 
@@ -213,9 +213,9 @@ def scaled_dot_product_attention_vjp(query, key, value, attn_mask=None, dropout_
         dropout_key(copy.deepcopy(rng) if is_gen else rng)   # a bad rng: TypeError naming it
         gen = rng if is_gen else np.random.default_rng(rng)
         saved = copy.deepcopy(gen)
-    out, lse = _sdpa(attn_spec(query, key, value, attn_mask, p, is_causal, scale, enable_gqa, rng=gen,
-                               window=window, alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks,
-                               return_lse=True, align=align, block_mask=block_mask))
+    out, lse = _sdpa(attn_spec(query, key, value, attn_mask, p, is_causal, scale, enable_gqa,
+                               {"rng": gen, "window": window, "alibi_slopes": alibi_slopes, "softcap": softcap,
+                                "sinks": sinks, "return_lse": True, "align": align, "block_mask": block_mask}))
 
     def backward(grad_out):
         """Gradients of the forward call that made this function (see

@@ -1,10 +1,10 @@
 """attention_with_kvcache: the KV cache front (issue 39, item 3: out of
 ``_api.py``). A decode step's call runs by its signature's plan
 (``_kvfast``); any other call takes the full path: ``_kvextra.cache_layouts``
-(a copy of a cache the kernels cannot take in place), ``per_sequence``
-(``cache_leftpad`` / ``cache_batch_idx``: one call per sequence), else one
-``CacheSpec`` (``_cachespec.cache_spec``) run here (contiguous caches) or by
-``_kvpaged`` (block tables, packed and tree calls).
+(a copy of a cache the kernels cannot take in place), else one
+``CacheSpec`` (``_cachespec.cache_spec``; ``cache_leftpad`` /
+``cache_batch_idx`` are its fields, applied in C) run here (contiguous
+caches) or by ``_kvpaged`` (block tables, packed and tree calls).
 """
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ import numpy as np
 
 from . import _kvextra, _kvfast
 from ._api import _sdpa
-from ._cachespec import _cache_array, _qcache, _seqlens, cache_spec
-from ._checks import as_array, is16
+from ._cachespec import _qcache, cache_spec
 from ._kvpaged import kvcache_paged
 
 __all__ = ["attention_with_kvcache"]
@@ -137,10 +136,11 @@ def attention_with_kvcache(query, k_cache, v_cache, key=None, value=None, *, cac
         Sequence b reads (and writes) cache entry ``cache_batch_idx[b]``; the
         caches may hold more entries than the query's B. Repeated entries
         with new keys: the last sequence's rows are written last.
-        With ``cache_leftpad`` or ``cache_batch_idx`` the call runs one
-        sequence at a time on views of the caches (every per-sequence value
-        is checked before the first row is written). Both index contiguous
-        caches: with ``block_table``, ``cu_seqlens_q`` or ``tree_mask`` they
+        Both are applied in C, in one call over every sequence (as on views
+        ``k_cache[cache_batch_idx[b], :, cache_leftpad[b]:]``), for every
+        cache dtype (float, 16-bit, int8 / int4, fp8: the result is that of
+        the same call on ``dequantize(cache)``, bit for bit). Both index
+        contiguous caches: with ``block_table``, ``cu_seqlens_q`` or ``tree_mask`` they
         raise ``ValueError`` (FlashAttention refuses
         ``cache_batch_idx`` with a paged cache too).
     block_table : (B, max_blocks) integer array, optional
@@ -258,10 +258,6 @@ def _kvcache_full(query, k_cache, v_cache, key=None, value=None, **kw):
         return res
     leftpad, batch_idx = args["cache_leftpad"], args["cache_batch_idx"]
     paged_args = tuple(args[x] for x in ("block_table", "cu_seqlens_q", "tree_mask"))
-    if (args["k_scale"] is not None or args["v_scale"] is not None) and any(
-            x is not None for x in (leftpad, batch_idx)):
-        raise NotImplementedError("quantized caches (k_scale, v_scale) with cache_leftpad or cache_batch_idx "
-                                  "are not supported yet")
     if args["block_mask"] is not None and any(x is not None for x in (leftpad, batch_idx) + paged_args):
         raise NotImplementedError("block_mask with cache_leftpad, cache_batch_idx, block_table, cu_seqlens_q "
                                   "or tree_mask is not supported yet")
@@ -271,8 +267,6 @@ def _kvcache_full(query, k_cache, v_cache, key=None, value=None, **kw):
             "supported with block_table, cu_seqlens_q or tree_mask (as FlashAttention refuses "
             "cache_batch_idx with a paged cache); with a block table, point each table row at the "
             "sequence's own blocks instead")
-    if leftpad is not None or batch_idx is not None:
-        return per_sequence(args)
     rotary = args["rotary_cos"] is not None or args["rotary_sin"] is not None
     if args["tree_mask"] is not None and rotary:
         raise NotImplementedError("rotary_cos/rotary_sin with tree_mask: a tree's tokens have no "
@@ -296,102 +290,18 @@ def _contiguous(cs, out):
     append = None if cs.key is None else cs.c_append(cs.rows(cs.key, cs.value), cs.n)
     kc, vc = cs.k_cache, cs.v_cache
     # a quantized cache is described by a float32 stand-in of its shape (the
-    # spec's checks), then the spec carries the cache and its scales
-    ks = np.broadcast_to(np.float32(0), kc.shape[:3] + (cs.E,)) if _qcache(kc) else kc
-    vs = np.broadcast_to(np.float32(0), vc.shape[:3] + (cs.Ev,)) if _qcache(vc) else vc
+    # spec's checks), then the spec carries the cache and its scales; with
+    # cache_batch_idx any cache is (its B the query's: the C call picks
+    # each sequence's entry, csrc/bind_call.c)
+    rows = None if cs.leftpad is None and cs.batch_idx is None else (cs.leftpad, cs.batch_idx)
+    B = cs.B if rows is not None and cs.batch_idx is not None else kc.shape[0]
+    ks = np.broadcast_to(np.zeros((), np.float32 if _qcache(kc) else kc.dtype), (B,) + kc.shape[1:3] + (cs.E,)) \
+        if _qcache(kc) or B != kc.shape[0] else kc
+    vs = np.broadcast_to(np.zeros((), np.float32 if _qcache(vc) else vc.dtype), (B,) + vc.shape[1:3] + (cs.Ev,)) \
+        if _qcache(vc) or B != vc.shape[0] else vc
     spec = cs.attn(cs.query, ks, vs, kv_len=cs.kv_len[:, None], slopes=cs.opts["alibi_slopes"])
+    if rows is not None:
+        spec = spec._replace(key=kc, value=vc, cache_rows=rows)
     if cs.quant:
         spec = spec._replace(key=kc, value=vc, kv_scales=(cs.k_scale, cs.v_scale), int8=cs.int8)
     return _sdpa(spec, out, append=append)
-
-
-def per_sequence(args):
-    """attention_with_kvcache with ``cache_batch_idx`` (sequence b reads and
-    writes cache entry ``idx[b]``) and/or ``cache_leftpad`` (sequence b's
-    keys start at cache row ``pad[b]``: rows before it are not attended;
-    positions stay the cache rows): one call per sequence on views
-    ``k_cache[idx[b], :, pad[b]:]``. Everything that differs between
-    sequences is checked before the first row is written; the other
-    keywords are the same for every sequence (a bad one raises in the first
-    call, before it writes). args: the call's arguments by name."""
-    fn = attention_with_kvcache
-    query, k_cache, v_cache, key, value = (args[x] for x in ("query", "k_cache", "v_cache", "key", "value"))
-    cache_seqlens, cache_batch_idx, cache_leftpad = (args[x] for x in ("cache_seqlens", "cache_batch_idx",
-                                                                       "cache_leftpad"))
-    alibi_slopes, return_lse, out = args["alibi_slopes"], args["return_lse"], args["out"]
-    kw = {x: args[x] for x in ("is_causal", "scale", "window", "softcap", "sinks", "precision", "rotary_cos",
-                               "rotary_sin", "rotary_interleaved")}
-    new = key is not None
-    kc = _cache_array(k_cache, "k_cache", new)
-    vc = _cache_array(v_cache, "v_cache", new)
-    q = as_array(query, "query")
-    if q.ndim != 4:
-        raise ValueError(f"query must be (B, Hq, T, E), got shape {q.shape}")
-    B, Bc, S_max = q.shape[0], kc.shape[0], kc.shape[2]
-    if vc.shape[:3] != kc.shape[:3]:
-        raise ValueError(f"v_cache has shape {vc.shape} and k_cache {kc.shape}: their first three "
-                         "axes (B, Hkv, S_max) must match")
-    if cache_batch_idx is None:
-        if Bc != B:
-            raise ValueError(f"query has shape {q.shape} and k_cache {kc.shape}: B must match "
-                             "(or pass cache_batch_idx)")
-        idx = np.arange(B)
-    else:
-        idx = _kvextra.indices(cache_batch_idx, "cache_batch_idx", B, 0, Bc - 1, "the caches' batch entries")
-    Tk = 0
-    if new:
-        kn, vn = as_array(key, "key"), as_array(value, "value")
-        if kn.ndim != 4 or vn.ndim != 4 or kn.shape[0] != B or vn.shape[:3] != kn.shape[:3]:
-            raise ValueError(f"key {kn.shape} and value {vn.shape} must be (B, Hkv, Tk, E/Ev) with "
-                             f"B = {B} and one Tk")
-        Tk = kn.shape[2]
-    n = _seqlens(cache_seqlens, B, S_max - Tk, Tk)
-    pad = np.zeros(B, np.int64) if cache_leftpad is None else \
-        _kvextra.indices(cache_leftpad, "cache_leftpad", B, 0, n, "at most cache_seqlens")
-    tabs = None
-    if kw.get("rotary_cos") is not None or kw.get("rotary_sin") is not None:
-        # every sequence's positions checked before the first row is written;
-        # sequence b then takes the tables from row pad[b] on (views): its
-        # cache rows, counted from pad[b], keep their positions
-        cd = np.dtype(np.float32) if is16(kc.dtype) else kc.dtype
-        q_steps = bool(kw.get("is_causal", True)) or kw.get("window") is not None
-        need = int(n.max()) + max(Tk, q.shape[2] if q_steps else 1) - 1 if B and (Tk or q.shape[2]) else None
-        tabs = _kvextra.tables(kw["rotary_cos"], kw["rotary_sin"], kn if new else None, kc.shape[3], need,
-                      f"cache_seqlens {n.tolist()} plus the new rows", cd)
-    kw = {k: v for k, v in kw.items() if not (tabs is not None and k in ("rotary_cos", "rotary_sin"))}
-    slopes = None if alibi_slopes is None else as_array(alibi_slopes, "alibi_slopes")
-    if out is not None and (not isinstance(out, np.ndarray) or out.shape[:3] != q.shape[:3]):
-        raise ValueError(f"out must be an ndarray (B, Hq, T, Ev) = {q.shape[:3]} + (Ev,), got "
-                         f"{getattr(out, 'shape', type(out).__name__)}")
-    outs, lses = [], []
-    # the rows each sequence writes, to put back (last first) if a later sequence's
-    # call fails: a call that raises -- MemoryError, Ctrl-C -- leaves the caches as they were
-    saved = [(c, int(idx[b]), int(n[b]), c[int(idx[b]), :, int(n[b]):int(n[b]) + Tk].copy())
-             for b in range(B) for c in (kc, vc)] if new and B > 1 else []
-    try:
-        for b in range(B):
-            i, p = int(idx[b]), int(pad[b])
-            sl = None if slopes is None else (slopes[b] if slopes.ndim == 2 else slopes)
-            rot = {} if tabs is None else dict(rotary_cos=tabs[0][p:], rotary_sin=tabs[1][p:])
-            res = fn(q[b:b + 1], kc[i:i + 1, :, p:], vc[i:i + 1, :, p:],
-                     kn[b:b + 1] if new else None, vn[b:b + 1] if new else None,
-                     cache_seqlens=int(n[b]) - p, alibi_slopes=sl, return_lse=return_lse,
-                     **rot, **kw)
-            if return_lse:
-                outs.append(res[0])
-                lses.append(res[1])
-            else:
-                outs.append(res)
-    except BaseException:
-        for c, i, r, rows in reversed(saved):
-            c[i, :, r:r + Tk] = rows
-        raise
-    o = np.concatenate(outs) if B else fn(q, kc[:0], vc[:0], cache_seqlens=0, **kw)
-    if out is not None:                 # written once every sequence has succeeded
-        if out.shape != o.shape:
-            raise ValueError(f"out has shape {out.shape}; expected {o.shape}")
-        out[...] = o
-        o = out
-    if not return_lse:
-        return o
-    return o, (np.concatenate(lses) if B else np.zeros(q.shape[:3], o.dtype))

@@ -3,10 +3,10 @@ embedding of the new keys and of the queries, and the checks of
 ``cache_leftpad`` / ``cache_batch_idx``. ``_cachespec.cache_spec`` calls
 ``rotary`` (the tables checked, the queries rotated in C into a scratch of
 their size; the new keys are rotated in C as they are written into the
-cache, csrc/ops/rotary.h); ``_kvapi.per_sequence`` runs a call with a left
-pad or a batch index one sequence at a time on views of the caches (never a
-copy of a cache), its indices checked by ``indices``; ``cache_layouts``
-copies a cache the kernels cannot take in place.
+cache, csrc/ops/rotary.h); ``indices`` checks ``cache_leftpad`` /
+``cache_batch_idx`` (``_cachespec``; C applies them on the cache's
+description); ``cache_layouts`` copies a cache the kernels cannot take in
+place.
 
 Shapes: query ``(B, Hq, T, E)``; caches ``(Bc, Hkv, S_max, E/Ev)``; new
 keys/values ``(B, Hkv, Tk, E/Ev)``; ``rotary_cos``/``rotary_sin``

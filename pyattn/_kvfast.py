@@ -39,7 +39,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _C
-from ._cachespec import _written_rows
+from ._cachespec import _written_rows, c_append, c_paged
 from ._checks import is16, standin, store16, to_dtype
 from ._spec import attn_spec
 
@@ -168,8 +168,8 @@ class _Plan:
         # the options as attn_spec checks them and _sdpa passes them (the spec
         # of a stand-in call of the same signature: the same helpers decide)
         spec = attn_spec(query.astype(cd) if self.q_conv else query, kc, vc, None, 0.0,
-                         "bottom_right" if is_causal else False, scale, Hq != Hkv, window=window,
-                         softcap=softcap, precision=precision, return_lse=return_lse)
+                         "bottom_right" if is_causal else False, scale, Hq != Hkv,
+                         {"window": window, "softcap": softcap, "precision": precision, "return_lse": return_lse})
         self.stack = G > 1 and T == 1
         extra = spec.c_kwargs()
         if self.stack:
@@ -213,7 +213,7 @@ class _Plan:
             k, v = store16(k_cache, cd), store16(v_cache, cd)
         else:                               # a paged call: k, v stand in for their shape (C reads the pools)
             k, v = self.kv
-            extra["paged"] = (c0, c1, table)
+            extra["paged"] = c_paged((c0, c1), table)
         if key is not None:
             r0 = key.astype(self.rows_dt[0], order="C", copy=True)
             r1 = value.astype(self.rows_dt[1], order="C", copy=True)
@@ -221,9 +221,9 @@ class _Plan:
                 r0 = r0.view(np.uint16)
             if self.v_view:
                 r1 = r1.view(np.uint16)
-            # the layouts of _cachespec.CacheSpec.c_append / c_paged (the full path's), built here
-            # without a spec: this is the per-call path (tests/test_kvfast.py compares the two)
-            extra["append"] = (c0, c1, r0, r1, n) if table is None else (r0, r1, n)
+            # the layouts of _cachespec.c_append / c_paged (the full path's CacheSpec builds
+            # them there too), without a spec: this is the per-call path
+            extra["append"] = c_append((c0, c1), (r0, r1), n, table is not None)
         B, Hkv, G = self.B, self.Hkv, self.G
         reps = Hkv if self.stack else self.Hq
         kl = None if lens is None else lens.get(reps)

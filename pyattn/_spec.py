@@ -68,6 +68,7 @@ class AttnSpec(NamedTuple):
     block_mask: Optional[tuple] = None   # BlockMask._c_arg(full_batch): the binding's tuple
     seq_align: bool = False      # varlen: each sequence bottom-right (align="bottom_right")
     int8: bool = False           # precision="int8" (int8 / int4 k caches): int8 query rows
+    cache_rows: Optional[tuple] = None   # KV cache: (cache_leftpad, cache_batch_idx), (B,) int64 or None
 
     @property
     def out_shape(self) -> tuple:
@@ -97,17 +98,46 @@ class AttnSpec(NamedTuple):
             kw["block_mask"] = self.block_mask
         if self.seq_align:
             kw["seq_align"] = True
+        if self.cache_rows is not None:
+            pad, idx = self.cache_rows
+            if pad is not None:
+                kw["cache_leftpad"] = pad
+            if idx is not None:
+                kw["cache_batch_idx"] = idx
         return kw
 
 
+# attn_spec's further options (its ``opts`` mapping) and their defaults:
+# scaled_dot_product_attention's keyword-only ones, plus kv_len and qoff
+SPEC_OPTIONS = {"rng": None, "window": None, "alibi_slopes": None, "softcap": None, "sinks": None,
+                "precision": None, "return_weights": False, "return_lse": False, "kv_len": None,
+                "qoff": None, "align": None, "block_mask": None}
+
+
+def _options(opts):
+    """opts merged over SPEC_OPTIONS; a name that is not one is a TypeError."""
+    if not opts:
+        return SPEC_OPTIONS
+    o = {**SPEC_OPTIONS, **opts}
+    if len(o) != len(SPEC_OPTIONS):
+        bad = sorted(set(opts) - set(SPEC_OPTIONS))
+        raise TypeError(f"attn_spec() got an unexpected option {bad[0]!r}")
+    return o
+
+
 def attn_spec(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-              enable_gqa=False, *, rng=None, window=None, alibi_slopes=None, softcap=None,
-              sinks=None, precision=None, return_weights=False, return_lse=False, kv_len=None,
-              qoff=None, align=None, block_mask=None) -> AttnSpec:
-    """Check an attention call's arguments (scaled_dot_product_attention's,
-    plus kv_len: int64 filled keys that broadcast to the batch axes, and
-    qoff) and normalise them into an AttnSpec. Raises what
-    scaled_dot_product_attention documents, naming the argument."""
+              enable_gqa=False, opts=None) -> AttnSpec:
+    """Check an attention call's arguments (scaled_dot_product_attention's
+    positional ones; ``opts``: a mapping of its further options by name --
+    SPEC_OPTIONS' names: rng, window, alibi_slopes, softcap, sinks,
+    precision, return_weights, return_lse, align, block_mask, plus kv_len:
+    int64 filled keys that broadcast to the batch axes, and qoff; those not
+    given take SPEC_OPTIONS' defaults) and normalise them into an AttnSpec.
+    Raises what scaled_dot_product_attention documents, naming the
+    argument."""
+    o = _options(opts)
+    window, alibi_slopes, sinks, kv_len, qoff = o["window"], o["alibi_slopes"], o["sinks"], o["kv_len"], o["qoff"]
+    return_weights, block_mask = o["return_weights"], o["block_mask"]
     q = as_array(query, "query")
     k = as_array(key, "key")
     v = as_array(value, "value")
@@ -124,12 +154,12 @@ def attn_spec(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     L, S, E, Ev = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
     if qoff is not None:
         qoff = index_value(qoff, "qoff")
-    elif align_code(align, causal):
+    elif align_code(o["align"], causal):
         qoff = S - L                 # align="bottom_right": row i at key position i + S - L
     left, right = window_value(window, S + L + abs(qoff or 0))
-    cap = softcap_value(softcap)
+    cap = softcap_value(o["softcap"])
     sc = (1.0 / math.sqrt(E) if E > 0 else 1.0) if scale is None else real_scalar(scale, "scale")
-    bf16 = precision_value(precision, dt)
+    bf16 = precision_value(o["precision"], dt)
     if bf16 and return_weights:
         raise ValueError("return_weights is not available with precision='bf16'")
     narrow = tuple(x.dtype for x in (q, k, v) if is16(x.dtype))
@@ -174,5 +204,5 @@ def attn_spec(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
         kv_len = np.ascontiguousarray(np.broadcast_to(kv_len, full_batch), dtype=np.int64)
     bm = None if block_mask is None else check_block_mask(block_mask, L, S, full_batch, kv_len)
     return AttnSpec(q, k, v, dt, narrow, L, S, E, Ev, full_batch, groups, hkv, mask, causal, sc,
-                    (left, right), cap, slopes, sk, sk_shape, p, rng, bf16, kv_len=kv_len, qoff=qoff,
-                    return_weights=bool(return_weights), return_lse=bool(return_lse), block_mask=bm)
+                    (left, right), cap, slopes, sk, sk_shape, p, o["rng"], bf16, kv_len=kv_len, qoff=qoff,
+                    return_weights=bool(return_weights), return_lse=bool(o["return_lse"]), block_mask=bm)

@@ -65,8 +65,8 @@ def _spec(query, key, value, cu_seqlens_q, cu_seqlens_k, kw):
         raise ValueError(f"cu_seqlens_q has {cq.size - 1} sequences and cu_seqlens_k {ck.size - 1}: they must match")
     t = (1, 0, 2)
     spec = attn_spec(q.transpose(t), k.transpose(t), v.transpose(t), None, kw["dropout_p"], kw["is_causal"],
-                     kw["scale"], kw["enable_gqa"], rng=kw["rng"], window=kw["window"], softcap=kw["softcap"],
-                     sinks=kw["sinks"], precision=kw["precision"], return_lse=kw["return_lse"])
+                     kw["scale"], kw["enable_gqa"],
+                     {x: kw[x] for x in ("rng", "window", "softcap", "sinks", "precision", "return_lse")})
     slopes = None
     alibi_slopes, block_mask = kw["alibi_slopes"], kw["block_mask"]
     if alibi_slopes is not None:

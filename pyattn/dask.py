@@ -131,7 +131,8 @@ def _partial(q, k, v, m, kw, threads, bm=None):
     block's attn_spec keywords (is_causal, scale, enable_gqa, window,
     alibi_slopes, softcap, sinks, qoff); bm: (BlockMask, the block's slabs,
     its first position, its first key) or None."""
-    spec = attn_spec(q, k, v, m, 0.0, return_lse=True, **kw)
+    o = dict(kw, return_lse=True)
+    spec = attn_spec(q, k, v, m, 0.0, o.pop("is_causal", False), o.pop("scale", None), o.pop("enable_gqa", False), o)
     if bm is not None:
         spec = spec._replace(block_mask=bm[0]._c_arg(None, bm[2], bm[3], slabs=bm[1]))
     return _sdpa(spec, nthreads=_task_threads(threads))
@@ -267,8 +268,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     # the local checks, on zero-stride stand-ins (no memory, no arithmetic)
     stand = [np.broadcast_to(np.zeros((), x.dtype), x.shape) for x in (q, k, v)]
     mstand = None if m is None else np.broadcast_to(np.zeros((), m.dtype), m.shape)
-    spec = attn_spec(*stand, mstand, 0.0, is_causal, scale, enable_gqa, window=window,
-                     alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks, block_mask=block_mask)
+    spec = attn_spec(*stand, mstand, 0.0, is_causal, scale, enable_gqa,
+                     {"window": window, "alibi_slopes": alibi_slopes, "softcap": softcap, "sinks": sinks,
+                      "block_mask": block_mask})
     dt, shape = spec.dtype, spec.out_shape
     causal = causal_code(is_causal)
     left, right = window_value(window)

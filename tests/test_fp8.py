@@ -362,18 +362,56 @@ def test_kvcache_attend_is_the_float32_call_over_dequantize(fmt):
         same_bits(o, pyattn.attention_with_kvcache(q, kd, vd, cache_seqlens=c.lengths, is_causal=True))
 
 
-@pytest.mark.parametrize("fmt", FMTS + ["int8"])
-def test_leftpad_and_batch_idx_as_int8_caches_take_them(fmt):
-    """int8 / int4 caches do not take cache_leftpad / cache_batch_idx yet
-    (NotImplementedError): fp8 caches refuse them the same way"""
+def _views_call(q, kc, vc, ks, vs, k, v, n, pad, idx, **kw):
+    """The call as it ran before cache_leftpad / cache_batch_idx were C's: one
+    call per sequence on views k_cache[idx[b], :, pad[b]:] (the oracle)."""
+    outs = []
+    for b in range(q.shape[0]):
+        i, p = int(idx[b]), int(pad[b])
+        sl = lambda c: None if c is None else c[i:i + 1, :, p:]      # noqa: E731
+        outs.append(pyattn.attention_with_kvcache(
+            q[b:b + 1], sl(kc), sl(vc), None if k is None else k[b:b + 1], None if v is None else v[b:b + 1],
+            cache_seqlens=int(n[b]) - p, k_scale=sl(ks), v_scale=sl(vs), **kw))
+    return np.concatenate(outs)
+
+
+@pytest.mark.parametrize("fmt", FMTS + ["int8", "int4"])
+@pytest.mark.parametrize("T", [1, 3])
+def test_leftpad_and_batch_idx_as_int8_caches_take_them(fmt, T):
+    """int8 / int4 / fp8 caches take cache_leftpad / cache_batch_idx (C's, on
+    the cache description): without new rows, the same call on the float32
+    cache dequantize(cache) (fp8: bit for bit; int8 / int4: to float32
+    tolerance), and bit for bit the call on views of the cache; with new
+    rows (quantized as written into entry idx[b]), the views' call on a copy
+    of the caches, result and caches bit for bit."""
     rng = np.random.default_rng(13)
     B, H, Hq, S, E = 3, 2, 4, 96, 64
     kq, ks, kd = fcache(rng, B, H, S, E, fmt)
-    q = rng.standard_normal((2, Hq, 1, E)).astype(np.float32)
-    for kw in (dict(cache_batch_idx=np.array([2, 0])), dict(cache_leftpad=np.array([5, 0]))):
-        with pytest.raises(NotImplementedError, match="cache_leftpad or cache_batch_idx"):
-            pyattn.attention_with_kvcache(q, kq, kq, k_scale=ks, v_scale=ks, cache_seqlens=np.array([80, 50]),
-                                          **kw)
+    vq, vs, vd = fcache(rng, B, H, S, E, fmt, G=16)
+    q = rng.standard_normal((2, Hq, T, E)).astype(np.float32)
+    n = np.array([80, 50])
+    for kw in (dict(cache_batch_idx=np.array([2, 0])), dict(cache_leftpad=np.array([5, 0]), cache_batch_idx=[1, 2]),
+               dict(cache_leftpad=np.array([5, 50]), cache_batch_idx=[0, 1], window=(20, 0), softcap=4.0)):
+        idx = np.asarray(kw["cache_batch_idx"])
+        pad = np.asarray(kw.get("cache_leftpad", np.zeros(2, np.int64)))
+        opts = {x: kw[x] for x in ("window", "softcap") if x in kw}
+        o = pyattn.attention_with_kvcache(q, kq, vq, k_scale=ks, v_scale=vs, cache_seqlens=n, **kw)
+        od = pyattn.attention_with_kvcache(q, kd, vd, cache_seqlens=n, **kw)
+        if fmt in FMTS:
+            same_bits(o, od)
+        else:
+            assert np.allclose(o, od, rtol=1e-5, atol=1e-5)
+        same_bits(o, _views_call(q, kq, vq, ks, vs, None, None, n, pad, idx, **opts))
+        k = rng.standard_normal((2, H, T, E)).astype(np.float32)
+        v = rng.standard_normal((2, H, T, E)).astype(np.float32)
+        caches = [a.copy() for a in (kq, vq, ks, vs)]
+        o = pyattn.attention_with_kvcache(q, *caches[:2], k, v, k_scale=caches[2], v_scale=caches[3],
+                                          cache_seqlens=n, **kw)
+        ref = [a.copy() for a in (kq, vq, ks, vs)]
+        o2 = _views_call(q, ref[0], ref[1], ref[2], ref[3], k, v, n, pad, idx, **opts)
+        same_bits(o, o2)
+        for a, b in zip(caches, ref):
+            same_bits(a, b)
 
 
 @pytest.mark.parametrize("fmt", FMTS)

@@ -104,7 +104,8 @@ static void kvpack_task(void *ctx_, pa_ssize t, int tid)
     pa_attn_args a;
     attn_args(c, b, &a);
     const pa_ssize j0 = tile * PA_FLASH_BK;
-    const pa_ssize nj = pa_min(c->call->S - j0, PA_FLASH_BK);
+    const pa_ssize nj = pa_min(a.S - j0, PA_FLASH_BK);       /* the head's S (a left pad's: less) */
+    if (nj <= 0) return;                                      /* past its keys: never read */
     uint16_t *Kp = c->kvp + (size_t)t * (size_t)c->kvp_tile;
     const pa_ssize mr = c->fam->gemm_bf16.mr;
     const pa_ssize e2 = pa_round_up(c->call->E > 0 ? c->call->E : 1, 2);
@@ -130,7 +131,7 @@ static void chunk_task(void *ctx_, pa_ssize t, int tid)
         pa_attn_args a;
         attn_args(c, b, &a);
         a.key_begin = ch * c->chunk;
-        a.key_end = pa_min(a.key_begin + c->chunk, k->S);
+        a.key_end = pa_max(a.key_begin, pa_min(a.key_begin + c->chunk, a.S));   /* the head's S */
         a.partial = c->partials + ((b * c->nchunks + ch) * stride) * es;
         pa_flash_run(c->fam, k->dtype, &a, 0, k->L, c->ws[tid]);
         return;
@@ -141,7 +142,7 @@ static void chunk_task(void *ctx_, pa_ssize t, int tid)
         b = c->gmem[c->goff[t] + m];
         attn_args(c, b, as + m);
         as[m].key_begin = ch * c->chunk;
-        as[m].key_end = pa_min(as[m].key_begin + c->chunk, k->S);
+        as[m].key_end = pa_max(as[m].key_begin, pa_min(as[m].key_begin + c->chunk, as[m].S));
         as[m].partial = c->partials + ((b * c->nchunks + ch) * stride) * es;
         grp[m] = as + m;
     }
@@ -334,7 +335,7 @@ static void bf16_scores_task(void *ctx_, pa_ssize t, int tid)
     pa_attn_args a;
     attn_args(c, b, &a);
     a.key_begin = ch * c->chunk;
-    a.key_end = pa_min(a.key_begin + c->chunk, k->S);
+    a.key_end = pa_max(a.key_begin, pa_min(a.key_begin + c->chunk, a.S));
     pa_bf16_rows_scores(c->fam, &a, c->sc + (size_t)t * (size_t)(k->L * c->chunk), c->chunk, c->ws[tid]);
 }
 

@@ -138,6 +138,13 @@ typedef struct {
     pa_operand ks, vs;              /* the scales of a quantized K / V (p NULL: none) */
     pa_ssize kG, vG;                /* their groups' sizes (1 when not quantized) */
     pa_ssize ks_blk, vs_blk;        /* paged and quantized: the scale pools' block strides */
+    /* where a sequence's rows lie (contiguous caches; FlashAttention's
+     * cache_leftpad / cache_batch_idx), per sequence s = flat b / per_seq:
+     * its keys from row pad[s] on (key j is row pad[s] + j: the head's
+     * kv_len, S and positions count from there), read from cache entry
+     * idx[s] (the batch axis 0 of k, v and the scales); NULL: none */
+    const int64_t *pad, *idx;
+    pa_ssize per_seq;               /* flat batch indices per sequence (>= 1) */
 } pa_cache;
 
 struct pa_bmask;               /* a call's block mask: ops/blockmask.h */
