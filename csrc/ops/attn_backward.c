@@ -35,6 +35,12 @@
  * heads in order, then dq += the partials. The sums (a chunk's dK, dV over
  * the query heads in order; a dq over the chunks in order) are those of a
  * pass per query head, so are the bits.
+ *
+ * Memory: a call's workspaces (each thread's, the split's partials and
+ * packed query sides) are one block from pa_ws_take (ops.h), kept from call
+ * to call, so a call touches no fresh page (a few MiB freed and allocated a
+ * call were page faults every call); a call that overlaps another (the GIL
+ * released) gets a block of its own.
  */
 #include <string.h>
 #include "ops.h"
