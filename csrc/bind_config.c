@@ -70,6 +70,7 @@ PyObject *pa_py_set_num_threads(PyObject *self, PyObject *arg)
     int rc;
     Py_BEGIN_ALLOW_THREADS   /* may wait for a running call to finish */
     rc = pa_set_num_threads((int)n);
+    pa_ws_release();         /* the ops' kept workspace was sized for the old count */
     Py_END_ALLOW_THREADS
     if (rc < 0) {
         PyErr_SetString(PyExc_RuntimeError, "threads could not be started");

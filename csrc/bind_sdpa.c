@@ -193,10 +193,12 @@ static PyArrayObject *new_zeros_of(int nd, const pa_ssize *shape, int dtype, con
 
 /* A dense backward's gradient: left unzeroed, pa_attention_backward's
  * tasks zero it (g.zero) on every thread, not here on one with the GIL
- * held; a varlen call's: zeros (new_zeros_of) */
+ * held; its memory kept from the gradients of earlier calls, once freed
+ * (pa_new_array_kept: no page faults); a varlen call's: zeros
+ * (new_zeros_of) */
 static PyArrayObject *new_grad_of(int nd, const pa_ssize *shape, int dtype, const char *what, int rows_first)
 {
-    return rows_first ? new_zeros_of(nd, shape, dtype, what, 1) : pa_new_array(nd, shape, dtype, what);
+    return rows_first ? new_zeros_of(nd, shape, dtype, what, 1) : pa_new_array_kept(nd, shape, dtype, what);
 }
 
 static void zero_all(PyArrayObject *a, PyArrayObject *b, PyArrayObject *c, PyArrayObject *d)

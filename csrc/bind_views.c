@@ -7,14 +7,151 @@
 #define PA_VIEWS_IMPORT 1       /* this file defines the NumPy table */
 #include "bind_views.h"
 
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ops/quant.h"   /* pa_qbits */
 #include "bind_nd.h"     /* pa_nd_fp8 */
 
+/* The kept memory of large outputs (pa_new_array_kept): a NumPy memory
+ * handler whose freed blocks of PA_KEEP_MIN bytes or more wait, a few at a
+ * time, for the next array of the same size. glibc hands a freed block of a
+ * few MiB back to the OS when its trim threshold (twice the largest block
+ * freed so far) is below what a call frees, so the next call's first writes
+ * fault every page in again (the backward's three gradients: about 1,700
+ * faults and 3 ms a call at L = 2048, H = 8, E = 64; benchmarks/
+ * RESULTS_summary.md). Each block has a 64-byte header (its raw pointer and
+ * size: NumPy's free is not trusted with the size); the arrays are ordinary
+ * ndarrays that own their data. The slots: at most PA_KEEP_SLOTS blocks and
+ * PA_KEEP_BYTES in all (the oldest freed first), under a spin lock (NumPy
+ * frees with the GIL held; the lock makes no such assumption). */
+#define PA_KEEP_MIN ((size_t)1 << 20)
+#define PA_KEEP_SLOTS 8
+#define PA_KEEP_BYTES ((size_t)64 << 20)
+
+static atomic_flag keep_lock = ATOMIC_FLAG_INIT;
+static void *keep_p[PA_KEEP_SLOTS];       /* blocks (user pointers), NULL: empty */
+static unsigned long keep_age[PA_KEEP_SLOTS], keep_clock;
+static size_t keep_total;
+static PyObject *keep_capsule;            /* the handler, made once by pa_views_import */
+
+static void keep_acquire(void)
+{
+    while (atomic_flag_test_and_set_explicit(&keep_lock, memory_order_acquire)) {}
+}
+
+static void keep_release(void)
+{
+    atomic_flag_clear_explicit(&keep_lock, memory_order_release);
+}
+
+static size_t keep_size(const void *p) { return ((const size_t *)p)[-2]; }
+
+static void keep_free_raw(void *p)
+{
+    if (p) free(((void **)p)[-1]);
+}
+
+static void *keep_malloc(void *ctx, size_t n)
+{
+    (void)ctx;
+    if (n >= PA_KEEP_MIN) {
+        void *p = NULL;
+        keep_acquire();
+        for (int i = 0; i < PA_KEEP_SLOTS && !p; i++)
+            if (keep_p[i] && keep_size(keep_p[i]) == n) {
+                p = keep_p[i];
+                keep_p[i] = NULL;
+                keep_total -= n;
+            }
+        keep_release();
+        if (p) return p;
+    }
+    if (n > SIZE_MAX - 128) return NULL;
+    char *raw = (char *)malloc(n + 128);
+    if (!raw) return NULL;
+    uintptr_t a = ((uintptr_t)raw + 64 + 63) & ~(uintptr_t)63;   /* >= 2 words of header */
+    ((void **)a)[-1] = raw;
+    ((size_t *)a)[-2] = n;
+    return (void *)a;
+}
+
+static void *keep_calloc(void *ctx, size_t m, size_t n)
+{
+    size_t b;
+    if (!pa_mul_ok(m, n, &b)) return NULL;
+    void *p = keep_malloc(ctx, b);
+    if (p) memset(p, 0, b);
+    return p;
+}
+
+static void keep_free(void *ctx, void *p, size_t n)
+{
+    (void)ctx; (void)n;                   /* the size: the header's */
+    if (!p) return;
+    const size_t sz = keep_size(p);
+    if (sz < PA_KEEP_MIN || sz > PA_KEEP_BYTES) {
+        keep_free_raw(p);
+        return;
+    }
+    void *out[PA_KEEP_SLOTS + 1];
+    int nout = 0;
+    keep_acquire();
+    for (;;) {                            /* room: the oldest out first */
+        int empty = -1, old = -1;
+        for (int i = 0; i < PA_KEEP_SLOTS; i++) {
+            if (!keep_p[i]) { if (empty < 0) empty = i; continue; }
+            if (old < 0 || keep_age[i] < keep_age[old]) old = i;
+        }
+        if (empty >= 0 && keep_total + sz <= PA_KEEP_BYTES) {
+            keep_p[empty] = p;
+            keep_age[empty] = ++keep_clock;
+            keep_total += sz;
+            break;
+        }
+        keep_total -= keep_size(keep_p[old]);
+        out[nout++] = keep_p[old];
+        keep_p[old] = NULL;
+    }
+    keep_release();
+    for (int i = 0; i < nout; i++) keep_free_raw(out[i]);
+}
+
+static void *keep_realloc(void *ctx, void *p, size_t n)
+{
+    if (!p) return keep_malloc(ctx, n);
+    void *q = keep_malloc(ctx, n);
+    if (!q) return NULL;
+    const size_t old = keep_size(p);
+    memcpy(q, p, old < n ? old : n);
+    keep_free(ctx, p, old);
+    return q;
+}
+
+static PyDataMem_Handler keep_handler = {
+    "pyattn_kept", 1, {NULL, keep_malloc, keep_calloc, keep_realloc, keep_free},
+};
+
+void pa_kept_release(void)
+{
+    void *out[PA_KEEP_SLOTS];
+    keep_acquire();
+    for (int i = 0; i < PA_KEEP_SLOTS; i++) {
+        out[i] = keep_p[i];
+        keep_p[i] = NULL;
+    }
+    keep_total = 0;
+    keep_release();
+    for (int i = 0; i < PA_KEEP_SLOTS; i++) keep_free_raw(out[i]);
+}
+
 int pa_views_import(void)
 {
     import_array1(-1);
+    keep_capsule = PyCapsule_New(&keep_handler, "mem_handler", NULL);
+    if (!keep_capsule) return -1;
     return 0;
 }
 
@@ -170,6 +307,42 @@ PyArrayObject *pa_new_array(int nd, const pa_ssize *shape, int dtype, const char
         return NULL;
     }
     return (PyArrayObject *)PyArray_SimpleNew(nd, dims, dtype == PA_F32 ? NPY_FLOAT32 : NPY_FLOAT64);
+}
+
+/* pa_new_array with its data from the kept memory (keep_handler above) */
+PyArrayObject *pa_new_array_kept(int nd, const pa_ssize *shape, int dtype, const char *what)
+{
+    PyObject *old = PyDataMem_SetHandler(keep_capsule);
+    if (!old) return NULL;
+    PyArrayObject *a = pa_new_array(nd, shape, dtype, what);
+#if PY_VERSION_HEX >= 0x030C0000          /* its MemoryError kept aside while the handler goes back */
+    PyObject *err = PyErr_GetRaisedException();
+#else
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+#endif
+    PyObject *mine = PyDataMem_SetHandler(old);   /* back as it was */
+    Py_DECREF(old);
+    if (!mine) {
+        Py_XDECREF(a);
+        a = NULL;
+    } else {
+        Py_DECREF(mine);
+    }
+    if (a || !PyErr_Occurred()) {
+#if PY_VERSION_HEX >= 0x030C0000
+        PyErr_SetRaisedException(err);
+#else
+        PyErr_Restore(et, ev, tb);
+#endif
+    } else {
+#if PY_VERSION_HEX >= 0x030C0000
+        Py_XDECREF(err);
+#else
+        Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(tb);
+#endif
+    }
+    return a;
 }
 
 /* out: given (checked for exact shape and dtype, writeable) or allocated. */

@@ -67,6 +67,12 @@ void pa_batch_of(const pa_view *v, int nb, pa_batch *bt);
 void pa_operand_of(const pa_view *v, int nb, pa_operand *o);
 /* a new C-contiguous float32 / float64 array (NULL with MemoryError) */
 PyArrayObject *pa_new_array(int nd, const pa_ssize *shape, int dtype, const char *what);
+/* the same, its data from blocks that large arrays freed before (kept a
+ * few at a time instead of handed back to the OS: no page faults on the
+ * next call's first writes; the backward's gradients), an ordinary
+ * ndarray; pa_kept_release frees the blocks kept (module teardown) */
+PyArrayObject *pa_new_array_kept(int nd, const pa_ssize *shape, int dtype, const char *what);
+void pa_kept_release(void);
 /* out_obj (None: allocated) checked for exactly shape and dtype, writeable;
  * a new reference, *ov its view; NULL with an exception set */
 PyArrayObject *pa_get_out(PyObject *out_obj, int nd, const pa_ssize *shape, int dtype, pa_view *ov,

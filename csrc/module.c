@@ -38,7 +38,12 @@
 #define PA_EXPORT
 #endif
 PA_EXPORT int pyattn_threadpool_get_num_threads(void) { return pa_get_num_threads(); }
-PA_EXPORT int pyattn_threadpool_set_num_threads(int n) { return pa_set_num_threads(n); }
+PA_EXPORT int pyattn_threadpool_set_num_threads(int n)
+{
+    const int rc = pa_set_num_threads(n);
+    pa_ws_release();              /* the kept workspace was sized for the old count */
+    return rc;
+}
 
 static PyMethodDef methods[] = {
     {"matmul", (PyCFunction)(void (*)(void))pa_py_matmul, METH_VARARGS | METH_KEYWORDS, pa_matmul_doc},
@@ -77,9 +82,18 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* module teardown: the ops' kept workspace (ops.h, pa_ws_take) and the
+ * outputs' kept memory (bind_views.h, pa_new_array_kept) */
+static void module_free(void *m)
+{
+    (void)m;
+    pa_ws_release();
+    pa_kept_release();
+}
+
 static struct PyModuleDef moddef = {
     PyModuleDef_HEAD_INIT, "_C", "pyattn's C kernels (private; use the pyattn package).", -1, methods,
-    NULL, NULL, NULL, NULL,
+    NULL, NULL, NULL, module_free,
 };
 
 PyMODINIT_FUNC PyInit__C(void)

@@ -3,7 +3,10 @@ dk, dv without zeroing them and the backward's tasks zero the rows each one
 alone adds into (csrc/ops/attn_backward.c, bwd_zero_rows), on every thread.
 A row left out would keep whatever the allocator handed back: here the heap
 is first filled with NaN blocks of the gradients' sizes, so such a row shows
-up as NaN or as bits that differ from a call on a clean heap."""
+up as NaN or as bits that differ from a call on a clean heap. Gradients of
+1 MiB or more take their memory from the blocks earlier gradients freed
+(kept, not handed back to the OS: csrc/bind_views.c, pa_new_array_kept),
+so the kept blocks are poisoned too: gradients filled with NaN, then freed."""
 import numpy as np
 import pytest
 
@@ -51,3 +54,48 @@ def test_gradients_start_from_zeros(case, dtype):
         got = pyattn.scaled_dot_product_attention_backward(go, q, k, v, o, lse, **kw)
         for w, g in zip(want, got):
             assert w.tobytes() == g.tobytes()
+
+
+def _handler_name(*a):
+    try:
+        from numpy._core.multiarray import get_handler_name
+    except ImportError:  # NumPy 1.x
+        from numpy.core.multiarray import get_handler_name
+    return get_handler_name(*a)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("causal", [False, True])
+def test_kept_gradient_memory_starts_from_zeros(dtype, causal):
+    """Gradients of 1 MiB and more (kept memory): the blocks of earlier
+    gradients, filled with NaN and freed, come back to the next call's
+    gradients, which hold the bits of the first call all the same; the
+    arrays are ordinary ones (own their data, writeable, resizable)."""
+    rng = np.random.default_rng(7)
+    shapes = [(1, 4, 1, 1024, 1024, 64, 64), (1, 2, 2, 1100, 900, 128, 96)]   # key-split; dense
+    for B, H, Hkv, L, S, E, Ev in shapes:
+        q = rng.standard_normal((B, H, L, E)).astype(dtype)
+        k = rng.standard_normal((B, Hkv, S, E)).astype(dtype)
+        v = rng.standard_normal((B, Hkv, S, Ev)).astype(dtype)
+        go = rng.standard_normal((B, H, L, Ev)).astype(dtype)
+        kw = dict(is_causal=causal, enable_gqa=H != Hkv)
+        o, lse = pyattn.scaled_dot_product_attention(q, k, v, return_lse=True, **kw)
+        want = [x.copy() for x in pyattn.scaled_dot_product_attention_backward(go, q, k, v, o, lse, **kw)]
+        for _ in range(3):
+            got = pyattn.scaled_dot_product_attention_backward(go, q, k, v, o, lse, **kw)
+            for w, g in zip(want, got):
+                assert g.flags.writeable and g.flags.c_contiguous
+                assert w.tobytes() == g.tobytes()
+                g[...] = np.nan                     # poison the block it gives back
+            del got
+        g = pyattn.scaled_dot_product_attention_backward(go, q, k, v, o, lse, **kw)[0]
+        while g.base is not None:                   # the array that owns the memory
+            g = g.base
+        assert g.flags.owndata
+        assert _handler_name(g) == "pyattn_kept"   # and the default one stays NumPy's
+        assert _handler_name() == _handler_name(q)
+        n = g.size
+        g.resize(2 * n, refcheck=False)             # the kept memory's realloc: contents kept
+        assert g[:n].tobytes() == want[0].tobytes()
+        g.resize(n // 3, refcheck=False)
+        assert g.tobytes() == want[0].reshape(-1)[:n // 3].tobytes()

@@ -110,6 +110,41 @@ def test_row_independent_of_batch(rng):
     assert np.array_equal(pyattn.softmax(x[4:5]), pyattn.softmax(x)[4:5])
 
 
+def test_concurrent_backward_calls(rng):
+    """Backward calls from several Python threads at once (the GIL released:
+    they overlap): each call's workspace is its own (the kept block goes to
+    one call, the others allocate theirs), so each gets the serial bits."""
+    cases = []
+    for B, H, Hkv, L, S, E, causal in [(1, 4, 1, 700, 700, 64, True), (2, 3, 3, 300, 260, 32, False),
+                                        (1, 2, 2, 512, 512, 128, False)]:
+        q = rng.standard_normal((B, H, L, E)).astype(np.float32)
+        k = rng.standard_normal((B, Hkv, S, E)).astype(np.float32)
+        v = rng.standard_normal((B, Hkv, S, E)).astype(np.float32)
+        go = rng.standard_normal((B, H, L, E)).astype(np.float32)
+        kw = dict(is_causal=causal, enable_gqa=H != Hkv)
+        o, lse = pyattn.scaled_dot_product_attention(q, k, v, return_lse=True, **kw)
+        cases.append(lambda a=(go, q, k, v, o, lse), kw=kw: pyattn.scaled_dot_product_attention_backward(*a, **kw))
+    ref = [c() for c in cases]
+    errors = []
+
+    def worker(i):
+        try:
+            for j in range(5):
+                c = (i + j) % len(cases)
+                if not all(np.array_equal(x, y) for x, y in zip(cases[c](), ref[c])):
+                    errors.append(f"thread {i}: case {c} differs")
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(repr(exc))
+
+    ts = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout=300)
+    assert not any(t.is_alive() for t in ts), "a thread hung"
+    assert not errors, errors
+
+
 def test_concurrent_python_threads(rng):
     calls = _calls(rng)
     ref = [c() for c in calls]

@@ -35,6 +35,12 @@
  * heads in order, then dq += the partials. The sums (a chunk's dK, dV over
  * the query heads in order; a dq over the chunks in order) are those of a
  * pass per query head, so are the bits.
+ *
+ * Memory: a call's workspaces (each thread's, the split's partials and
+ * packed query sides) are one block from pa_ws_take (ops.h), kept from call
+ * to call, so a call touches no fresh page (a few MiB freed and allocated a
+ * call were page faults every call); a call that overlaps another (the GIL
+ * released) gets a block of its own.
  */
 #include <string.h>
 #include "ops.h"
@@ -421,32 +427,25 @@ static void bwd_zero_all(const pa_attn_call *call, const pa_attn_grads *g)
 
 /* A key-split call's buffers (c->nsplit > 1): a pass's, per (query head of
  * the group, key/value head), a packed query side and the chunks' dQ
- * partials (c->qs, c->qsz, c->part); the threads' workspaces hold tiles
- * only (*wsb: bytes, one head's workspace less its query side). The group
- * (c->ng): as many query heads as PA_BWD_GROUP_BYTES holds, at least one.
- * Returns -1 when a size overflows or memory is short (nothing held). */
-static int bwd_split_buffers(bwd_ctx *c, size_t bytes, size_t *wsb)
+ * partials (their bytes: *qb, *pb; c->qsz); the threads' workspaces hold
+ * tiles only (*wsb: bytes, one head's workspace less its query side). The
+ * group (c->ng): as many query heads as PA_BWD_GROUP_BYTES holds, at least
+ * one. Returns -1 when a size overflows. */
+static int bwd_split_sizes(bwd_ctx *c, size_t bytes, size_t *wsb, size_t *qb, size_t *pb)
 {
     const pa_attn_call *call = c->call;
     const pa_ssize nouter = c->nouter;
     const size_t q1 = pa_bwd_ws_qside(c->fam, call->dtype, call->L, call->E, call->Ev);
     const size_t p1 = (size_t)(c->nsplit - 1) * (size_t)call->L * (size_t)call->E *
                       pa_elsize(call->dtype);   /* one head's partials: <= the cap, checked in bwd_chunks */
-    size_t per, qb, pb;
+    size_t per;
     c->qsz = q1 == 0 || q1 > SIZE_MAX - 64 ? 0 : (q1 + 63) / 64 * 64;
     if (c->qsz == 0 || c->qsz > SIZE_MAX - p1 || !pa_mul_ok(c->qsz + p1, (size_t)nouter, &per)) return -1;
     c->ng = (pa_ssize)pa_min((size_t)c->ninner, PA_BWD_GROUP_BYTES / per);
     if (c->ng < 1) c->ng = 1;
-    if (!pa_mul_ok(c->qsz * (size_t)nouter, (size_t)c->ng, &qb) || !pa_mul_ok(p1 * (size_t)nouter, (size_t)c->ng, &pb))
+    if (!pa_mul_ok(c->qsz * (size_t)nouter, (size_t)c->ng, qb) || !pa_mul_ok(p1 * (size_t)nouter, (size_t)c->ng, pb))
         return -1;
     *wsb = bytes - q1;
-    c->part = (char *)pa_alloc64(pb);
-    c->qs = c->part ? (char *)pa_alloc64(qb) : NULL;
-    if (!c->qs) {
-        pa_free64(c->part);
-        c->part = NULL;
-        return -1;
-    }
     return 0;
 }
 
@@ -498,23 +497,31 @@ int pa_attention_backward_dense(const pa_family *fam, const pa_attn_call *call, 
     c.qsz = 0;
     c.ig0 = 0; c.ng = 1;
     if (bwd_chunks(&c, nouter) < 0) return -1;
-    size_t wsb = bytes;
-    if (c.nsplit > 1 && bwd_split_buffers(&c, bytes, &wsb) < 0) return -1;
+    size_t wsb = bytes, qb = 0, pb = 0;
+    if (c.nsplit > 1 && bwd_split_sizes(&c, bytes, &wsb, &qb, &pb) < 0) return -1;
     const pa_ssize ntasks = nouter * c.nsplit;
     const int nall = nthreads < 1 ? 1 : nthreads;
     const int nt = nall > ntasks ? (int)ntasks : nall;
+    /* one block (pa_ws_take: kept from call to call, no page faults): the
+     * threads' workspaces, each on 64 bytes, then the partials, then the
+     * packed query sides */
+    size_t wsa, all;
+    if (wsb > SIZE_MAX - 63) return -1;
+    wsa = (wsb + 63) / 64 * 64;
+    if (!pa_mul_ok(wsa, (size_t)nt, &all) || all > SIZE_MAX - pb || all + pb > SIZE_MAX - 64 - qb) return -1;
+    const size_t poff = all, qoff = (all + pb + 63) / 64 * 64;
+    char *blk = (char *)pa_ws_take(qoff + qb);
+    if (!blk) return -1;
     void *wsv[PA_MAX_THREADS];
-    int ok = 1;
-    for (int i = 0; i < nt; i++) {
-        wsv[i] = pa_alloc64(wsb);
-        ok &= wsv[i] != NULL;
+    for (int i = 0; i < nt; i++) wsv[i] = blk + (size_t)i * wsa;
+    if (c.nsplit > 1) {
+        c.part = blk + poff;
+        c.qs = blk + qoff;
     }
     c.ws = wsv;
     c.wsb = wsb;
     memset(c.wsz, 0, sizeof c.wsz);
-    if (ok) bwd_run(&c, ntasks, nt, nall);
-    for (int i = 0; i < nt; i++) pa_free64(wsv[i]);
-    pa_free64(c.part);
-    pa_free64(c.qs);
-    return ok ? 0 : -1;
+    bwd_run(&c, ntasks, nt, nall);
+    pa_ws_give(blk);
+    return 0;
 }

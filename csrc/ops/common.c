@@ -43,3 +43,53 @@ void pa_free64(void *p)
     atomic_fetch_sub(&live_blocks, 1);
     free(((void **)p)[-1]);
 }
+
+/* The reusable workspace (ops.h): at most one parked block, its capacity in
+ * the word below the raw pointer. The slot is one atomic pointer: a call
+ * takes the block by exchanging NULL in (so two calls never share it: the
+ * second finds NULL and allocates its own), and gives it back by exchanging
+ * it in (freeing what it pushed out: the block of a call that overlapped).
+ * A parked block is not live for the hook (pa_alloc_hook's count): taking it
+ * makes it live again, parking it not. */
+static _Atomic(void *) ws_slot = NULL;
+
+static void ws_free_raw(void *p)
+{
+    if (p) free(((void **)p)[-1]);
+}
+
+void *pa_ws_take(size_t bytes)
+{
+    if (pa_alloc_fails()) return NULL;            /* the hook: a take counts as an allocation */
+    if (bytes == 0) bytes = 1;
+    void *p = atomic_exchange(&ws_slot, NULL);
+    if (p && ((size_t *)p)[-2] >= bytes) {
+        atomic_fetch_add(&live_blocks, 1);
+        return p;
+    }
+    ws_free_raw(p);                               /* too small: grown below */
+    if (bytes > SIZE_MAX - 64 - 2 * sizeof(void *)) return NULL;
+    char *raw = (char *)malloc(bytes + 64 + 2 * sizeof(void *));
+    if (!raw) return NULL;
+    atomic_fetch_add(&live_blocks, 1);
+    uintptr_t a = ((uintptr_t)(raw + 2 * sizeof(void *)) + 63) & ~(uintptr_t)63;
+    ((void **)a)[-1] = raw;
+    ((size_t *)a)[-2] = bytes;
+    return (void *)a;
+}
+
+void pa_ws_give(void *p)
+{
+    if (!p) return;
+    atomic_fetch_sub(&live_blocks, 1);
+    if (((size_t *)p)[-2] > PA_WS_KEEP_MAX) {     /* too large to hold between calls */
+        ws_free_raw(p);
+        return;
+    }
+    ws_free_raw(atomic_exchange(&ws_slot, p));
+}
+
+void pa_ws_release(void)
+{
+    ws_free_raw(atomic_exchange(&ws_slot, NULL));
+}

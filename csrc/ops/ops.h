@@ -63,6 +63,25 @@ static inline pa_mask pa_mask_of(const pa_batch *bt, const pa_operand *m, int ki
 void *pa_alloc64(size_t bytes);
 void pa_free64(void *p);
 
+/* A reusable workspace (64-byte aligned) for the ops that need large
+ * scratch on every call (the backward: each thread's tiles and packed query
+ * side, the key-split's buffers): freeing and allocating megabytes a call
+ * costs a page fault per page touched (the allocator gives large blocks back
+ * to the OS), so the last block given back is kept for the next call.
+ * pa_ws_take returns a block of at least `bytes` (the kept one if it is
+ * large enough; else a fresh one, the kept one freed; NULL when out of
+ * memory, and for the hook: a take counts as an allocation); its contents
+ * are whatever the last call left. Calls that overlap (the GIL released)
+ * never share a block: the first takes the kept one, the others allocate
+ * their own. pa_ws_give hands it back (kept unless above PA_WS_KEEP_MAX;
+ * the block it replaces is freed); pa_ws_release frees the kept block (the
+ * thread count changed, module teardown). A kept block is not counted live
+ * by pa_alloc_hook. */
+#define PA_WS_KEEP_MAX ((size_t)256 << 20)
+void *pa_ws_take(size_t bytes);
+void pa_ws_give(void *p);
+void pa_ws_release(void);
+
 /* The allocation-failure test hook (private _C._alloc_hook): armed with
  * n >= 1, the n-th allocation from then on fails (pa_alloc64 returns NULL,
  * the binding raises MemoryError), once; n = 0 disarms it. Returns the
