@@ -192,8 +192,9 @@ def _same(cs, a, b, what):
             assert np.array_equal(u, w, equal_nan=True), f"{name}: {what}"
 
 
-def test_same_bits_on_every_family(rng, family):
-    cs = cases(rng)
+@pytest.mark.parametrize("kind", ["int", "fp8"])
+def test_same_bits_on_every_family(rng, family, kind):
+    cs = cases(rng) if kind == "int" else fp8_cases(rng)
     ref = None
     ran = []
     for fam in FAMILIES:
@@ -209,8 +210,9 @@ def test_same_bits_on_every_family(rng, family):
     assert "generic" in ran and len(ran) >= 2 or len(FAMILIES) == 1, ran
 
 
-def test_same_bits_for_any_thread_count(rng):
-    cs = cases(rng)
+@pytest.mark.parametrize("kind", ["int", "fp8"])
+def test_same_bits_for_any_thread_count(rng, kind):
+    cs = cases(rng) if kind == "int" else fp8_cases(rng)
     n0 = pyattn.get_num_threads()
     try:
         runs = []
@@ -473,37 +475,6 @@ def fp8_cases(rng):
         qf, shared.k, shared.v, cache_seqlens=np.full(4, 4200), block_table=tf, k_scale=shared.k_scale,
         v_scale=shared.v_scale, precision="bf16", softcap=30.0)))
     return out
-
-
-def test_fp8_same_bits_on_every_family(rng, family):
-    cs = fp8_cases(rng)
-    ref = None
-    ran = []
-    for fam in FAMILIES:
-        _C.select_isa(ISA[fam])
-        if _C.config()["isa"] != fam:
-            continue
-        ran.append(fam)
-        res = [c() for _, c in cs]
-        if ref is None:
-            ref = (fam, res)
-            continue
-        _same(cs, ref[1], res, f"{fam} differs from {ref[0]}")
-    assert "generic" in ran and len(ran) >= 2 or len(FAMILIES) == 1, ran
-
-
-def test_fp8_same_bits_for_any_thread_count(rng):
-    cs = fp8_cases(rng)
-    n0 = pyattn.get_num_threads()
-    try:
-        runs = []
-        for nt in (1, 2, 3):
-            pyattn.set_num_threads(nt)
-            runs.append([c() for _, c in cs])
-    finally:
-        pyattn.set_num_threads(n0)
-    for r in runs[1:]:
-        _same(cs, runs[0], r, "threads")
 
 
 def test_fp8_long_cache_split_and_forks(rng):

@@ -124,48 +124,40 @@ def test_concurrent_backward_calls(rng):
         kw = dict(is_causal=causal, enable_gqa=H != Hkv)
         o, lse = pyattn.scaled_dot_product_attention(q, k, v, return_lse=True, **kw)
         cases.append(lambda a=(go, q, k, v, o, lse), kw=kw: pyattn.scaled_dot_product_attention_backward(*a, **kw))
-    ref = [c() for c in cases]
+    _hammer(cases, nthreads=6, rounds=5, timeout=300)
+
+
+def _hammer(calls, nthreads, rounds, timeout):
+    """Run the calls from nthreads Python threads at once, each thread
+    rounds calls (a different order per thread); each result must equal the
+    call's own serial result bit for bit (arrays or tuples of arrays)"""
+    ref = [c() for c in calls]
     errors = []
+
+    def same(a, b):
+        a, b = (a, b) if isinstance(a, tuple) else ((a,), (b,))
+        return all(np.array_equal(x, y) for x, y in zip(a, b))
 
     def worker(i):
         try:
-            for j in range(5):
-                c = (i + j) % len(cases)
-                if not all(np.array_equal(x, y) for x, y in zip(cases[c](), ref[c])):
-                    errors.append(f"thread {i}: case {c} differs")
+            for j in range(rounds):
+                c = (i + j) % len(calls)
+                if not same(calls[c](), ref[c]):
+                    errors.append(f"thread {i}: call {c} differs")
         except Exception as exc:  # pragma: no cover - reported below
             errors.append(repr(exc))
 
-    ts = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
+    ts = [threading.Thread(target=worker, args=(i,)) for i in range(nthreads)]
     for t in ts:
         t.start()
     for t in ts:
-        t.join(timeout=300)
+        t.join(timeout=timeout)
     assert not any(t.is_alive() for t in ts), "a thread hung"
     assert not errors, errors
 
 
 def test_concurrent_python_threads(rng):
-    calls = _calls(rng)
-    ref = [c() for c in calls]
-    errors = []
-
-    def worker(i):
-        try:
-            for j in range(6):
-                c = (i + j) % len(calls)
-                if not np.array_equal(calls[c](), ref[c]):
-                    errors.append(f"thread {i}: call {c} differs")
-        except Exception as exc:  # pragma: no cover - reported below
-            errors.append(repr(exc))
-
-    ts = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(timeout=120)
-    assert not any(t.is_alive() for t in ts), "a thread hung"
-    assert not errors, errors
+    _hammer(_calls(rng), nthreads=8, rounds=6, timeout=120)
 
 
 def test_set_num_threads_while_running(rng, restore_threads):
