@@ -225,15 +225,10 @@ def test_same_bits_for_any_thread_count(rng, kind):
         _same(cs, runs[0], r, "threads")
 
 
-def test_the_split_and_the_forks_are_the_unsplit_unshared_call(rng):
-    """A long cache (the split's chunks, merged) against the model; forks
-    reading their common blocks once = each fork's own call."""
-    kc, ks, vc, vs = qcache(rng, 1, 2, 5000, 64, "int8", 32)
-    q = rng.standard_normal((1, 4, 1, 64)).astype(np.float32)
-    got = pyattn.attention_with_kvcache(q, kc, vc, cache_seqlens=5000, k_scale=ks, v_scale=vs, precision="bf16")
-    want = model_attention(q, kc, ks, vc, vs, [5000], 1 / 8)
-    assert np.abs(got - want).max() <= TOL[np.dtype(np.float32)] * out_mag(vc, vs, 5000)
-    shared = pyattn.PagedKVCache(num_blocks=80, block_size=64, num_kv_heads=2, head_dim=64, dtype="int4",
+def _forks_read_once(rng, dtype):
+    """Forks of a 4200-row sequence reading their common blocks once (one
+    call) = each fork's own call, precision="bf16"."""
+    shared = pyattn.PagedKVCache(num_blocks=80, block_size=64, num_kv_heads=2, head_dim=64, dtype=dtype,
                                  group_size=32)
     root = shared.add_sequence()
     kr, vr = rng.standard_normal((2, 1, 2, 4200, 64)).astype(np.float32)
@@ -249,16 +244,39 @@ def test_the_split_and_the_forks_are_the_unsplit_unshared_call(rng):
         assert np.array_equal(all3[i:i + 1], one)
 
 
+def test_the_split_and_the_forks_are_the_unsplit_unshared_call(rng):
+    """A long cache (the split's chunks, merged) against the model; forks
+    reading their common blocks once = each fork's own call."""
+    kc, ks, vc, vs = qcache(rng, 1, 2, 5000, 64, "int8", 32)
+    q = rng.standard_normal((1, 4, 1, 64)).astype(np.float32)
+    got = pyattn.attention_with_kvcache(q, kc, vc, cache_seqlens=5000, k_scale=ks, v_scale=vs, precision="bf16")
+    want = model_attention(q, kc, ks, vc, vs, [5000], 1 / 8)
+    assert np.abs(got - want).max() <= TOL[np.dtype(np.float32)] * out_mag(vc, vs, 5000)
+    _forks_read_once(rng, "int4")
+
+
 @pytest.mark.parametrize("dtype", ["int8", "int4"])
 def test_caches_and_the_paged_pool_agree(rng, dtype):
     """KVCache.attend, PagedKVCache.attend (with and without a plan) and
     attention_with_kvcache with precision="bf16": the same bits, prompt and
     decode steps; the model."""
+    def model(q, flat):
+        want = model_attention(q, flat.k, flat.k_scale, flat.v, flat.v_scale, flat.lengths, 1 / np.sqrt(64))
+        return want, TOL[np.dtype(np.float32)] * out_mag(flat.v, flat.v_scale, 64)
+    _caches_agree(rng, dtype, 16, model)
+
+
+def _caches_agree(rng, dtype, bs, model):
+    """KVCache.attend = PagedKVCache.attend (blocks of bs rows, with and
+    without a plan) = attention_with_kvcache, precision="bf16", bit for bit,
+    prompt and decode steps; model(q, flat) -> (the model's output, its
+    bound)."""
     H, Hq, E = 2, 4, 64
     flat = pyattn.KVCache(1, H, 64, E, dtype=dtype, group_size=32)
-    paged = pyattn.PagedKVCache(num_blocks=8, block_size=16, num_kv_heads=H, head_dim=E, dtype=dtype,
+    nb = 64 // bs + 2
+    paged = pyattn.PagedKVCache(num_blocks=nb, block_size=bs, num_kv_heads=H, head_dim=E, dtype=dtype,
                                 group_size=32)
-    twin = pyattn.PagedKVCache(num_blocks=8, block_size=16, num_kv_heads=H, head_dim=E, dtype=dtype,
+    twin = pyattn.PagedKVCache(num_blocks=nb, block_size=bs, num_kv_heads=H, head_dim=E, dtype=dtype,
                                group_size=32)
     s, s2 = paged.add_sequence(), twin.add_sequence()
     for T in (20, 1, 1, 7):
@@ -272,8 +290,8 @@ def test_caches_and_the_paged_pool_agree(rng, dtype):
         c = pyattn.attention_with_kvcache(q, flat.k, flat.v, cache_seqlens=flat.lengths, k_scale=flat.k_scale,
                                           v_scale=flat.v_scale, precision="bf16")
         assert np.array_equal(a, c)
-        want = model_attention(q, flat.k, flat.k_scale, flat.v, flat.v_scale, flat.lengths, 1 / np.sqrt(E))
-        assert np.abs(a - want).max() <= TOL[np.dtype(np.float32)] * out_mag(flat.v, flat.v_scale, 64)
+        want, bound = model(q, flat)
+        assert np.abs(a - want).max() <= bound
 
 
 def test_a_float_k_cache_beside_an_int8_v_cache_is_refused(rng):
@@ -487,20 +505,7 @@ def test_fp8_long_cache_split_and_forks(rng):
     vd = pyattn.dequantize(vc, vs, out_dtype=np.float64)
     want = fp8_attention(q, kc, ks, vd, [5000], 1 / 8)
     assert np.abs(got - want).max() <= TOL[np.dtype(np.float32)] * vmag(vd, 5000)
-    shared = pyattn.PagedKVCache(num_blocks=80, block_size=64, num_kv_heads=2, head_dim=64, dtype="fp8_e5m2",
-                                 group_size=32)
-    root = shared.add_sequence()
-    kr, vr = rng.standard_normal((2, 1, 2, 4200, 64)).astype(np.float32)
-    shared.attend([root], rng.standard_normal((1, 2, 4200, 64)).astype(np.float32), kr, vr)
-    forks = [root] + [shared.fork(root) for _ in range(2)]
-    qf = rng.standard_normal((3, 4, 1, 64)).astype(np.float32)
-    kw = dict(k_scale=shared.k_scale, v_scale=shared.v_scale, precision="bf16")
-    tf = np.array([shared._seqs[s][0][:66] for s in forks])
-    all3 = pyattn.attention_with_kvcache(qf, shared.k, shared.v, cache_seqlens=np.full(3, 4200), block_table=tf, **kw)
-    for i in range(3):
-        one = pyattn.attention_with_kvcache(qf[i:i + 1], shared.k, shared.v, cache_seqlens=[4200],
-                                            block_table=tf[i:i + 1], **kw)
-        assert np.array_equal(all3[i:i + 1], one)
+    _forks_read_once(rng, "fp8_e5m2")
 
 
 @pytest.mark.parametrize("fmt", FMTS)
@@ -509,28 +514,11 @@ def test_fp8_caches_and_the_paged_pool_agree(rng, fmt, bs):
     """KVCache.attend, PagedKVCache.attend (block sizes 7, 16, 64; with and
     without a plan) and attention_with_kvcache with precision="bf16": the
     same bits, prompt and decode steps; the model."""
-    H, Hq, E = 2, 4, 64
-    flat = pyattn.KVCache(1, H, 64, E, dtype=fmt, group_size=32)
-    nb = 64 // bs + 2
-    paged = pyattn.PagedKVCache(num_blocks=nb, block_size=bs, num_kv_heads=H, head_dim=E, dtype=fmt,
-                                group_size=32)
-    twin = pyattn.PagedKVCache(num_blocks=nb, block_size=bs, num_kv_heads=H, head_dim=E, dtype=fmt,
-                               group_size=32)
-    s, s2 = paged.add_sequence(), twin.add_sequence()
-    for T in (20, 1, 1, 7):
-        q = rng.standard_normal((1, Hq, T, E)).astype(np.float32)
-        k, v = rng.standard_normal((2, 1, H, T, E)).astype(np.float32)
-        a = flat.attend(q, k, v, precision="bf16")
-        b = paged.attend([s], q, k, v, precision="bf16")
-        assert np.array_equal(a, b)
-        p = twin.plan([s2], new_tokens=T)
-        assert np.array_equal(a, twin.attend([s2], q, k, v, plan=p, precision="bf16"))
-        c = pyattn.attention_with_kvcache(q, flat.k, flat.v, cache_seqlens=flat.lengths, k_scale=flat.k_scale,
-                                          v_scale=flat.v_scale, precision="bf16")
-        assert np.array_equal(a, c)
+    def model(q, flat):
         vd = pyattn.dequantize(flat.v, flat.v_scale, out_dtype=np.float64)
-        want = fp8_attention(q, flat.k, flat.k_scale, vd, flat.lengths, 1 / np.sqrt(E))
-        assert np.abs(a - want).max() <= TOL[np.dtype(np.float32)] * vmag(vd[:, :, :int(flat.lengths[0])], 64)
+        want = fp8_attention(q, flat.k, flat.k_scale, vd, flat.lengths, 1 / np.sqrt(64))
+        return want, TOL[np.dtype(np.float32)] * vmag(vd[:, :, :int(flat.lengths[0])], 64)
+    _caches_agree(rng, fmt, bs, model)
 
 
 @pytest.mark.parametrize("fmt", FMTS)
