@@ -165,7 +165,10 @@ ext = Extension(
     sources=SOURCES,
     depends=DEPENDS,
     include_dirs=[np.get_include(), os.path.join("csrc")],
-    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_22_API_VERSION")],
+    # NPY_TARGET_VERSION: the NumPy C API the extension may use (1.22: the
+    # memory-handler calls, bind_views.c), at most the oldest NumPy it runs
+    # with (numpy>=1.23); NumPy 2.0-2.2's headers default to 1.19 and hide them
+    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_22_API_VERSION"), ("NPY_TARGET_VERSION", "NPY_1_22_API_VERSION")],
 )
 
 setup(ext_modules=[ext], cmdclass={"build_ext": BuildExt})
